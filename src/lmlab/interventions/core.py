@@ -1,0 +1,130 @@
+"""`Intervention`, the base every edit shares, and `intervene(model, ...)`, which installs them.
+
+An intervention touches the model in two ways only: through the attention function (`attention.py`:
+blocking score pairs, gating edges, reading patterns, editing head outputs `z`) and through torch
+module hooks (`hooks.py`: residual stream, MLP activations, sub-block outputs). `intervene` builds one
+`LayerPlan` per attention layer from everything active, registers the hooks, and undoes both on exit,
+also when the body raises. Contexts nest: an inner `intervene` adds to the outer one.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from lmlab.errors import LmlabError
+from lmlab.interventions import attention
+from lmlab.models.layout import Layout, layout_of
+
+
+class Intervention:
+    """Base class. `layers=None` means every layer. Subclasses override what they need."""
+
+    def __init__(self, layers: Iterable[int] | int | None = None):
+        self.layers = None if layers is None else ({layers} if isinstance(layers, int) else set(layers))
+        self.layout: Layout | None = None
+
+    def on_layer(self, layer: int) -> bool:
+        return self.layers is None or layer in self.layers
+
+    def bind(self, layout: Layout) -> None:
+        """Check the intervention against the model before anything runs."""
+        self.layout = layout
+        if self.layers is not None:
+            bad = sorted(l for l in self.layers if not 0 <= l < layout.n_layers)
+            if bad:
+                raise LmlabError(f"layer {bad[0]} does not exist; the model has layers 0..{layout.n_layers - 1}")
+
+    # --- what it needs from the attention function, per layer
+    def uses_scores(self, layer: int) -> bool:
+        return False
+
+    def uses_z(self, layer: int) -> bool:
+        return False
+
+    # --- attention-function callbacks (see attention.py)
+    def block(self, layer, ctx):
+        return None
+
+    def gate(self, layer, scores, allowed, ctx):
+        return None
+
+    def on_pattern(self, layer, pattern, ctx) -> None:
+        pass
+
+    def edit_z(self, layer, z, ctx):
+        return z
+
+    # --- module hooks
+    def hooks(self, layout: Layout) -> list:
+        """Register torch hooks; return their handles (removed on exit)."""
+        return []
+
+    # Captures read z after every edit of it, whatever order the user listed things in.
+    z_order = 0
+
+
+def _ensure_lmlab_attention(model: nn.Module) -> None:
+    if getattr(model.config, "_attn_implementation", None) != attention.IMPL:
+        try:
+            model.set_attn_implementation(attention.IMPL)
+        except (ValueError, AttributeError) as exc:
+            raise LmlabError(f"this model's attention cannot be routed through lmlab ({exc})") from exc
+
+
+def _rebuild_plans(layout: Layout, active: list[Intervention]) -> None:
+    for layer in range(layout.n_layers):
+        plan = attention.LayerPlan(layer=layer)
+        for iv in active:
+            if iv.uses_scores(layer):
+                plan.score_edits.append(iv)
+            if iv.uses_z(layer):
+                plan.z_edits.append(iv)
+        plan.z_edits.sort(key=lambda iv: iv.z_order)
+        module = layout.attn(layer)
+        if plan.score_edits or plan.z_edits:
+            module._lmlab_plan = plan
+        elif hasattr(module, "_lmlab_plan"):
+            del module._lmlab_plan
+
+
+@contextmanager
+def intervene(target, *interventions: Intervention):
+    """`with intervene(model_or_loaded, Knockout(...), Capture(...)) as (ko, cap):`.
+
+    Yields the single intervention, or the tuple of them. The attention implementation is switched to
+    `lmlab` (bit-identical to sdpa where nothing is active) and stays so after the block.
+    """
+    model = getattr(target, "model", target)
+    layout = getattr(target, "layout", None) or layout_of(model)
+    for iv in interventions:
+        if not isinstance(iv, Intervention):
+            raise LmlabError(f"{iv!r} is not an intervention")
+        iv.bind(layout)
+    _ensure_lmlab_attention(model)
+    stack: list[Intervention] = model.__dict__.setdefault("_lmlab_active", [])
+    handles = []
+    stack.extend(interventions)
+    try:
+        for iv in interventions:
+            handles.extend(iv.hooks(layout))
+        _rebuild_plans(layout, stack)
+        yield interventions[0] if len(interventions) == 1 else interventions
+    finally:
+        for handle in handles:
+            handle.remove()
+        for iv in interventions:
+            stack.remove(iv)
+        _rebuild_plans(layout, stack)
+
+
+def where_rows(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """`new` where mask (broadcast over trailing dims), else `old`; gradient-friendly."""
+    if mask is None:
+        return new
+    while mask.dim() < new.dim():
+        mask = mask.unsqueeze(-1)
+    return torch.where(mask, new, old)

@@ -1,0 +1,216 @@
+"""Interventions inside the attention function: knockout, head ablation/patching, sparse edge gates."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from lmlab.errors import LmlabError
+from lmlab.interventions.core import Intervention, where_rows
+
+
+def _heads_by_layer(heads) -> dict[int, list[int]]:
+    """Accept {layer: [heads]} or [(layer, head), ...]."""
+    if isinstance(heads, Mapping):
+        return {int(l): sorted({int(h) for h in hs}) for l, hs in heads.items()}
+    out: dict[int, set[int]] = {}
+    for layer, head in heads:
+        out.setdefault(int(layer), set()).add(int(head))
+    return {l: sorted(hs) for l, hs in out.items()}
+
+
+def _check_heads(layout, heads: Iterable[int]) -> None:
+    bad = [h for h in heads if not 0 <= h < layout.n_heads]
+    if bad:
+        raise LmlabError(f"head {bad[0]} does not exist; the model has heads 0..{layout.n_heads - 1}")
+
+
+class Knockout(Intervention):
+    """Block attention from key positions to query positions (-inf before the softmax).
+
+    keys     (batch, seq) bool: the key positions to cut off.
+    queries  (batch, seq) bool: the queries that may no longer read them. Default: every position
+             after the last blocked key of that example, including positions generated later.
+    layers   the layers where the edges are cut (default all); `layer_mask` (batch, n_layers) bool
+             instead gives each example its own set (one batched pass for several layer cut-offs).
+    heads    the heads (default all).
+    Positions index the padded batch as the model sees it; `Knockout.spans` takes positions within
+    each unpadded prompt and checks them.
+    """
+
+    def __init__(self, keys: torch.Tensor, queries: torch.Tensor | None = None, *,
+                 layers: Iterable[int] | int | None = None, heads: Iterable[int] | None = None,
+                 layer_mask: torch.Tensor | None = None):
+        super().__init__(layers)
+        self.keys = keys.bool()
+        if queries is None:
+            seq = keys.shape[1]
+            idx = torch.arange(seq, device=keys.device)
+            last = torch.where(self.keys, idx, torch.full_like(idx, -1)).amax(1, keepdim=True)
+            queries = (idx[None, :] > last) & (last >= 0)
+            self.query_after = last  # queries beyond seq (generated later) are blocked too
+        else:
+            self.query_after = None
+        self.queries = queries.bool()
+        self.heads = None if heads is None else sorted(set(heads))
+        self.layer_mask = layer_mask
+
+    @classmethod
+    def spans(cls, attention_mask: torch.Tensor, key_positions: Sequence[Sequence[int]],
+              query_positions: Sequence[Sequence[int]] | None = None, **kwargs) -> "Knockout":
+        """Build from positions counted within each prompt (0 = its first real token), left or right padded."""
+        real = attention_mask.bool()
+        batch, seq = real.shape
+        if len(key_positions) != batch or (query_positions is not None and len(query_positions) != batch):
+            raise LmlabError(f"knockout positions are given for {len(key_positions)} prompts, the batch has {batch}")
+        lengths = real.sum(1).tolist()
+
+        def to_mask(positions, what):
+            mask = torch.zeros(batch, seq, dtype=torch.bool, device=attention_mask.device)
+            for b, pos in enumerate(positions):
+                real_idx = real[b].nonzero().flatten()
+                for p in pos:
+                    if not 0 <= p < lengths[b]:
+                        raise LmlabError(f"knockout {what} position {p} is outside prompt {b}, which has "
+                                         f"{lengths[b]} tokens (positions 0..{lengths[b] - 1})")
+                    mask[b, real_idx[p]] = True
+            return mask
+
+        queries = None if query_positions is None else to_mask(query_positions, "query")
+        return cls(to_mask(key_positions, "key"), queries, **kwargs)
+
+    def bind(self, layout):
+        super().bind(layout)
+        if self.heads is not None:
+            _check_heads(layout, self.heads)
+        if self.layer_mask is not None and self.layer_mask.shape != (self.keys.shape[0], layout.n_layers):
+            raise LmlabError(f"layer_mask must be (batch, n_layers) = ({self.keys.shape[0]}, {layout.n_layers})")
+
+    def uses_scores(self, layer):
+        return self.on_layer(layer) and (self.layer_mask is None or bool(self.layer_mask[:, layer].any()))
+
+    def block(self, layer, ctx):
+        if ctx.batch != self.keys.shape[0]:
+            raise LmlabError(f"this knockout was built for a batch of {self.keys.shape[0]}, the model got {ctx.batch}")
+        seq = self.keys.shape[1]
+        keys = torch.zeros(ctx.batch, ctx.kv_len, dtype=torch.bool, device=ctx.device)
+        keys[:, : min(seq, ctx.kv_len)] = self.keys[:, : ctx.kv_len].to(ctx.device)
+        q_pos = ctx.query_positions
+        inside = q_pos < seq
+        queries = torch.zeros(ctx.batch, ctx.q_len, dtype=torch.bool, device=ctx.device)
+        queries[:, inside] = self.queries.to(ctx.device)[:, q_pos[inside]]
+        if self.query_after is not None:  # generated positions: blocked when after the span
+            queries |= (q_pos[None, :] >= seq) & (self.query_after.to(ctx.device) >= 0)
+        if self.layer_mask is not None:
+            queries &= self.layer_mask[:, layer].to(ctx.device)[:, None]
+        blocked = (queries[:, :, None] & keys[:, None, :])[:, None]  # (B, 1, Q, K)
+        if self.heads is not None:
+            head_sel = torch.zeros(ctx.n_heads, dtype=torch.bool, device=ctx.device)
+            head_sel[self.heads] = True
+            blocked = blocked & head_sel[None, :, None, None]
+        return blocked
+
+
+class AblateHeads(Intervention):
+    """Replace chosen heads' outputs z.
+
+    heads      {layer: [head, ...]} or [(layer, head), ...]
+    mode       'zero'; 'mean' (reference[layer]: (n_heads, head_dim), e.g. a mean of captured z);
+               'patch' (reference[layer]: (batch, pos, n_heads, head_dim), another run's captured z);
+               'scale' (multiply by `scale`)
+    positions  (batch, pos) bool: only these query positions (default all)
+    """
+
+    MODES = ("zero", "mean", "patch", "scale")
+
+    def __init__(self, heads, mode: str = "zero", reference: Mapping[int, torch.Tensor] | None = None,
+                 positions: torch.Tensor | None = None, scale: float = 0.0):
+        self.by_layer = _heads_by_layer(heads)
+        super().__init__(self.by_layer.keys())
+        if mode not in self.MODES:
+            raise LmlabError(f"unknown ablation mode '{mode}'; use one of {', '.join(self.MODES)}")
+        if mode in ("mean", "patch") and reference is None:
+            raise LmlabError(f"ablation mode '{mode}' needs reference values (e.g. captured z of another run)")
+        self.mode, self.reference, self.positions, self.scale = mode, reference, positions, scale
+
+    def bind(self, layout):
+        super().bind(layout)
+        for heads in self.by_layer.values():
+            _check_heads(layout, heads)
+        if self.reference is not None:
+            missing = [l for l in self.by_layer if l not in self.reference]
+            if missing:
+                raise LmlabError(f"ablation reference has no values for layer {missing[0]}")
+
+    def uses_z(self, layer):
+        return layer in self.by_layer
+
+    def edit_z(self, layer, z, ctx):
+        heads = self.by_layer[layer]
+        q_pos = ctx.query_positions
+        if self.mode == "zero":
+            new = torch.zeros_like(z[:, :, heads])
+        elif self.mode == "scale":
+            new = z[:, :, heads] * self.scale
+        elif self.mode == "mean":
+            new = self.reference[layer].to(z)[heads].expand_as(z[:, :, heads])
+        else:
+            ref = self.reference[layer].to(z)
+            if ref.shape[0] != z.shape[0] or ref.shape[1] <= int(q_pos[-1]):
+                raise LmlabError(f"patch reference for layer {layer} has shape {tuple(ref.shape)}, which does not "
+                                 f"cover this batch of {z.shape[0]} x {ctx.kv_len} positions")
+            new = ref[:, q_pos][:, :, heads]
+        positions = None if self.positions is None else self.positions.to(z.device)[:, q_pos]
+        out = z.clone()
+        out[:, :, heads] = where_rows(positions, new, z[:, :, heads])
+        return out
+
+
+class SparseAttention(Intervention):
+    """Stochastic edge gates on attention (Draye et al.): keep edge (i, j) with p = sigmoid(s_ij).
+
+    Training (`sample=True`): a binary-concrete (Gumbel) sample with a straight-through gradient.
+    Evaluation (`sample=False`): the gate is deterministic, s_ij > 0. Softmax runs over kept edges
+    only; a query with no kept edge keeps its self-edge. After each forward pass `expected_edges`
+    (sum of sigmoid(s_ij) over causal pairs, differentiable), `kept_edges` and `total_edges` hold the
+    totals over the gated layers; call `reset()` before the next pass.
+    """
+
+    def __init__(self, layers=None, sample: bool = True, temperature: float = 2 / 3,
+                 generator: torch.Generator | None = None):
+        super().__init__(layers)
+        self.sample, self.temperature, self.generator = sample, temperature, generator
+        self.reset()
+
+    def reset(self) -> None:
+        self.expected_edges = torch.zeros(())
+        self.kept_edges = 0.0
+        self.total_edges = 0.0
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept_edges / max(self.total_edges, 1.0)
+
+    def uses_scores(self, layer):
+        return self.on_layer(layer)
+
+    def gate(self, layer, scores, allowed, ctx):
+        probs = torch.sigmoid(scores)  # masked pairs have score -inf, so probability 0
+        self.expected_edges = self.expected_edges.to(scores.device) + probs.sum()
+        if self.sample:
+            u = torch.rand(scores.shape, generator=self.generator, device="cpu").to(scores.device)
+            u = u.clamp(1e-6, 1 - 1e-6)
+            soft = torch.sigmoid((scores + torch.log(u) - torch.log1p(-u)) / self.temperature)
+            gate = (soft > 0.5).to(soft.dtype) + soft - soft.detach()
+        else:
+            gate = (scores > 0).to(scores.dtype)
+        gate = gate * allowed
+        # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
+        empty = gate.detach().sum(-1) == 0  # (B, H, Q)
+        diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
+        diag[torch.arange(ctx.q_len), ctx.query_positions] = 1.0
+        gate = gate + empty[..., None].to(gate.dtype) * diag
+        self.kept_edges += float(gate.detach().sum())
+        self.total_edges += float(allowed.sum())
+        return gate

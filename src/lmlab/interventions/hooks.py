@@ -1,0 +1,155 @@
+"""Interventions that work through torch module hooks (plus the z/pattern taps of `Capture`).
+
+Hook points, TransformerLens vocabulary:
+  resid_pre / resid_post  a block's input / output (the residual stream)
+  attn_out / mlp_out      the attention / MLP sub-block's output before the residual add
+  mlp_act                 act(gate_proj(x)) in gated MLPs, act(fc_in(x)) otherwise
+  z                       per-head attention output, (batch, pos, head, head_dim) = o_proj's input split
+  pattern                 post-softmax attention, (batch, head, query, key)
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from lmlab.errors import LmlabError
+from lmlab.interventions.core import Intervention, where_rows
+from lmlab.models.layout import Layout
+
+HOOK_POINTS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "mlp_act", "z", "pattern")
+
+
+def _hidden_in(args, kwargs) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_hidden_in(args, kwargs, new):
+    if args:
+        return (new, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": new}
+
+
+def _tensor_out(out) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _with_tensor_out(out, new):
+    return (new, *out[1:]) if isinstance(out, tuple) else new
+
+
+def _module_for(layout: Layout, point: str, layer: int):
+    return {"resid_pre": layout.block, "resid_post": layout.block, "attn_out": layout.o_proj,
+            "mlp_out": layout.mlp_out, "mlp_act": layout.mlp_act}[point](layer)
+
+
+class Capture(Intervention):
+    """Record activations. `cap["z", 3]` is layer 3's z; `cap.stacked("resid_pre")` stacks all layers.
+
+    Values are detached unless `grad=True` (then they stay in the graph, for attribution patching).
+    Each forward pass overwrites the previous one's values.
+    """
+
+    z_order = 1
+
+    def __init__(self, *points: str, layers: Iterable[int] | int | None = None, grad: bool = False):
+        super().__init__(layers)
+        unknown = [p for p in points if p not in HOOK_POINTS]
+        if unknown or not points:
+            raise LmlabError(f"unknown hook point '{(unknown or ['(none)'])[0]}'; known: {', '.join(HOOK_POINTS)}")
+        self.points = tuple(points)
+        self.grad = grad
+        self.store: dict[str, dict[int, torch.Tensor]] = {p: {} for p in points}
+
+    def __getitem__(self, key) -> torch.Tensor:
+        point, layer = key
+        try:
+            return self.store[point][layer]
+        except KeyError:
+            raise LmlabError(f"nothing captured for {point} at layer {layer}") from None
+
+    def stacked(self, point: str) -> torch.Tensor:
+        """All captured layers of `point`, stacked on a new first dimension, in layer order."""
+        layers = sorted(self.store[point])
+        return torch.stack([self.store[point][l] for l in layers])
+
+    def _keep(self, point: str, layer: int, value: torch.Tensor) -> None:
+        self.store[point][layer] = value if self.grad else value.detach()
+
+    def uses_scores(self, layer):
+        return "pattern" in self.points and self.on_layer(layer)
+
+    def uses_z(self, layer):
+        return "z" in self.points and self.on_layer(layer)
+
+    def on_pattern(self, layer, pattern, ctx):
+        self._keep("pattern", layer, pattern)
+
+    def edit_z(self, layer, z, ctx):
+        self._keep("z", layer, z)
+        return z
+
+    def hooks(self, layout):
+        handles = []
+        for layer in range(layout.n_layers):
+            if not self.on_layer(layer):
+                continue
+            for point in self.points:
+                if point in ("z", "pattern"):
+                    continue
+                module = _module_for(layout, point, layer)
+                if point == "resid_pre":
+                    fn = (lambda l: lambda m, a, k: self._keep("resid_pre", l, _hidden_in(a, k)))(layer)
+                    handles.append(module.register_forward_pre_hook(fn, with_kwargs=True))
+                else:
+                    fn = (lambda p, l: lambda m, a, o: self._keep(p, l, _tensor_out(o)))(point, layer)
+                    handles.append(module.register_forward_hook(fn))
+        return handles
+
+
+class PatchResid(Intervention):
+    """Replace the residual stream at one layer (`where` = 'pre' or 'post') with given values.
+
+    `values` (batch, pos, d_model), typically `Capture('resid_pre')` of another run; `positions`
+    (batch, pos) bool limits the patch to some positions (None = all).
+    """
+
+    def __init__(self, layer: int, values: torch.Tensor, positions: torch.Tensor | None = None, where: str = "pre"):
+        super().__init__([layer])
+        if where not in ("pre", "post"):
+            raise LmlabError("PatchResid: where must be 'pre' or 'post'")
+        self.layer, self.values, self.positions, self.where = layer, values, positions, where
+
+    def _patched(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[:2] != self.values.shape[:2]:
+            raise LmlabError(f"PatchResid: values of shape {tuple(self.values.shape[:2])} do not match the "
+                             f"forward pass's (batch, positions) {tuple(hidden.shape[:2])}")
+        return where_rows(self.positions, self.values.to(hidden.dtype), hidden)
+
+    def hooks(self, layout):
+        block = layout.block(self.layer)
+        if self.where == "pre":
+            return [block.register_forward_pre_hook(
+                lambda m, a, k: _with_hidden_in(a, k, self._patched(_hidden_in(a, k))), with_kwargs=True)]
+        return [block.register_forward_hook(lambda m, a, o: _with_tensor_out(o, self._patched(_tensor_out(o))))]
+
+
+class EditMLPAct(Intervention):
+    """Apply `fn(act, layer) -> act` to the MLP activation act(gate_proj(x)) of chosen layers."""
+
+    def __init__(self, fn: Callable[[torch.Tensor, int], torch.Tensor], layers: Iterable[int] | int | None = None):
+        super().__init__(layers)
+        self.fn = fn
+
+    def hooks(self, layout):
+        handles, seen = [], set()
+        for layer in range(layout.n_layers):
+            if not self.on_layer(layer):
+                continue
+            module = layout.mlp_act(layer)
+            if not isinstance(module, torch.nn.Module) or id(module) in seen:
+                raise LmlabError(f"the MLP activation of layer {layer} is not a separate module and cannot be edited")
+            seen.add(id(module))
+            handles.append(module.register_forward_hook((lambda l: lambda m, a, o: self.fn(o, l))(layer)))
+        return handles

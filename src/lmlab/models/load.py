@@ -1,0 +1,186 @@
+"""`load_model(spec)`: one entry point for every place weights come from.
+
+`spec` is an embedded name (`smollm2-135m`, `minilm-l6`), a tiny test model (`tiny-llama`,
+`tiny-gpt2`, `tiny-bert`), a `.gguf` file, a local Hugging Face folder, or a hub id. The model
+comes back in eval mode, fp32 on CPU (bf16 on GPU unless a dtype is given), with its tokenizer and
+its `Layout`. Remote code is never run unless `trust_remote_code=True` is asked for.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
+                          AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase)
+from transformers.utils import logging as hf_logging
+
+from lmlab.errors import LmlabError
+from lmlab.models import embedded, tiny
+from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    layout: Layout
+    name: str
+    source: str
+    load_seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def family(self) -> str:
+        return self.layout.family
+
+    def encode(self, texts: str | list[str], padding_side: str = "left", add_special_tokens: bool = True,
+               position_ids: bool = True):
+        """Tokenize a batch (left-padded by default, as generation wants) and check it fits the context.
+
+        Left-padded decoder batches get `position_ids` counted from each prompt's first real token, so
+        absolute-position models (GPT-2) see the same positions as unpadded; pass `position_ids=False`
+        for `generate`, which derives them itself.
+        """
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        if not batch:
+            raise LmlabError("no prompts were given")
+        self.tokenizer.padding_side = padding_side
+        enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
+        check_context(self, enc["input_ids"].shape[1])
+        if position_ids and padding_side == "left" and self.layout.causal:
+            enc["position_ids"] = (enc["attention_mask"].cumsum(-1) - 1).clamp_min(0)
+        return enc.to(self.device)
+
+
+def check_context(loaded: LoadedModel, n_tokens: int) -> None:
+    limit = loaded.layout.context_length
+    if limit is not None and n_tokens > limit:
+        raise LmlabError(f"a prompt of {n_tokens} tokens is longer than {loaded.name}'s context of {limit} "
+                         f"tokens; shorten the prompt or use a model with a longer context")
+
+
+def _default_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype:
+    if isinstance(dtype, str):
+        try:
+            return getattr(torch, dtype)
+        except AttributeError:
+            raise LmlabError(f"unknown dtype '{dtype}'; use float32, bfloat16 or float16") from None
+    if dtype is not None:
+        return dtype
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def _auto_class(model_type: str, head: str | None):
+    family = family_of(model_type)
+    if head == "classifier":
+        return AutoModelForSequenceClassification
+    if head == "base" or (head is None and not FAMILIES[family].causal):
+        return AutoModel
+    return AutoModelForCausalLM
+
+
+def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None):
+    kwargs = dict(trust_remote_code=trust_remote_code)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    config = AutoConfig.from_pretrained(path_or_id, **kwargs)
+    cls = _auto_class(config.model_type, head)
+    extra = {"num_labels": num_labels} if (head == "classifier" and num_labels) else {}
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # keep GGUF/weight-loading chatter out of the user's terminal
+    try:
+        model = cls.from_pretrained(path_or_id, dtype=dtype, **kwargs, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model, tokenizer
+
+
+def _finish(model, tokenizer, name, source, device, dtype, t0, **meta) -> LoadedModel:
+    model = model.to(device=device, dtype=dtype).eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name=name, source=source,
+                       load_seconds=time.perf_counter() - t0, meta=meta)
+
+
+def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, device, t0) -> LoadedModel:
+    kw = dict(head=head, num_labels=num_labels, dtype=torch.float32, trust_remote_code=False)
+    if entry.gguf_file is None:  # an ordinary HF folder inside a package
+        model, tok = _from_pretrained(str(entry.package_dir()), **kw)
+        return _finish(model, tok, entry.name, f"package {entry.pip}", device, dtype, t0, cached=True)
+    cached = embedded.is_cached(entry)
+    if not cached:
+        _require_gguf()
+        model, tok = _from_pretrained(str(entry.package_dir()), gguf_file=entry.gguf_file, **kw)
+        embedded.write_cache(entry, model, tok)
+    if cached or head is not None:
+        model, tok = _from_pretrained(str(embedded.cached_model_dir(entry.name)), **kw)
+    return _finish(model, tok, entry.name, f"package {entry.pip} (GGUF de-quantized, cached)", device, dtype, t0,
+                   cached=cached)
+
+
+def _require_gguf() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise LmlabError("loading a .gguf file needs the `gguf` package: pip install gguf") from None
+
+
+def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
+               head: str | None = None, num_labels: int | None = None, trust_remote_code: bool = False,
+               seed: int = 0) -> LoadedModel:
+    """Load `spec` (see module doc). `head`: None (the family's natural head), 'base' or 'classifier'."""
+    t0 = time.perf_counter()
+    device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
+                                                                          else "cpu")
+    dtype = _default_dtype(device, dtype)
+    kw = dict(head=head, num_labels=num_labels, dtype=dtype, trust_remote_code=trust_remote_code)
+
+    if spec in tiny.TINY_NAMES:
+        model, tok = tiny.build_tiny(spec, seed=seed)
+        return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0)
+    if spec in embedded.EMBEDDED:
+        return _load_embedded(embedded.EMBEDDED[spec], head=head, num_labels=num_labels, dtype=dtype,
+                              device=device, t0=t0)
+
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise LmlabError(f"no GGUF file at {spec}")
+        _require_gguf()
+        model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path.parent), gguf_file=path.name, **kw))
+        return _finish(model, tok, path.stem, f"GGUF file {path}", device, dtype, t0)
+    if path.exists():
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
+        model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path), **kw))
+        return _finish(model, tok, path.name, f"directory {path}", device, dtype, t0)
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
+        return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
+    if "/" in spec or spec.startswith((".", "~")):
+        raise LmlabError(f"no such file or directory: {spec}")
+    raise LmlabError(f"unknown model '{spec}'; embedded models: {', '.join(known_names())} "
+                     f"(or give a hub id, a local model directory or a .gguf file)")
+
+
+def _wrap_load_errors(spec: str, fn):
+    try:
+        return fn()
+    except LmlabError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LmlabError(f"could not load '{spec}': {first}") from exc
+
+
+def known_names() -> list[str]:
+    return list(embedded.EMBEDDED) + list(tiny.TINY_NAMES)

@@ -1,0 +1,44 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from lmlab.models import load_model  # noqa: E402
+
+torch.set_num_threads(2)
+
+PROMPTS = ["When Mary and John went to the store, John gave a drink to",
+           "The war lasted from the year 1732 to the year 17",
+           "the capital of France is Paris"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (slower)")
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-gpt2"])
+def decoder(request):
+    """A tiny decoder of each family with interventions tested on two families."""
+    return load_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return load_model("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def embedded_smollm():
+    """SmolLM2-135M, loaded once per test session (cached safetensors after the first time)."""
+    try:
+        return load_model("smollm2-135m")
+    except Exception as exc:  # noqa: BLE001 - a missing package must fail loudly in CI, not skip
+        pytest.fail(f"embedded model unavailable: {exc}")
+
+
+@pytest.fixture
+def batch(decoder):
+    return decoder.encode(PROMPTS)

@@ -1,0 +1,319 @@
+"""Every intervention against an independent computation, on tiny-llama (GQA) and tiny-gpt2 (Conv1D).
+
+The reference here is a hand-written eager attention registered under another name: it shares no
+code with lmlab's attention function (own K/V repetition, own masking, own softmax).
+"""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from lmlab import LmlabError
+from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchResid, SparseAttention,
+                                 intervene)
+
+HAND = "test_hand_eager"
+
+
+def hand_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    rep = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    scores = query @ key.transpose(-1, -2) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    block = module.__dict__.get("_test_block")  # (B, H or 1, Q, K) bool
+    if block is not None:
+        scores = scores.masked_fill(block, torch.finfo(scores.dtype).min)
+    module._test_scores = scores
+    probs = scores.softmax(-1)
+    return (probs @ value).transpose(1, 2), probs
+
+
+AttentionInterface.register(HAND, hand_eager)
+AttentionMaskInterface.register(HAND, eager_mask)
+
+
+@contextmanager
+def using(model, impl):
+    old = model.config._attn_implementation
+    model.set_attn_implementation(impl)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)
+
+
+def logits(lm, enc):
+    with torch.no_grad():
+        return lm.model(**enc).logits
+
+
+def real_rows(enc):
+    return enc["attention_mask"].bool()
+
+
+def test_no_intervention_is_bit_identical_to_sdpa(decoder, batch):
+    with using(decoder.model, "sdpa"):
+        plain = logits(decoder, batch)
+    with intervene(decoder):
+        routed = logits(decoder, batch)
+    assert decoder.model.config._attn_implementation == "lmlab"
+    assert torch.equal(plain, routed)
+
+
+def test_layers_without_work_stay_bit_identical(decoder, batch):
+    """Capturing the last layer's pattern (explicit attention there) leaves earlier layers bit-identical."""
+    last = decoder.layout.n_layers - 1
+    with intervene(decoder, Capture("resid_pre", "resid_post")) as plain:
+        logits(decoder, batch)
+    with intervene(decoder, Capture("resid_pre", "resid_post"), Capture("pattern", layers=last)) as (cap, _):
+        logits(decoder, batch)
+    for layer in range(last):
+        assert torch.equal(plain["resid_post", layer], cap["resid_post", layer])
+    assert torch.equal(plain["resid_pre", last], cap["resid_pre", last])
+
+
+def test_captured_patterns_match_eager_output_attentions(decoder, batch):
+    with intervene(decoder, Capture("pattern")) as cap:
+        logits(decoder, batch)
+    with using(decoder.model, "eager"), torch.no_grad():
+        ref = decoder.model(**batch, output_attentions=True).attentions
+    rows = real_rows(batch)[:, None, :, None]  # padded queries read nothing useful in either
+    for layer, expected in enumerate(ref):
+        got = cap["pattern", layer]
+        assert got.shape == expected.shape
+        assert torch.allclose(got * rows, expected * rows, atol=1e-6)
+
+
+def test_captured_z_is_the_o_proj_input(decoder, batch):
+    seen = {}
+    layer = 1
+    handle = decoder.layout.o_proj(layer).register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach()))
+    try:
+        with intervene(decoder, Capture("z", layers=layer)) as cap:
+            logits(decoder, batch)
+    finally:
+        handle.remove()
+    z = cap["z", layer]
+    assert torch.equal(z.flatten(2), seen["x"])
+
+
+def _hand_block_run(lm, enc, layers, block):
+    attn = [lm.layout.attn(l) for l in range(lm.layout.n_layers)]
+    for l in layers:
+        attn[l]._test_block = block
+    try:
+        with using(lm.model, HAND):
+            return logits(lm, enc)
+    finally:
+        for l in layers:
+            attn[l].__dict__.pop("_test_block", None)
+
+
+def test_knockout_matches_hand_masked_eager(decoder, batch):
+    """Block the keys of tokens 2-3 of each prompt from every later query, in layers 0..1."""
+    lengths = batch["attention_mask"].sum(1).tolist()
+    keys = [[2, 3] for _ in lengths]
+    ko = Knockout.spans(batch["attention_mask"], keys, layers=[0, 1])
+    with intervene(decoder, ko):
+        got = logits(decoder, batch)
+    # the hand reference: the same (query, key) pairs, built directly from the padded indices
+    seq = batch["input_ids"].shape[1]
+    pad = [seq - n for n in lengths]  # left padding
+    block = torch.zeros(len(lengths), 1, seq, seq, dtype=torch.bool)
+    for b, p in enumerate(pad):
+        block[b, 0, p + 4:, p + 2:p + 4] = True
+    expected = _hand_block_run(decoder, batch, [0, 1], block)
+    clean = logits(decoder, batch)
+    rows = real_rows(batch)
+    assert torch.allclose(got[rows], expected[rows], atol=1e-5)
+    assert not torch.allclose(got[rows], clean[rows], atol=1e-3)  # the knockout did something
+    for b, p in enumerate(pad):  # positions before the first blocked query are unchanged
+        assert torch.allclose(got[b, p:p + 4], clean[b, p:p + 4], atol=1e-6)
+
+
+def test_knockout_on_some_heads_matches_hand_masked_eager(decoder, batch):
+    seq = batch["input_ids"].shape[1]
+    keys = torch.zeros(3, seq, dtype=torch.bool)
+    keys[:, seq - 3] = True
+    ko = Knockout(keys, layers=[1], heads=[0, 2])
+    with intervene(decoder, ko):
+        got = logits(decoder, batch)
+    block = torch.zeros(3, decoder.layout.n_heads, seq, seq, dtype=torch.bool)
+    block[:, [0, 2], seq - 2:, seq - 3] = True
+    expected = _hand_block_run(decoder, batch, [1], block)
+    assert torch.allclose(got[real_rows(batch)], expected[real_rows(batch)], atol=1e-5)
+
+
+def test_batched_padded_knockout_equals_one_prompt_at_a_time(decoder):
+    prompts = ["When Mary and John went to the store, John gave", "the war lasted from"]
+    keys = [[1, 2], [0]]
+    enc = decoder.encode(prompts)
+    with intervene(decoder, Knockout.spans(enc["attention_mask"], keys, layers=[0, 2])):
+        together = logits(decoder, enc)
+    for b, prompt in enumerate(prompts):
+        one = decoder.encode(prompt)
+        with intervene(decoder, Knockout.spans(one["attention_mask"], [keys[b]], layers=[0, 2])):
+            alone = logits(decoder, one)
+        n = one["input_ids"].shape[1]
+        assert torch.allclose(together[b, -n:], alone[0], atol=1e-5)
+
+
+def test_per_example_layer_mask_equals_separate_runs(decoder):
+    enc = decoder.encode(["When Mary and John went to the store"] * 2)
+    keys = torch.zeros(2, enc["input_ids"].shape[1], dtype=torch.bool)
+    keys[:, 1] = True
+    mask = torch.tensor([[True, False, False], [True, True, True]])
+    with intervene(decoder, Knockout(keys, layer_mask=mask)):
+        both = logits(decoder, enc)
+    with intervene(decoder, Knockout(keys[:1], layers=[0])):
+        first = logits(decoder, {k: v[:1] for k, v in enc.items()})
+    with intervene(decoder, Knockout(keys[:1], layers=[0, 1, 2])):
+        second = logits(decoder, {k: v[:1] for k, v in enc.items()})
+    assert torch.allclose(both[0], first[0], atol=1e-5) and torch.allclose(both[1], second[0], atol=1e-5)
+
+
+def test_empty_knockout_changes_nothing(decoder, batch):
+    keys = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+    with intervene(decoder, Knockout(keys)):
+        got = logits(decoder, batch)
+    rows = real_rows(batch)
+    assert torch.allclose(got[rows], logits(decoder, batch)[rows], atol=1e-5)
+
+
+def test_knockout_positions_outside_the_prompt_are_refused(decoder):
+    enc = decoder.encode(["When Mary", "the war lasted from the year"])
+    with pytest.raises(LmlabError, match="outside prompt 0"):
+        Knockout.spans(enc["attention_mask"], [[5], [0]])
+    with pytest.raises(LmlabError, match="head 9 does not exist"):
+        with intervene(decoder, Knockout.spans(enc["attention_mask"], [[0], [0]], heads=[9])):
+            pass
+    with pytest.raises(LmlabError, match="layer 7 does not exist"):
+        with intervene(decoder, Capture("z", layers=7)):
+            pass
+
+
+def _o_proj_slice_run(lm, enc, layer, head, fill):
+    d = lm.layout.head_dim
+
+    def pre(module, args):
+        x = args[0].clone()
+        x[..., head * d:(head + 1) * d] = fill(x[..., head * d:(head + 1) * d])
+        return (x,)
+
+    handle = lm.layout.o_proj(layer).register_forward_pre_hook(pre)
+    try:
+        with using(lm.model, "sdpa"):
+            return logits(lm, enc)
+    finally:
+        handle.remove()
+
+
+def test_head_ablation_equals_zeroing_the_o_proj_slice(decoder, batch):
+    with intervene(decoder, AblateHeads({1: [2]})):
+        got = logits(decoder, batch)
+    expected = _o_proj_slice_run(decoder, batch, 1, 2, torch.zeros_like)
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert not torch.allclose(got, logits(decoder, batch), atol=1e-4)
+
+
+def test_mean_and_patch_ablation_equal_writing_the_o_proj_slice(decoder, batch):
+    with intervene(decoder, Capture("z")) as cap:
+        logits(decoder, batch)
+    mean = {0: cap["z", 0].mean(dim=(0, 1))}
+    with intervene(decoder, AblateHeads({0: [1]}, mode="mean", reference=mean)):
+        got = logits(decoder, batch)
+    expected = _o_proj_slice_run(decoder, batch, 0, 1, lambda x: mean[0][1].expand_as(x))
+    assert torch.allclose(got, expected, atol=1e-6)
+    # patching from a corrupted run: the other run's z written into the slice by hand
+    corrupted = decoder.encode(["When Mary and John went to the store, Mary gave a drink to",
+                                "The war lasted from the year 1745 to the year 17", "the capital of Italy is Rome"])
+    assert corrupted["input_ids"].shape == batch["input_ids"].shape
+    with intervene(decoder, Capture("z")) as ccap:
+        logits(decoder, corrupted)
+    with intervene(decoder, AblateHeads({2: [0]}, mode="patch", reference={2: ccap["z", 2]})):
+        got = logits(decoder, batch)
+    d = decoder.layout.head_dim
+    expected = _o_proj_slice_run(decoder, batch, 2, 0, lambda x: ccap["z", 2][..., 0, :].reshape(x.shape))
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert d > 0
+
+
+def test_patching_a_position_from_a_corrupted_run_reproduces_that_run(decoder):
+    clean = decoder.encode("When Mary and John went to the store, John gave a drink to")
+    corrupt = decoder.encode("When Mary and John went to the store, Mary gave a drink to")
+    diff = (clean["input_ids"] != corrupt["input_ids"])
+    assert diff.sum() == 1
+    with intervene(decoder, Capture("resid_pre", layers=0)) as cap:
+        corrupted_logits = logits(decoder, corrupt)
+    with intervene(decoder, PatchResid(0, cap["resid_pre", 0], positions=diff)):
+        patched = logits(decoder, clean)
+    assert torch.allclose(patched, corrupted_logits, atol=1e-5)
+    # and patching a later layer at that position only changes what comes after it
+    with intervene(decoder, Capture("resid_pre", layers=2)) as cap2:
+        logits(decoder, corrupt)
+    with intervene(decoder, PatchResid(2, cap2["resid_pre", 2], positions=diff)):
+        partly = logits(decoder, clean)
+    first = int(diff[0].nonzero()[0])
+    assert torch.allclose(partly[0, :first], logits(decoder, clean)[0, :first], atol=1e-6)
+
+
+def test_mlp_activation_edit_matches_the_mlp_by_hand(decoder, batch):
+    layer = 0
+    mlp = decoder.layout.mlp(layer)
+    seen = {}
+    handle = mlp.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach()))
+    fn = lambda act, l: act * 2.0 - 0.1  # noqa: E731
+    try:
+        with intervene(decoder, EditMLPAct(fn, layers=layer), Capture("mlp_out", layers=layer)) as (_, cap):
+            logits(decoder, batch)
+    finally:
+        handle.remove()
+    x = seen["x"]
+    if decoder.family == "llama":
+        act = torch.nn.functional.silu(mlp.gate_proj(x))
+        expected = mlp.down_proj(fn(act, layer) * mlp.up_proj(x))
+    else:  # gpt2: c_proj(act(c_fc(x)))
+        act = decoder.layout.mlp_act(layer)(mlp.c_fc(x))
+        expected = mlp.c_proj(fn(act, layer))
+    assert torch.allclose(cap["mlp_out", layer], expected, atol=1e-5)
+
+
+def test_deterministic_sparse_gate_matches_a_hand_computation(decoder, batch):
+    layer = 0
+    with using(decoder.model, HAND), torch.no_grad():  # raw scores, computed by the reference
+        decoder.model(**batch)
+    scores = decoder.layout.attn(layer)._test_scores
+    causal = scores > torch.finfo(scores.dtype).min / 2
+    sparse = SparseAttention(layers=layer, sample=False)
+    with intervene(decoder, sparse, Capture("pattern", layers=layer)) as (_, cap):
+        logits(decoder, batch)
+    kept = (scores > 0) & causal
+    empty = ~kept.any(-1, keepdim=True)
+    eye = torch.eye(scores.shape[-1], dtype=torch.bool)[None, None]
+    kept = kept | (empty & eye)
+    expected = torch.softmax(scores.masked_fill(~kept, float("-inf")), -1)
+    rows = real_rows(batch)[:, None, :, None]
+    assert torch.allclose(cap["pattern", layer] * rows, expected * rows, atol=1e-6)
+    expected_edges = torch.sigmoid(scores.masked_fill(~causal, float("-inf"))).sum()
+    assert torch.allclose(sparse.expected_edges, expected_edges, rtol=1e-5)
+    assert sparse.kept_edges == pytest.approx(float(kept.sum()))
+    assert sparse.total_edges == pytest.approx(float(causal.sum()))
+
+
+def test_sampled_gate_keeps_an_edge_with_probability_sigmoid_of_its_score():
+    from lmlab.interventions.attention import AttnContext
+
+    scores = torch.tensor([[-2.0, -0.5, 0.0, 0.7, 1.5]]).expand(4000, 5)[:, None, None, :].clone()
+    allowed = torch.ones_like(scores, dtype=torch.bool)
+    sparse = SparseAttention(sample=True, generator=torch.Generator().manual_seed(0))
+    ctx = AttnContext(layer=0, batch=4000, q_len=1, kv_len=5, n_heads=1, device=torch.device("cpu"))
+    gates = sparse.gate(0, scores.requires_grad_(), allowed, ctx)
+    rate = gates.detach()[:, 0, 0].mean(0)
+    # rows where every edge dropped get the self edge (position 4); compare the other four
+    assert torch.allclose(rate[:4], torch.sigmoid(scores[0, 0, 0, :4]).detach(), atol=0.03)
+    gates.sum().backward()  # straight-through: the gradient flows into the scores
+    assert scores.grad is not None and scores.grad.abs().sum() > 0
