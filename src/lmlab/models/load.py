@@ -93,13 +93,16 @@ def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_c
     config = AutoConfig.from_pretrained(path_or_id, **kwargs)
     cls = _auto_class(config.model_type, head)
     extra = {"num_labels": num_labels} if (head == "classifier" and num_labels) else {}
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # keep GGUF/weight-loading chatter out of the user's terminal
+    hf_logging.disable_progress_bar()
     try:
         model = cls.from_pretrained(path_or_id, dtype=dtype, **kwargs, **extra)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

@@ -1,0 +1,174 @@
+"""The `lmlab` command. Every error a user can cause is one sentence and exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from lmlab.errors import LmlabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="lmlab: dissect and compress transformer language models; five published studies, one CLI.")
+out = Console()
+err = Console(stderr=True, soft_wrap=True)  # an error stays one line
+
+
+def friendly(fn: Callable) -> Callable:
+    """Turn an LmlabError into `error: <sentence>` on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LmlabError as exc:
+            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted; run the same command again to resume where it stopped")
+            raise typer.Exit(code=130) from None
+
+    return wrapper
+
+
+@app.command()
+@friendly
+def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now")):
+    """List the embedded, test and cached models."""
+    from lmlab.models import EMBEDDED, cache_dir, load_model
+    from lmlab.models.embedded import is_cached
+    from lmlab.models.tiny import TINY_NAMES
+
+    table = Table(title=f"models (cache: {cache_dir()})")
+    for col in ("name", "family", "layers", "heads", "kv heads", "source", "status"):
+        table.add_column(col)
+    for name, entry in EMBEDDED.items():
+        try:
+            entry.package_dir()
+            ready = (not entry.gguf_file) or is_cached(entry)
+            if prepare or ready:
+                lm = load_model(name)
+                d = lm.layout.describe()
+                status = "ready" if ready else f"cached now ({lm.load_seconds:.0f}s)"
+                table.add_row(name, d["family"], str(d["layers"]), str(d["heads"]), str(d["kv_heads"]),
+                              entry.description, status)
+            else:
+                table.add_row(name, "", "", "", "", entry.description, "installed; first load de-quantizes (~20 s)")
+        except LmlabError as exc:
+            table.add_row(name, "", "", "", "", entry.description, f"[red]missing[/]: {exc}")
+    for name in TINY_NAMES:
+        d = load_model(name).layout.describe()
+        table.add_row(name, d["family"], str(d["layers"]), str(d["heads"]), str(d["kv_heads"]),
+                      "tiny random model for tests", "built in-process")
+    extra = sorted(p.name for p in (cache_dir() / "models").glob("*") if p.is_dir() and p.name not in EMBEDDED) \
+        if (cache_dir() / "models").exists() else []
+    for name in extra:
+        table.add_row(name, "", "", "", "", "cached", str(cache_dir() / "models" / name))
+    out.print(table)
+
+
+@app.command()
+@friendly
+def trace(prompt: str = typer.Argument("The capital of France is", help="the prompt"),
+          target: str = typer.Option(" Paris", help="single-token answer whose probability is traced"),
+          span: str = typer.Option("France", help="text in the prompt whose attention is knocked out"),
+          model: str = typer.Option("smollm2-135m", help="embedded name, hub id, local directory or .gguf file"),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="also write trace.csv here")):
+    """Knock out attention from a span to later tokens in layers 0..k, for every k; print p(target)."""
+    from lmlab.models import load_model
+    from lmlab.runs import atomic_write
+    from lmlab.trace import knockout_trace
+
+    lm = load_model(model)
+    table = knockout_trace(lm, prompt, target, span)
+    view = Table(title=f"{lm.name}: p({target!r} | {prompt!r}), knocking out {span!r} -> later tokens in layers 0..k")
+    for col in ("k", "p clean", "p knockout", "ΔP (pp)"):
+        view.add_column(col, justify="right")
+    for row in table.itertuples():
+        view.add_row(str(row.layer), f"{row.p_clean:.3f}", f"{row.p_knockout:.3f}", f"{row.delta_pp:+.1f}")
+    out.print(view)
+    if out_dir:
+        atomic_write(Path(out_dir) / "trace.csv", table.to_csv(index=False))
+        out.print(f"wrote {Path(out_dir) / 'trace.csv'}")
+
+
+@app.command()
+@friendly
+def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (repeatable)"),
+          model: str = typer.Option("smollm2-135m", help="model to benchmark on"),
+          out_dir: Path = typer.Option(Path("runs/bench"), "--out", help="where bench.json and bench.md go")):
+    """Run the benchmarks and print one table of ratios, measured side by side."""
+    from lmlab.benchmarks import load_all
+    from lmlab.runs import atomic_write
+
+    registry = load_all()
+    names = only or list(registry)
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise LmlabError(f"unknown benchmark '{unknown[0]}'; known: {', '.join(registry)}")
+    rows = []
+    for name in names:
+        out.print(f"[dim]running {name}...[/]")
+        rows.extend(registry[name](model=model))
+    view = Table(title="lmlab bench")
+    for col in ("benchmark", "case", "value", "unit", "ratio", "target"):
+        view.add_column(col)
+    for r in rows:
+        target = r.get("target")
+        view.add_row(r["benchmark"], r["case"], str(r["value"]), r["unit"], f"{r['ratio']}x",
+                     "" if target is None else f"≤ {target}x")
+    out.print(view)
+    md = ["| benchmark | case | value | unit | ratio | target | setup |", "|---|---|---|---|---|---|---|"]
+    md += [f"| {r['benchmark']} | {r['case']} | {r['value']} | {r['unit']} | {r['ratio']}x | "
+           f"{'' if r.get('target') is None else '≤ ' + str(r['target']) + 'x'} | {r.get('setup', '')} |" for r in rows]
+    atomic_write(out_dir / "bench.json", json.dumps(rows, indent=2))
+    atomic_write(out_dir / "bench.md", "\n".join(md) + "\n")
+    out.print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.md'}")
+
+
+_registered: set[str] = set()
+
+
+def _register_study_commands() -> None:
+    """One command per registered study (the registry is the only list of studies)."""
+    from lmlab.studies import STUDIES, run_study
+
+    for name, spec in STUDIES.items():
+        if name in _registered:
+            continue
+        _registered.add(name)
+        def command(model: str = typer.Option(spec.default_model, help="embedded name, hub id, directory or .gguf"),
+                    profile: str = typer.Option("quick", help="quick (CPU minutes) or full"),
+                    seed: int = typer.Option(0, help="random seed; the same seed gives the same table"),
+                    out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of run directories"),
+                    _spec=spec):
+            from pydantic import ValidationError
+
+            try:
+                config = _spec.config(model=model, profile=profile, seed=seed)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                raise LmlabError(f"bad option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            result = run_study(_spec, config, out_dir)
+            out.print(f"{_spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
+            out.print(f"outputs in {result.path}")
+
+        command.__doc__ = f"{spec.title} ({spec.paper})"
+        app.command(name=name.replace("_", "-"))(friendly(command))
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _register_study_commands()
+    app(args=argv if argv is not None else sys.argv[1:], prog_name="lmlab")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Prompts, answers and token spans: generated sets, readers for real files, scoring."""

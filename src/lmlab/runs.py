@@ -1,0 +1,163 @@
+"""Run directories: one per (study, model, config), written atomically, resumable.
+
+    runs/knockout-smollm2-135m-3f2a9c1b7d/
+        config.yaml   the full config (its hash names the folder)
+        table.csv     one row per measurement (+ table.parquet)
+        figure.png / figure.svg, verdict.json, log.txt, manifest.json
+        partial/*.jsonl   results of finished work units, appended as they finish
+
+A study asks `run.done(part)` for the units already finished and `run.record(part, key, rows)` after
+each unit; a killed run, restarted with the same config, lands in the same folder and skips them.
+Final files are written to a temporary name and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+import yaml
+
+from lmlab.errors import LmlabError
+
+
+def config_hash(config: dict) -> str:
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class RunDir:
+    """The folder of one study run. `RunDir.open(root, study, model, config_dict)`."""
+
+    def __init__(self, path: Path, study: str, config: dict):
+        self.path, self.study, self.config = Path(path), study, config
+        self._t0 = time.perf_counter()
+
+    @classmethod
+    def open(cls, root: str | Path, study: str, model: str, config: dict) -> "RunDir":
+        root = Path(root).expanduser()
+        path = root / f"{study}-{slug(model)}-{config_hash(config)}"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise LmlabError(f"cannot write to the output directory {root}: {exc.strerror or exc}") from exc
+        run = cls(path, study, config)
+        cfg_file = path / "config.yaml"
+        if cfg_file.exists():
+            if yaml.safe_load(cfg_file.read_text()) != json.loads(json.dumps(config, default=str)):
+                raise LmlabError(f"{path} holds a run with a different config; use another --out")
+        else:
+            atomic_write(cfg_file, yaml.safe_dump(json.loads(json.dumps(config, default=str)), sort_keys=False))
+        return run
+
+    # --- progress of a long run
+    def _partial(self, part: str) -> Path:
+        return self.path / "partial" / f"{slug(part)}.jsonl"
+
+    def done(self, part: str) -> dict[str, list[dict]]:
+        """Finished units of `part`: key -> rows. A torn last line (killed mid-write) is ignored."""
+        file = self._partial(part)
+        out: dict[str, list[dict]] = {}
+        if not file.exists():
+            return out
+        for line in file.read_text().splitlines():
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            out[str(item["key"])] = item["rows"]
+        return out
+
+    def record(self, part: str, key: Any, rows: list[dict]) -> None:
+        """Append one finished unit; durable before returning."""
+        file = self._partial(part)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"key": str(key), "rows": rows}, default=_jsonable) + "\n"
+        with open(file, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    # --- final artefacts
+    def write_table(self, table: pd.DataFrame, name: str = "table") -> Path:
+        buf = io.StringIO()
+        table.to_csv(buf, index=False)
+        atomic_write(self.path / f"{name}.csv", buf.getvalue())
+        pq = io.BytesIO()
+        table.to_parquet(pq, index=False)
+        atomic_write(self.path / f"{name}.parquet", pq.getvalue())
+        return self.path / f"{name}.csv"
+
+    def write_figure(self, figure, name: str = "figure") -> Path:
+        for ext in ("png", "svg"):
+            buf = io.BytesIO()
+            figure.savefig(buf, format=ext, dpi=130 if ext == "png" else None, bbox_inches="tight")
+            atomic_write(self.path / f"{name}.{ext}", buf.getvalue())
+        return self.path / f"{name}.png"
+
+    def write_json(self, name: str, payload: dict) -> Path:
+        atomic_write(self.path / name, json.dumps(payload, indent=2, default=_jsonable))
+        return self.path / name
+
+    def log(self, message: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with open(self.path / "log.txt", "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {message}\n")
+
+    def finish(self, status: str = "complete", **extra) -> None:
+        manifest = {"study": self.study, "status": status, "config_hash": config_hash(self.config),
+                    "seconds": round(time.perf_counter() - self._t0, 1),
+                    "finished": datetime.now(timezone.utc).isoformat(), **extra}
+        self.write_json("manifest.json", manifest)
+
+    @property
+    def complete(self) -> bool:
+        manifest = self.path / "manifest.json"
+        return manifest.exists() and json.loads(manifest.read_text()).get("status") == "complete"
+
+    def files(self) -> Iterable[Path]:
+        return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "model_dump"):
+        return value.model_dump()
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    return str(value)

@@ -1,0 +1,5 @@
+"""One module per paper, all the same shape (see base.py); each registers itself on import."""
+
+from lmlab.studies.base import STUDIES, StudyConfig, StudySpec, Verdict, get_study, register, run_study
+
+__all__ = ["STUDIES", "StudyConfig", "StudySpec", "Verdict", "get_study", "register", "run_study"]

@@ -1,0 +1,246 @@
+"""One training loop for every study that trains (S0, S2, S4), on HF accelerate.
+
+The same call runs on CPU, one GPU, or several processes (`accelerate launch --num_processes N`, or
+`torchrun`). Data order is a function of (seed, epoch) only, and each process takes its slice of every
+global micro-batch, so one process and N processes see the same examples per step and, with DDP's
+gradient averaging, follow the same loss curve.
+
+Checkpoints are safetensors (model, optimizer moments, RNG state) plus a small JSON, written to a
+temporary folder and renamed; `train` resumes from the newest one. A loss that turns NaN/inf stops
+the run with a clear message and leaves the last good checkpoint in place.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from safetensors.torch import load_file, save_file
+
+from lmlab.errors import LmlabError
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int
+    batch_size: int = 8  # global, per optimizer micro-step, over all processes
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    max_grad_norm: float | None = 1.0
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 2
+    seed: int = 0
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    cpu: bool | None = None  # None: CPU when no GPU is present
+    progress: bool = True
+    description: str = "train"
+
+
+class TrainingDiverged(LmlabError):
+    pass
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)  # one per optimizer step, averaged over processes
+    steps_done: int = 0
+    resumed_from: int | None = None
+    checkpoint: Path | None = None
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    if config.warmup_steps and step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    if config.schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    if config.schedule == "linear":
+        return 1.0 - progress
+    return 1.0
+
+
+def batch_indices(n_examples: int, step: int, micro: int, config: TrainConfig) -> list[int]:
+    """The global micro-batch for (step, micro): a per-epoch permutation seeded by (seed, epoch)."""
+    flat = (step * config.grad_accum + micro) * config.batch_size
+    out: list[int] = []
+    while len(out) < config.batch_size:
+        epoch, offset = divmod(flat + len(out), n_examples)
+        perm = torch.randperm(n_examples, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+        take = min(config.batch_size - len(out), n_examples - offset)
+        out.extend(perm[offset:offset + take].tolist())
+    return out
+
+
+# --- checkpoints: safetensors only ------------------------------------------------------------------------
+
+def _checkpoints(out_dir: Path) -> list[Path]:
+    root = out_dir / "checkpoints"
+    return sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.exists() else []
+
+
+def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2) -> Path:
+    root = out_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".step-", dir=root))
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(_dedup_shared(state), tmp / "model.safetensors")
+    opt = optimizer.state_dict()
+    tensors, meta = {}, {"param_groups": opt["param_groups"], "scalars": {}}
+    for pid, entry in opt["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                meta["scalars"][f"{pid}.{key}"] = value
+    tensors["__rng__"] = torch.get_rng_state()
+    save_file(tensors, tmp / "optimizer.safetensors")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta}))
+    final = root / f"step-{step:07d}"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in _checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _dedup_shared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied embeddings): store each storage once, cloned."""
+    seen, out = {}, {}
+    for key, value in state.items():
+        ptr = (value.data_ptr(), value.shape)
+        out[key] = value.clone() if ptr in seen else value
+        seen[ptr] = key
+    return out
+
+
+def load_checkpoint(path: Path, model, optimizer) -> dict:
+    model.load_state_dict(load_file(path / "model.safetensors"), strict=True)
+    info = json.loads((path / "state.json").read_text())
+    tensors = load_file(path / "optimizer.safetensors")
+    torch.set_rng_state(tensors.pop("__rng__"))
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    for key, value in info["optimizer"]["scalars"].items():
+        pid, name = key.split(".", 1)
+        state.setdefault(int(pid), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": info["optimizer"]["param_groups"]})
+    return info
+
+
+# --- the loop ---------------------------------------------------------------------------------------------
+
+def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
+          loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], config: TrainConfig, out_dir: str | Path,
+          parameters: Sequence[torch.nn.Parameter] | None = None,
+          on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train `model` in place; `loss_fn(model, batch)` returns the mean loss of the local batch."""
+    from accelerate import Accelerator
+
+    out_dir = Path(out_dir)
+    cpu = (not torch.cuda.is_available()) if config.cpu is None else config.cpu
+    acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
+    n_proc = acc.num_processes
+    if config.batch_size % n_proc:
+        raise LmlabError(f"batch size {config.batch_size} is not divisible by {n_proc} processes")
+    if len(dataset) == 0:
+        raise LmlabError("the training set is empty")
+    params = list(parameters) if parameters is not None else [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    result = TrainResult()
+    start = 0
+    existing = _checkpoints(out_dir)
+    if existing:
+        info = load_checkpoint(existing[-1], model, optimizer)
+        start, result.losses, result.resumed_from = info["step"], list(info["losses"]), info["step"]
+        result.checkpoint = existing[-1]
+    model, optimizer = acc.prepare(model, optimizer)
+    model.train()
+    progress = _progress(config, acc.is_main_process, start)
+    last_good = existing[-1] if existing else None
+    try:
+        for step in range(start, config.steps):
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * lr_factor(step, config)
+            total = torch.zeros((), device=acc.device)
+            for micro in range(config.grad_accum):
+                idx = batch_indices(len(dataset), step, micro, config)[acc.process_index::n_proc]
+                batch = _to(collate([dataset[i] for i in idx]), acc.device)
+                with acc.accumulate(model):
+                    loss = loss_fn(model, batch)
+                    if not torch.isfinite(loss):
+                        raise TrainingDiverged(
+                            f"the loss became {loss.item()} at step {step}; "
+                            + (f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was kept")
+                            + " (lower the learning rate or check the data)")
+                    acc.backward(loss)
+                    if acc.sync_gradients and config.max_grad_norm:
+                        acc.clip_grad_norm_(params, config.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                total += loss.detach() / config.grad_accum
+            mean_loss = float(acc.reduce(total, reduction="mean"))
+            result.losses.append(mean_loss)
+            if on_step:
+                on_step(step, mean_loss)
+            progress.advance(mean_loss)
+            done = step + 1
+            if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.steps:
+                acc.wait_for_everyone()
+                if acc.is_main_process:
+                    last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), optimizer, result.losses,
+                                                config.keep_checkpoints)
+                acc.wait_for_everyone()
+        result.steps_done = config.steps
+        result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
+    finally:
+        progress.close()
+    model = acc.unwrap_model(model)
+    model.eval()
+    return result
+
+
+def _to(batch, device):
+    if torch.is_tensor(batch):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(v, device) for v in batch)
+    return batch
+
+
+class _progress:
+    """A rich progress bar with the loss, on the main process only."""
+
+    def __init__(self, config: TrainConfig, main: bool, start: int):
+        self.bar = None
+        if config.progress and main:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(config.description, total=config.steps, completed=start, loss="-")
+
+    def advance(self, loss: float) -> None:
+        if self.bar:
+            self.bar.update(self.task, advance=1, loss=f"{loss:.4f}")
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.stop()

@@ -1,0 +1,37 @@
+import pytest
+from typer.testing import CliRunner
+
+from lmlab.cli import _register_study_commands, app
+
+runner = CliRunner()
+_register_study_commands()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_unknown_model_is_one_line_and_exit_2():
+    result = invoke("trace", "--model", "nope")
+    assert result.exit_code == 2
+    assert "unknown model 'nope'; embedded models: smollm2-135m, minilm-l6" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_trace_on_a_tiny_model_writes_its_table(tmp_path):
+    result = invoke("trace", "When Mary and John went to the store", "--model", "tiny-llama", "--span", "Mary",
+                    "--target", " the", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "trace.csv").read_text().splitlines()
+    assert lines[0].startswith("layer,p_clean,p_knockout,delta_pp") and len(lines) == 1 + 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (("trace", "The capital", "--model", "tiny-llama", "--span", "Germany"), "does not occur in the prompt"),
+    (("trace", "the " * 300, "--model", "tiny-llama", "--span", "the", "--target", " the"), "longer than"),
+    (("trace", "The capital", "--model", "tiny-bert", "--span", "capital"), "not a causal language model"),
+    (("bench", "--only", "nosuch"), "unknown benchmark 'nosuch'"),
+])
+def test_bad_input_is_a_sentence_not_a_traceback(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output

@@ -1,0 +1,118 @@
+import json
+
+import pytest
+import torch
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, OlmoConfig, OlmoForCausalLM, Olmo2Config,
+                          Olmo2ForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+from lmlab import LmlabError
+from lmlab.interventions import AblateHeads, Capture, Knockout, intervene
+from lmlab.models import load_model
+from lmlab.models.layout import layout_of
+
+SMALL = dict(vocab_size=120, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def _family_models():
+    torch.manual_seed(0)
+    yield "qwen2", Qwen2ForCausalLM(Qwen2Config(**SMALL))
+    yield "olmo", OlmoForCausalLM(OlmoConfig(**SMALL))
+    yield "olmo2", Olmo2ForCausalLM(Olmo2Config(**SMALL))
+    yield "gemma3", Gemma3ForCausalLM(Gemma3TextConfig(**SMALL, head_dim=8, sliding_window=4,
+                                                       layer_types=["sliding_attention", "full_attention"]))
+
+
+@pytest.mark.parametrize("family,model", list(_family_models()), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_family_resolves_and_captures_match_eager(family, model):
+    model.eval()
+    layout = layout_of(model)
+    assert (layout.family, layout.n_layers, layout.n_heads, layout.n_kv_heads) == (family, 2, 4, 2)
+    ids = torch.randint(0, 120, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref = model(input_ids=ids, output_attentions=True)
+        with intervene(model, Capture("pattern", "z", "mlp_act")) as cap:
+            got = model(input_ids=ids).logits
+    assert torch.allclose(got, ref.logits, atol=1e-5)
+    for layer in range(2):  # includes Gemma-3's sliding-window layer
+        assert torch.allclose(cap["pattern", layer], ref.attentions[layer], atol=1e-6)
+    assert cap["z", 0].shape == (2, 10, 4, layout.head_dim)
+    keys = torch.zeros(2, 10, dtype=torch.bool)
+    keys[:, 2] = True
+    with torch.no_grad(), intervene(model, Knockout(keys)):
+        knocked = model(input_ids=ids).logits
+    assert torch.allclose(knocked[:, :3], got[:, :3], atol=1e-5) and not torch.allclose(knocked, got, atol=1e-4)
+    with torch.no_grad(), intervene(model, AblateHeads({1: [3]})):
+        ablated = model(input_ids=ids).logits
+    assert not torch.allclose(ablated, got, atol=1e-4)
+
+
+def test_tiny_models_are_deterministic_per_seed():
+    a, b, c = load_model("tiny-llama"), load_model("tiny-llama"), load_model("tiny-llama", seed=1)
+    wa, wb, wc = (m.model.model.layers[0].self_attn.q_proj.weight for m in (a, b, c))
+    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+
+
+def test_tiny_bert_is_an_encoder():
+    lm = load_model("tiny-bert")
+    assert lm.layout.family == "bert" and not lm.layout.causal
+    enc = lm.encode(["the capital of France", "Paris"], padding_side="right")
+    assert "position_ids" not in enc
+    with torch.no_grad(), intervene(lm, Capture("pattern")) as cap:
+        lm.model(**enc)
+    pattern = cap["pattern", 0]
+    assert pattern.shape[-1] == pattern.shape[-2]
+    assert (pattern[0, :, 0, 1:] > 0).all()  # bidirectional: the first token reads later ones
+
+
+def test_bad_model_specs_are_one_clear_sentence(tmp_path):
+    with pytest.raises(LmlabError, match="unknown model 'gpt5'; embedded models: smollm2-135m"):
+        load_model("gpt5")
+    with pytest.raises(LmlabError, match="no such file"):
+        load_model(str(tmp_path / "missing" / "model"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(LmlabError, match="not a model directory"):
+        load_model(str(tmp_path / "notes.txt"))
+    with pytest.raises(LmlabError, match="no GGUF file"):
+        load_model(str(tmp_path / "m.gguf"))
+    bad = tmp_path / "t5"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
+    with pytest.raises(LmlabError, match="architecture 't5' is not supported; supported families: bert, gemma3"):
+        load_model(str(bad))
+
+
+def test_prompt_longer_than_the_context_is_refused():
+    lm = load_model("tiny-gpt2")
+    with pytest.raises(LmlabError, match="longer than tiny-gpt2's context of 256 tokens"):
+        lm.encode("the " * 300)
+
+
+def test_a_saved_model_directory_loads_back(tmp_path):
+    lm = load_model("tiny-llama")
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.save_pretrained(tmp_path / "m")
+    again = load_model(str(tmp_path / "m"))
+    enc = lm.encode("When Mary and John went")
+    with torch.no_grad():
+        assert torch.equal(lm.model(**enc).logits, again.model(**enc).logits)
+    assert again.source.startswith("directory")
+    assert list((tmp_path / "m").glob("*.safetensors"))
+
+
+@pytest.mark.embedded
+def test_embedded_smollm_loads_from_cache_and_knows_paris(embedded_smollm):
+    lm = embedded_smollm
+    assert lm.layout.describe() == dict(family="llama", layers=30, heads=9, kv_heads=3, head_dim=64, d_model=576)
+    enc = lm.encode("The capital of France is")
+    with torch.no_grad():
+        p = torch.softmax(lm.model(**enc).logits[0, -1], -1)
+    paris = lm.tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
+    assert p[paris] > 0.5
+
+
+@pytest.mark.embedded
+def test_minilm_loads_offline_from_its_package():
+    lm = load_model("minilm-l6")
+    assert lm.layout.describe() == dict(family="bert", layers=6, heads=12, kv_heads=12, head_dim=32, d_model=384)

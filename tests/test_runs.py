@@ -1,0 +1,97 @@
+import json
+
+import pandas as pd
+import pytest
+
+from lmlab import LmlabError
+from lmlab.runs import RunDir, config_hash
+from lmlab.studies import StudyConfig, StudySpec, Verdict, run_study
+
+
+class ToyConfig(StudyConfig):
+    n: int = 6
+
+
+class Boom(Exception):
+    pass
+
+
+def make_spec(calls, fail_after=None):
+    def run(config, run):
+        done = run.done("units")
+        rows = [r for rs in done.values() for r in rs]
+        for i in range(config.n):
+            if str(i) in done:
+                continue
+            if fail_after is not None and len(calls) >= fail_after:
+                raise Boom()
+            calls.append(i)
+            import torch
+
+            row = {"unit": i, "value": float(torch.rand(()).item() + i)}
+            run.record("units", i, [row])
+            rows.append(row)
+        return pd.DataFrame(rows).sort_values("unit").reset_index(drop=True)
+
+    def figure(table):
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.plot(table["unit"], table["value"])
+        return fig
+
+    def verdict(table):
+        ok = bool((table["value"].diff().dropna() > 0).all())
+        return Verdict(status="reproduced" if ok else "not reproduced", claim="values rise",
+                       summary=f"{len(table)} units", evidence={"n": len(table)})
+
+    return StudySpec("toy", "Toy", "nobody 2026", "none", ToyConfig, run, figure, verdict, "tiny-llama")
+
+
+def test_same_seed_same_table_and_files(tmp_path):
+    a = run_study(make_spec([]), ToyConfig(model="tiny-llama", seed=3), tmp_path / "a")
+    b = run_study(make_spec([]), ToyConfig(model="tiny-llama", seed=3), tmp_path / "b")
+    pd.testing.assert_frame_equal(a.table, b.table)
+    names = {p.name for p in a.path.iterdir()}
+    assert {"config.yaml", "table.csv", "table.parquet", "figure.png", "figure.svg", "verdict.json",
+            "log.txt", "manifest.json"} <= names
+    assert json.loads((a.path / "verdict.json").read_text())["status"] == "reproduced"
+
+
+def test_an_interrupted_run_resumes_without_redoing_finished_units(tmp_path):
+    calls = []
+    with pytest.raises(Boom):
+        run_study(make_spec(calls, fail_after=3), ToyConfig(model="tiny-llama"), tmp_path)
+    assert calls == [0, 1, 2]
+    resumed = run_study(make_spec(calls), ToyConfig(model="tiny-llama"), tmp_path)
+    assert calls == [0, 1, 2, 3, 4, 5]
+    assert list(resumed.table["unit"]) == list(range(6))
+    again = run_study(make_spec(calls), ToyConfig(model="tiny-llama"), tmp_path)
+    assert again.resumed and calls == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    run = RunDir.open(tmp_path, "toy", "m", {"a": 1})
+    run.record("p", "k1", [{"x": 1}])
+    with open(run.path / "partial" / "p.jsonl", "a") as fh:
+        fh.write('{"key": "k2", "rows": [{"x"')
+    assert run.done("p") == {"k1": [{"x": 1}]}
+
+
+def test_config_changes_give_a_new_folder_and_bad_dirs_are_clear(tmp_path):
+    assert config_hash({"a": 1}) != config_hash({"a": 2})
+    a = RunDir.open(tmp_path, "toy", "m", {"a": 1})
+    b = RunDir.open(tmp_path, "toy", "m", {"a": 2})
+    assert a.path != b.path
+    (a.path / "config.yaml").write_text("a: 5\n")
+    with pytest.raises(LmlabError, match="different config"):
+        RunDir.open(tmp_path, "toy", "m", {"a": 1})
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(LmlabError, match="cannot write to the output directory"):
+        RunDir.open(blocker, "toy", "m", {})
+
+
+def test_unknown_config_keys_are_refused():
+    with pytest.raises(Exception):
+        ToyConfig(model="x", typo=1)

@@ -1,0 +1,83 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmlab.models import load_model
+from lmlab.train import TrainConfig, TrainingDiverged, train
+from lmlab.train.loop import batch_indices
+
+WORKER = Path(__file__).parent / "workers" / "train_worker.py"
+
+
+def _data(lm):
+    texts = ["When Mary and John went to the store", "The war lasted from the year 1732", "the capital of France",
+             "def f(name, value): return value", "12 + 34 = 46", "Anna gave a drink to Tom"] * 2
+    return [torch.nn.functional.pad(torch.tensor(lm.tokenizer(t)["input_ids"][:10]),
+                                    (0, 10 - len(lm.tokenizer(t)["input_ids"][:10])), value=1) for t in texts]
+
+
+def _loss(model, batch):
+    return model(input_ids=batch, labels=batch).loss
+
+
+def test_batches_depend_only_on_seed_and_cover_every_example_each_epoch():
+    cfg = TrainConfig(steps=3, batch_size=4, seed=5)
+    epoch = [i for s in range(3) for i in batch_indices(12, s, 0, cfg)]
+    assert sorted(epoch) == list(range(12))
+    assert batch_indices(12, 1, 0, cfg) == batch_indices(12, 1, 0, TrainConfig(steps=9, batch_size=4, seed=5))
+
+
+def test_resume_after_interruption_gives_the_uninterrupted_curve(tmp_path):
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, checkpoint_every=2, progress=False)
+    full = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "full")
+
+    def stop_at_3(step, loss):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut", on_step=stop_at_3)
+    fresh = load_model("tiny-llama").model
+    resumed = train(fresh, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut")
+    assert resumed.resumed_from == 2
+    assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
+    assert (resumed.checkpoint / "model.safetensors").exists()
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.bin"))  # no pickles
+
+
+def test_nan_loss_stops_clearly_and_keeps_the_last_good_checkpoint(tmp_path):
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=5, batch_size=4, checkpoint_every=2, progress=False)
+
+    def loss(model, batch):
+        value = _loss(model, batch)
+        return value * float("nan") if loss.calls >= 3 else value
+
+    loss.calls = 0
+
+    def count(step, value):
+        loss.calls += 1
+
+    with pytest.raises(TrainingDiverged, match="loss became nan at step 3; the last good checkpoint is .*step-0000002"):
+        train(lm.model, _data(lm), torch.stack, loss, cfg, tmp_path, on_step=count)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-0000002"]
+
+
+def test_one_and_two_processes_follow_the_same_loss_curve(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "a"), str(tmp_path / "one.json")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(WORKER), str(tmp_path / "b"), str(tmp_path / "two.json")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
+    assert len(a) == len(b) == 6 and a[-1] < a[0]
+    assert a == pytest.approx(b, abs=1e-4)
