@@ -317,3 +317,46 @@ def test_sampled_gate_keeps_an_edge_with_probability_sigmoid_of_its_score():
     assert torch.allclose(rate[:4], torch.sigmoid(scores[0, 0, 0, :4]).detach(), atol=0.03)
     gates.sum().backward()  # straight-through: the gradient flows into the scores
     assert scores.grad is not None and scores.grad.abs().sum() > 0
+
+
+def test_captured_residual_stream_matches_output_hidden_states(decoder, batch):
+    with intervene(decoder, Capture("resid_pre")) as cap, torch.no_grad():
+        hidden = decoder.model(**batch, output_hidden_states=True).hidden_states
+    for layer in range(decoder.layout.n_layers):
+        assert torch.equal(cap["resid_pre", layer], hidden[layer])
+
+
+def test_captured_mlp_activation_matches_the_activation_by_hand(decoder, batch):
+    seen = {}
+    mlp = decoder.layout.mlp(1)
+    handle = mlp.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach()))
+    try:
+        with intervene(decoder, Capture("mlp_act", layers=1)) as cap:
+            logits(decoder, batch)
+    finally:
+        handle.remove()
+    x = seen["x"]
+    if decoder.family == "llama":
+        expected = torch.nn.functional.silu(mlp.gate_proj(x))
+    else:  # GPT-2's gelu_new, written out
+        h = mlp.c_fc(x)
+        expected = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    assert torch.allclose(cap["mlp_act", 1], expected, atol=1e-6)
+
+
+def test_knockout_during_cached_generation_equals_a_cache_free_loop(decoder):
+    prompt = "When Mary and John went to the store, John gave"
+    enc = decoder.encode(prompt, position_ids=False)
+    keys = torch.zeros_like(enc["input_ids"], dtype=torch.bool)
+    keys[:, 1:3] = True
+    with intervene(decoder, Knockout(keys, layers=[0, 1])), torch.no_grad():
+        out = decoder.model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=1,
+                                     output_logits=True, return_dict_in_generate=True)
+    ids = enc["input_ids"]
+    for step in range(5):  # no cache: the whole sequence each step, span blocked from every later query
+        grown = torch.zeros_like(ids, dtype=torch.bool)
+        grown[:, 1:3] = True
+        with intervene(decoder, Knockout(grown, layers=[0, 1])), torch.no_grad():
+            last = decoder.model(input_ids=ids).logits[:, -1]
+        assert torch.allclose(out.logits[step], last, atol=1e-5)
+        ids = torch.cat([ids, out.sequences[:, ids.shape[1]:ids.shape[1] + 1]], dim=1)
