@@ -27,10 +27,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not embedded"
 
+# The studies that have landed, on the embedded defaults, quick profile (lmlab reproduce: issue 8).
 demo: setup
 	$(LMLAB) models
 	$(LMLAB) trace "The capital of France is" --target " Paris" --span France --out $(OUT)/demo
-	@echo "demo outputs in $(OUT)/demo"
+	$(LMLAB) knockout --profile quick --out $(OUT)
+	@echo "demo outputs in $(OUT)/"
 
 bench: setup
 	$(LMLAB) bench --out $(OUT)/bench

@@ -123,45 +123,77 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     for r in rows:
         target = r.get("target")
         view.add_row(r["benchmark"], r["case"], str(r["value"]), r["unit"], f"{r['ratio']}x",
-                     "" if target is None else f"≤ {target}x")
+                     r.get("note") or ("" if target is None else f"≤ {target}x"))
     out.print(view)
     md = ["| benchmark | case | value | unit | ratio | target | setup |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r['benchmark']} | {r['case']} | {r['value']} | {r['unit']} | {r['ratio']}x | "
-           f"{'' if r.get('target') is None else '≤ ' + str(r['target']) + 'x'} | {r.get('setup', '')} |" for r in rows]
+           f"{r.get('note') or ('' if r.get('target') is None else '≤ ' + str(r['target']) + 'x')} | "
+           f"{r.get('setup', '')} |" for r in rows]
     atomic_write(out_dir / "bench.json", json.dumps(rows, indent=2))
     atomic_write(out_dir / "bench.md", "\n".join(md) + "\n")
     out.print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.md'}")
 
 
 _registered: set[str] = set()
+_COMMON = ("model", "profile", "seed")
+
+
+def _parse_field(raw: str, field):
+    """CLI text -> a value pydantic accepts: lists are comma-separated, the rest pydantic coerces."""
+    import typing
+
+    return [part.strip() for part in raw.split(",") if part.strip()] if typing.get_origin(field.annotation) is list \
+        else raw
+
+
+def _study_command(spec):
+    """A typer command whose options are the study's Config fields (every knob is on the command line)."""
+    import inspect
+
+    from pydantic import ValidationError
+
+    from lmlab.studies import run_study
+
+    extra = {n: f for n, f in spec.config.model_fields.items() if n not in _COMMON}
+
+    def command(model: str, profile: str, seed: int, out_dir: Path, **values):
+        try:
+            given = {k: _parse_field(v, extra[k]) for k, v in values.items() if v is not None}
+            config = spec.config(model=model, profile=profile, seed=seed, **given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise LmlabError(f"bad option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from None
+        result = run_study(spec, config, out_dir)
+        out.print(f"{spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
+        out.print(f"outputs in {result.path}")
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("model", kw, annotation=str, default=typer.Option(
+            spec.default_model, help="embedded name, hub id, local directory or .gguf file")),
+        inspect.Parameter("profile", kw, annotation=str, default=typer.Option("quick", help="quick (CPU minutes) or full")),
+        inspect.Parameter("seed", kw, annotation=int, default=typer.Option(0, help="the same seed gives the same table")),
+        inspect.Parameter("out_dir", kw, annotation=Path, default=typer.Option(Path("runs"), "--out",
+                                                                               help="root folder of run directories")),
+    ]
+    for name, field in extra.items():
+        default = field.default_factory() if field.default_factory else field.default
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        params.append(inspect.Parameter(name, kw, annotation=Optional[str], default=typer.Option(
+            None, f"--{name.replace('_', '-')}", help=f"{field.description or name} (default: {shown})")))
+    command.__signature__ = inspect.Signature(params)
+    command.__doc__ = f"{spec.title} ({spec.paper})"
+    return command
 
 
 def _register_study_commands() -> None:
     """One command per registered study (the registry is the only list of studies)."""
-    from lmlab.studies import STUDIES, run_study
+    from lmlab.studies import STUDIES
 
     for name, spec in STUDIES.items():
-        if name in _registered:
-            continue
-        _registered.add(name)
-        def command(model: str = typer.Option(spec.default_model, help="embedded name, hub id, directory or .gguf"),
-                    profile: str = typer.Option("quick", help="quick (CPU minutes) or full"),
-                    seed: int = typer.Option(0, help="random seed; the same seed gives the same table"),
-                    out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of run directories"),
-                    _spec=spec):
-            from pydantic import ValidationError
-
-            try:
-                config = _spec.config(model=model, profile=profile, seed=seed)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                raise LmlabError(f"bad option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-            result = run_study(_spec, config, out_dir)
-            out.print(f"{_spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
-            out.print(f"outputs in {result.path}")
-
-        command.__doc__ = f"{spec.title} ({spec.paper})"
-        app.command(name=name.replace("_", "-"))(friendly(command))
+        if name not in _registered:
+            _registered.add(name)
+            app.command(name=name.replace("_", "-"))(friendly(_study_command(spec)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -59,6 +59,25 @@ class LoadedModel:
         return enc.to(self.device)
 
 
+    def pad_batch(self, sequences: list[list[int]], padding_side: str = "left") -> dict[str, torch.Tensor]:
+        """Pad token-id lists into a batch (with position_ids counted from each row's first real token)."""
+        if not sequences:
+            raise LmlabError("no sequences were given")
+        width = max(len(s) for s in sequences)
+        check_context(self, width)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            cols = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
+            ids[i, cols] = torch.tensor(seq, dtype=torch.long)
+            mask[i, cols] = 1
+        batch = {"input_ids": ids, "attention_mask": mask}
+        if self.layout.causal:
+            batch["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+
 def check_context(loaded: LoadedModel, n_tokens: int) -> None:
     limit = loaded.layout.context_length
     if limit is not None and n_tokens > limit:

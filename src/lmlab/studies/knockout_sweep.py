@@ -1,0 +1,95 @@
+"""The S1 knockout sweep for one sample, re-running only what it must.
+
+For probe layers k1 < k2 < ..., row i blocks the keys (E_Q, or the random control tokens) from every
+later position in layers 0..k_i. All rows, plus one clean row, go through one batched forward pass
+(`Knockout(layer_mask=...)`), and only over the suffix: positions before the first blocked query are
+unchanged by any row, so they are computed once, clean, and their KV cache is shared by all rows.
+Those positions are therefore identical to the clean run by construction.
+
+`naive_sweep` is the reference: one full forward pass per (sample, layer). The tests check that both
+give the same hidden states, and `lmlab bench` times them side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmlab.interventions import Capture, Knockout, intervene
+from lmlab.models import LoadedModel
+
+
+@dataclass
+class SweepResult:
+    clean: dict[int, torch.Tensor]  # layer -> (d,) hidden state at the last token, clean row
+    eq: dict[int, torch.Tensor]  # layer k -> (d,) hidden at layer k with E_Q blocked in layers 0..k
+    control: dict[int, torch.Tensor]
+    prefix_len: int
+    all_positions: dict[int, torch.Tensor] | None = None  # layer -> (rows, suffix, d), when asked
+
+
+def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
+    """Row 0 is clean; one row per (condition, cut-off). A condition that blocks nothing *is* the clean
+    computation, so it maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
+    conditions = [("eq", eq_pos)] + ([("control", ctrl_pos)] if ctrl_pos is not None else [])
+    n_rows = 1 + sum(len(layers) for _, positions in conditions if positions)
+    keys = torch.zeros(n_rows, seq_len, dtype=torch.bool, device=device)
+    layer_mask = torch.zeros(n_rows, n_layers, dtype=torch.bool, device=device)
+    index = {}
+    row = 1
+    for name, positions in conditions:
+        for k in layers:
+            if not positions:
+                index[(name, k)] = 0
+                continue
+            keys[row, list(positions)] = True
+            layer_mask[row, : k + 1] = True
+            index[(name, k)] = row
+            row += 1
+    return keys, layer_mask, index
+
+
+@torch.no_grad()
+def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int] | None, layers: list[int],
+          keep_positions: bool = False) -> SweepResult:
+    """One sample: clean row + one row per (condition, layer cut-off), prefix computed once."""
+    device = lm.device
+    seq_len = len(ids)
+    blocked_keys = [max(p) for p in (eq_pos, ctrl_pos) if p]
+    prefix = min(blocked_keys) + 1 if blocked_keys else seq_len - 1  # first position any row changes
+    prefix = max(1, min(prefix, seq_len - 1))
+    keys, layer_mask, index = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
+    n_rows = keys.shape[0]
+    tokens = torch.tensor([ids], device=device)
+    out = lm.model(input_ids=tokens[:, :prefix], use_cache=True)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(n_rows)
+    suffix = tokens[:, prefix:].expand(n_rows, -1)
+    mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)
+    positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
+    capture = Capture("resid_post", layers=sorted(set(layers)))
+    with intervene(lm, Knockout(keys, layer_mask=layer_mask), capture):
+        lm.model(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
+    result = SweepResult(clean={k: last[k][0] for k in layers},
+                         eq={k: last[k][index[("eq", k)]] for k in layers},
+                         control={k: last[k][index[("control", k)]] for k in layers} if ctrl_pos is not None else {},
+                         prefix_len=prefix)
+    if keep_positions:
+        result.all_positions = {k: capture["resid_post", k].float().cpu() for k in layers}
+    return result
+
+
+@torch.no_grad()
+def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list[int]) -> dict[int, torch.Tensor]:
+    """Reference: one full forward pass per layer cut-off; layer k -> hidden at layer k, last token."""
+    tokens = torch.tensor([ids], device=lm.device)
+    keys = torch.zeros_like(tokens, dtype=torch.bool)
+    keys[0, list(eq_pos)] = True
+    out = {}
+    for k in layers:
+        with intervene(lm, Knockout(keys, layers=range(k + 1)), Capture("resid_post", layers=k)) as (_, cap):
+            lm.model(input_ids=tokens)
+        out[k] = cap["resid_post", k][0, -1].float().cpu()
+    return out

@@ -1,0 +1,184 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lmlab import LmlabError
+from lmlab.data.formats import read_qa
+from lmlab.data.generated.geo_qa import RELATIONS, generate
+from lmlab.data.qa import QAItem, build_prompt
+from lmlab.models import load_model
+from lmlab.probes import group_split
+from lmlab.studies import knockout as s1
+from lmlab.studies.base import run_study
+from lmlab.studies.knockout_analysis import late_layers, verdict
+from lmlab.studies.knockout_sweep import naive_sweep, sweep
+
+
+def _assert_exact_alignment(lm, item):
+    """The characters the E_Q tokens cover are exactly the E_Q spans' characters (white space aside:
+    byte-level BPE folds a leading space into a token, WordPiece drops spaces)."""
+    enc = s1.encode_item(lm, item)
+    prompt = build_prompt(item)
+    offsets = lm.tokenizer(prompt.text, return_offsets_mapping=True)["offset_mapping"]
+    covered = {c for p in enc["eq"] for c in range(*offsets[p])}
+    wanted = {c for start, end in prompt.eq_spans for c in range(start, end) if not prompt.text[c].isspace()}
+    assert wanted <= covered, (item.question, prompt.eq_spans)
+    assert all(prompt.text[c].isspace() for c in covered - wanted), (item.question, sorted(covered - wanted))
+    assert set(enc["eq"]) <= set(enc["question"])
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-bert"])  # byte-level BPE and WordPiece
+def test_eq_spans_align_exactly_on_tiny_tokenizers(name):
+    lm = load_model(name)
+    for item in [i for rel in RELATIONS for i in generate(rel, 8, seed=1)]:
+        _assert_exact_alignment(lm, item)
+
+
+@pytest.mark.embedded
+def test_eq_spans_align_exactly_on_smollm_tokenizer(embedded_smollm):
+    for item in [i for rel in RELATIONS for i in generate(rel, 15, seed=2)]:
+        _assert_exact_alignment(embedded_smollm, item)
+
+
+def test_unalignable_subject_is_skipped_not_misaligned():
+    lm = load_model("tiny-llama")
+    item = QAItem(id="x", dataset="d", question="What is the capital of France?", aliases=["Paris"], subject="Spain")
+    assert s1.encode_item(lm, item) is None
+
+
+def test_sweep_equals_one_forward_per_layer(decoder):
+    ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+    layers = [0, 1, 2]
+    fast = sweep(decoder, ids, [5, 7], [2, 3], layers)
+    slow = naive_sweep(decoder, ids, [5, 7], layers)
+    for k in layers:
+        assert torch.allclose(fast.eq[k], slow[k], atol=1e-5)
+        assert not torch.allclose(fast.eq[k], fast.clean[k], atol=1e-4)
+
+
+def test_positions_before_the_first_blocked_query_are_bit_identical(decoder):
+    ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+    eq, ctrl = [5, 7], [2, 3]
+    res = sweep(decoder, ids, eq, ctrl, [0, 2], keep_positions=True)
+    assert res.prefix_len == 4  # after the control's last key (3): everything before is the shared clean prefix
+    for k, hidden in res.all_positions.items():
+        clean = hidden[0]
+        eq_rows = [1, 2]  # rows 1-2: E_Q cut-offs; its first blocked query is 8 = suffix index 4
+        for row in eq_rows:
+            assert torch.equal(hidden[row, :8 - res.prefix_len], clean[:8 - res.prefix_len])
+            assert not torch.equal(hidden[row, 8 - res.prefix_len:], clean[8 - res.prefix_len:]) or k == 0
+
+
+def test_delta_p_is_zero_when_the_blocked_span_is_empty(decoder):
+    ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+    res = sweep(decoder, ids, [], [], [0, 1, 2])
+    for k in (0, 1, 2):
+        assert torch.equal(res.eq[k], res.clean[k]) and torch.equal(res.control[k], res.clean[k])
+
+
+def test_probe_split_never_shares_a_subject_or_question():
+    groups = [f"s{i % 37}" for i in range(300)]
+    train, test = group_split(groups, 0.3, seed=4)
+    assert not {groups[i] for i in train} & {groups[i] for i in test}
+    assert len(train) + len(test) == 300 and 0.2 < len(test) / 300 < 0.4
+
+
+def test_generated_sets_are_seeded_and_spread_over_popularity():
+    a, b = generate("geo-capital", 50, seed=3), generate("geo-capital", 50, seed=3)
+    assert [i.subject for i in a] == [i.subject for i in b]
+    pops = sorted(i.popularity for i in a)
+    assert pops[0] < 1e5 and pops[-1] > 1e7  # long tail and well known both present
+    assert not {s for s, _ in RELATIONS["geo-capital"].shots} & {i.subject for i in a}
+
+
+def test_readers_parse_real_formats_and_name_bad_rows(tmp_path):
+    (tmp_path / "pop.tsv").write_text("question\tsubj\tprop\tpossible_answers\ts_pop\n"
+                                      "What is Paris the capital of?\tParis\tcapital\t[\"France\"]\t1000\n")
+    items = read_qa("popqa", tmp_path / "pop.tsv")
+    assert items[0].subject == "Paris" and items[0].aliases == ["France"] and items[0].popularity == 1000
+    (tmp_path / "nq.jsonl").write_text('{"question": "who wrote hamlet", "answer": ["Shakespeare"]}\n{"question": "x"}\n')
+    with pytest.raises(LmlabError, match=r"nq.jsonl:2: missing field 'answer'"):
+        read_qa("nq", tmp_path / "nq.jsonl")
+    (tmp_path / "tqa.json").write_text(json.dumps({"Data": [{"Question": "q?", "Answer": {"Value": "a", "Aliases": ["A"]}}]}))
+    assert read_qa("triviaqa", tmp_path / "tqa.json")[0].aliases == ["A", "a"]
+    (tmp_path / "hp.json").write_text(json.dumps([{"question": "q?", "answer": "yes"}, {"answer": "no"}]))
+    with pytest.raises(LmlabError, match="item 1: missing field 'question'"):
+        read_qa("hotpotqa", tmp_path / "hp.json")
+    with pytest.raises(LmlabError, match="no popqa file"):
+        read_qa("popqa", tmp_path / "missing.tsv")
+
+
+def test_too_few_correct_answers_is_an_inconclusive_verdict(tmp_path):
+    config = s1.Config(model="tiny-llama", datasets=["geo-capital"], per_dataset=20)
+    result = run_study(s1.get_spec(), config, tmp_path)
+    assert result.verdict.status == "inconclusive"
+    assert result.verdict.summary.startswith("inconclusive: only 0 correct and 20 incorrect answers")
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkeypatch):
+    """A tiny model with a labelling rule (so both classes exist): every stage runs, and a run killed
+    in the sweep finishes with the same table as an uninterrupted one."""
+    monkeypatch.setattr(s1, "alias_match", lambda text, aliases: aliases[0][0] < "M")
+    config = s1.Config(model="tiny-llama", datasets=["geo-capital", "geo-continent"], per_dataset=30,
+                       sweep_every=1, min_per_class=3)
+    whole = run_study(s1.get_spec(), config, tmp_path / "whole")
+    table = whole.table
+    assert {"answer", "probe", "knockout", "detection", "counts"} <= set(table.kind)
+    ko = table[table.kind == "knockout"]
+    assert set(ko.condition) == {"eq", "control"} and set(ko.group) <= {"Q", "A"}
+    assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
+    assert (whole.path / "figure.png").stat().st_size > 1000
+
+    calls = {"n": 0}
+    real = s1.sweep
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 20:
+            raise Interrupt()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s1, "sweep", flaky)
+    with pytest.raises(Interrupt):
+        run_study(s1.get_spec(), config, tmp_path / "cut")
+    monkeypatch.setattr(s1, "sweep", real)
+    resumed = run_study(s1.get_spec(), config, tmp_path / "cut")
+    pd.testing.assert_frame_equal(resumed.table.reset_index(drop=True), table.reset_index(drop=True))
+
+
+def test_verdict_leaves_out_the_best_layer_and_can_fail():
+    assert late_layers([0, 3, 15, 18, 29], 30, best=15) == [18, 29]
+    rows = [dict(kind="counts", n_layers=4, best_layer=2, model="m")]
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        grp = "Q" if i < 20 else "A"
+        for layer in (0, 2, 3):
+            for cond in ("eq", "control"):
+                dp = rng.normal(0, 1) if (cond == "control" or grp == "A") else rng.normal(-30, 5)
+                rows.append(dict(kind="knockout", id=f"i{i}", dataset="d", layer=layer, condition=cond,
+                                 group=grp, delta_p=dp))
+    good = verdict(pd.DataFrame(rows))
+    assert good.status == "reproduced" and good.evidence["layers_compared"] == [3]
+    for r in rows[1:]:
+        if r["condition"] == "eq" and r["group"] == "Q" and r["layer"] == 3:
+            r["delta_p"] = rng.normal(0, 1)
+    assert verdict(pd.DataFrame(rows)).status == "not reproduced"
+
+
+@pytest.mark.embedded
+def test_embedded_model_answers_some_capitals_right_and_some_wrong(embedded_smollm):
+    from lmlab.data.scoring import alias_match
+    from lmlab.generation import greedy_answers
+
+    items = generate("geo-capital", 30, seed=0)
+    prompts = [s1.encode_item(embedded_smollm, i)["ids"] for i in items]
+    answers = greedy_answers(embedded_smollm, prompts, max_new_tokens=6)
+    right = sum(alias_match(embedded_smollm.tokenizer.decode(a), i.aliases) for a, i in zip(answers, items))
+    assert 3 <= right <= 27  # both classes exist, so probes can be trained
