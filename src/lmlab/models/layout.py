@@ -32,6 +32,10 @@ class FamilySpec:
     mlp_out: str  # the module whose output is the MLP's contribution
     causal: bool = True
     gated_mlp: bool = True
+    # what XTC quantizes: Q, K, V, attention output, FFN in and out (per block), and the word embeddings
+    quant_linears: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    word_embeddings: tuple[str, ...] = ("model.embed_tokens", "embed_tokens", "model.language_model.embed_tokens")
 
 
 _DECODER = dict(attn="self_attn", o_proj="self_attn.o_proj", mlp="mlp", mlp_act="mlp.act_fn",
@@ -45,11 +49,16 @@ FAMILIES: dict[str, FamilySpec] = {
     "olmo2": FamilySpec("olmo2", _DECODER_LAYERS, **_DECODER),
     "gemma3": FamilySpec("gemma3", _DECODER_LAYERS, **_DECODER),
     "gpt2": FamilySpec("gpt2", ("transformer.h", "h"), attn="attn", o_proj="attn.c_proj", mlp="mlp",
-                       mlp_act="mlp.act", gate_proj=None, mlp_out="mlp", gated_mlp=False),
+                       mlp_act="mlp.act", gate_proj=None, mlp_out="mlp", gated_mlp=False,
+                       quant_linears=("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+                       word_embeddings=("transformer.wte", "wte")),
     "bert": FamilySpec("bert", ("bert.encoder.layer", "encoder.layer"), attn="attention.self",
                        o_proj="attention.output.dense", mlp="intermediate",
                        mlp_act="intermediate.intermediate_act_fn", gate_proj=None,
-                       mlp_out="output.dense", causal=False, gated_mlp=False),
+                       mlp_out="output.dense", causal=False, gated_mlp=False,
+                       quant_linears=("attention.self.query", "attention.self.key", "attention.self.value",
+                                      "attention.output.dense", "intermediate.dense", "output.dense"),
+                       word_embeddings=("bert.embeddings.word_embeddings", "embeddings.word_embeddings")),
 }
 
 # Hugging Face `config.model_type` -> family. Mistral and Qwen3 share Llama's module names.

@@ -167,7 +167,7 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
     kw = dict(head=head, num_labels=num_labels, dtype=dtype, trust_remote_code=trust_remote_code)
 
     if spec in tiny.TINY_NAMES:
-        model, tok = tiny.build_tiny(spec, seed=seed)
+        model, tok = tiny.build_tiny(spec, seed=seed, head=head, num_labels=num_labels)
         return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0)
     if spec in embedded.EMBEDDED:
         return _load_embedded(embedded.EMBEDDED[spec], head=head, num_labels=num_labels, dtype=dtype,

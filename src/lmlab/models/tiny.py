@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import (BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+from transformers import (AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
 
 TINY_NAMES = ("tiny-llama", "tiny-gpt2", "tiny-bert")
@@ -82,12 +82,17 @@ def tiny_config(name: str, vocab_size: int):
     raise KeyError(name)
 
 
-def build_tiny(name: str, seed: int = 0):
-    """(model, tokenizer) for one of `TINY_NAMES`, weights drawn from `seed`."""
+def build_tiny(name: str, seed: int = 0, head: str | None = None, num_labels: int | None = None):
+    """(model, tokenizer) for one of `TINY_NAMES`, weights drawn from `seed`; head 'classifier' or 'base'."""
     tokenizer = tiny_tokenizer("wordpiece" if name == "tiny-bert" else "bpe")
     config = tiny_config(name, vocab_size=len(tokenizer))
-    cls = {"tiny-llama": LlamaForCausalLM, "tiny-gpt2": GPT2LMHeadModel, "tiny-bert": BertModel}[name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(config)
+        if head == "classifier":
+            config.num_labels = num_labels or 2
+            model = AutoModelForSequenceClassification.from_config(config)
+        elif head == "base":
+            model = AutoModel.from_config(config)
+        else:
+            model = {"tiny-llama": LlamaForCausalLM, "tiny-gpt2": GPT2LMHeadModel, "tiny-bert": BertModel}[name](config)
     return model, tokenizer

@@ -1,0 +1,188 @@
+"""XTC weight and activation quantization (Wu et al., arXiv 2206.01859), and packed checkpoints.
+
+Weights (METHODS.md S2), per group (one group per linear matrix, one per row of the word embeddings):
+    1 bit   alpha = mean|w|;                 w_b = alpha * sign(w)          (sign(0) = +1)
+    2 bits  delta = 0.7 mean|w|; alpha = mean |w| over |w| > delta;  w_t = alpha * sign(w) * [|w| > delta]
+    4, 8    symmetric uniform, scale = max|w| / (2^(b-1) - 1)
+    32      unchanged
+Activations: 8-bit symmetric, dynamic per token, at the inputs of the quantized linear layers.
+Training keeps full-precision latent weights, quantized in every forward pass through a
+`torch.nn.utils.parametrize` parametrization, with a straight-through gradient (identity). Because it
+is a parametrization, the same code covers nn.Linear, GPT-2's Conv1D and nn.Embedding, no module swap.
+
+Packed checkpoints store 1-bit weights as sign bits (8 per byte) and 2-bit weights as two-bit codes
+(4 per byte), each with its per-group scales, in safetensors; `load_packed` rebuilds the exact
+fake-quantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.nn.utils import parametrize
+from transformers.pytorch_utils import Conv1D
+
+from lmlab.errors import LmlabError
+from lmlab.models.layout import get_submodule, layout_of
+
+BITS = (1, 2, 4, 8, 32)
+
+
+def check_bits(bits: int) -> int:
+    if bits not in BITS:
+        raise LmlabError(f"{bits}-bit weights are not supported; use one of {', '.join(map(str, BITS))}")
+    return bits
+
+
+def _sign(w: torch.Tensor) -> torch.Tensor:
+    return torch.where(w < 0, -1.0, 1.0).to(w.dtype)
+
+
+def quantize_weight(w: torch.Tensor, bits: int, rowwise: bool = False) -> torch.Tensor:
+    """The quantized values (same shape); one group per matrix, or per row when `rowwise`."""
+    if bits == 32:
+        return w
+    dims = (-1,) if rowwise else tuple(range(w.dim()))
+    mag = w.abs()
+    if bits == 1:
+        return mag.mean(dims, keepdim=True) * _sign(w)
+    if bits == 2:
+        keep = mag > 0.7 * mag.mean(dims, keepdim=True)
+        alpha = (mag * keep).sum(dims, keepdim=True) / keep.sum(dims, keepdim=True).clamp_min(1)
+        return alpha * _sign(w) * keep
+    levels = 2 ** (bits - 1) - 1
+    scale = mag.amax(dims, keepdim=True).clamp_min(1e-12) / levels
+    return torch.round(w / scale).clamp(-levels, levels) * scale
+
+
+def straight_through(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Forward: exactly q (x - x is exactly 0). Backward: identity with respect to x."""
+    return q.detach() + (x - x.detach())
+
+
+def quantize_activation(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    levels = 2 ** (bits - 1) - 1
+    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-8) / levels
+    return straight_through(x, torch.round(x / scale).clamp(-levels, levels) * scale)
+
+
+class WeightQuantizer(nn.Module):
+    def __init__(self, bits: int, rowwise: bool):
+        super().__init__()
+        self.bits, self.rowwise = check_bits(bits), rowwise
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return straight_through(w, quantize_weight(w, self.bits, self.rowwise))
+
+
+def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
+    """name -> (module, rowwise) for every weight XTC quantizes in `model` (its own modules, resolved through
+    its layout); a module type it cannot handle is named."""
+    layout = layout_of(model)
+    out = {}
+    for layer in range(layout.n_layers):
+        for path in layout.spec.quant_linears:
+            module = get_submodule(layout.blocks[layer], path)
+            if not isinstance(module, (nn.Linear, Conv1D)):
+                raise LmlabError(f"cannot quantize {path} of layer {layer}: {type(module).__name__} is not a linear layer")
+            out[f"layers.{layer}.{path}"] = (module, False)
+    for path in layout.spec.word_embeddings:
+        try:
+            emb = get_submodule(model, path)
+        except AttributeError:
+            continue
+        if not isinstance(emb, nn.Embedding):
+            raise LmlabError(f"cannot quantize {path}: {type(emb).__name__} is not an embedding")
+        out["word_embeddings"] = (emb, True)
+        break
+    return out
+
+
+def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
+                   weights: bool = True) -> list[str]:
+    """Quantize XTC's weights in place (parametrizations + activation pre-hooks); returns their names.
+    `weights=False` adds only the activation quantizers (for weights that already hold quantized values)."""
+    check_bits(bits)
+    targets = quant_targets(model)
+    for name, (module, rowwise) in targets.items():
+        if weights:
+            parametrize.register_parametrization(module, "weight", WeightQuantizer(bits, rowwise))
+        if act_bits and not isinstance(module, nn.Embedding):
+            module.register_forward_pre_hook(lambda m, args: (quantize_activation(args[0], act_bits), *args[1:]))
+    model._lmlab_quant = {"bits": bits, "act_bits": act_bits, "names": sorted(targets)}
+    return sorted(targets)
+
+
+# --- packed checkpoints -------------------------------------------------------------------------------------
+
+def _pack_codes(codes: torch.Tensor, per_byte: int) -> torch.Tensor:
+    """Small non-negative integer codes -> uint8, `per_byte` codes per byte."""
+    width = 8 // per_byte
+    flat = codes.flatten().to(torch.uint8)
+    pad = (-len(flat)) % per_byte
+    flat = torch.cat([flat, torch.zeros(pad, dtype=torch.uint8)]).view(-1, per_byte)
+    shifts = torch.arange(per_byte, dtype=torch.uint8) * width
+    return (flat << shifts).sum(-1).to(torch.uint8)
+
+
+def _unpack_codes(packed: torch.Tensor, per_byte: int, numel: int) -> torch.Tensor:
+    width = 8 // per_byte
+    shifts = torch.arange(per_byte, dtype=torch.uint8) * width
+    mask = (1 << width) - 1
+    return ((packed[:, None] >> shifts) & mask).flatten()[:numel]
+
+
+def save_packed(model: nn.Module, path: str | Path) -> dict:
+    """Write a packed safetensors checkpoint of a quantized model; returns sizes in bytes."""
+    info = getattr(model, "_lmlab_quant", None)
+    if info is None or info["bits"] not in (1, 2):
+        raise LmlabError("save_packed needs a model quantized to 1 or 2 bits (quantize_model)")
+    bits = info["bits"]
+    tensors, meta, packed_bytes, fp32_bytes = {}, {}, 0, 0
+    targets = quant_targets(model)
+    for name, (module, rowwise) in targets.items():
+        w = module.weight.detach()  # the quantized values (parametrized)
+        groups = w if rowwise else w.reshape(1, -1)
+        alpha = groups.abs().amax(-1)  # every non-zero entry of a group has magnitude alpha
+        codes = (groups > 0).to(torch.uint8) if bits == 1 else (torch.sign(groups) + 1).to(torch.uint8)  # 0,1,2
+        tensors[f"{name}.codes"] = _pack_codes(codes, 8 if bits == 1 else 4)
+        tensors[f"{name}.scale"] = alpha.float().contiguous()
+        meta[name] = list(w.shape)
+        packed_bytes += tensors[f"{name}.codes"].numel() + 4 * alpha.numel()
+        fp32_bytes += 4 * w.numel()
+    for key, value in model.state_dict().items():  # everything XTC leaves in full precision
+        if "parametrizations" not in key:
+            tensors[f"rest.{key}"] = value.detach().contiguous().clone()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={"lmlab": json.dumps({"bits": bits, "act_bits": info["act_bits"],
+                                                                  "shapes": meta})})
+    return {"packed_bytes": packed_bytes, "fp32_bytes": fp32_bytes, "file_bytes": path.stat().st_size}
+
+
+def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
+    """Load a packed checkpoint into a model of the same architecture; it comes back quantized."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        meta = json.loads(fh.metadata()["lmlab"])
+    tensors = load_file(str(path))
+    bits = meta["bits"]
+    rest = {k[len("rest."):]: v for k, v in tensors.items() if k.startswith("rest.")}
+    model.load_state_dict({k: v for k, v in rest.items() if "parametrizations" not in k}, strict=False)
+    targets = quant_targets(model)
+    for name, (module, rowwise) in targets.items():
+        shape = meta["shapes"][name]
+        numel = int(torch.tensor(shape).prod())
+        codes = _unpack_codes(tensors[f"{name}.codes"], 8 if bits == 1 else 4, numel).float()
+        values = (codes * 2 - 1) if bits == 1 else (codes - 1)
+        alpha = tensors[f"{name}.scale"]
+        w = (values.view(-1, shape[-1]) * alpha[:, None]) if rowwise else values * alpha
+        with torch.no_grad():
+            module.weight.copy_(w.view(shape))
+    quantize_model(model, bits, meta["act_bits"], weights=False)  # weights hold exact quantized values
+    return model

@@ -1,0 +1,91 @@
+import copy
+
+import pytest
+import torch
+
+from lmlab import LmlabError
+from lmlab.interventions.quant import (load_packed, quant_targets, quantize_activation, quantize_model,
+                                       quantize_weight, save_packed, straight_through)
+from lmlab.models import load_model
+
+
+def test_one_bit_gives_two_values_per_group_with_the_closed_form_scale():
+    w = torch.randn(16, 32)
+    q = quantize_weight(w, 1)
+    alpha = w.abs().mean()
+    assert set(torch.unique(q).tolist()) == {float(-alpha), float(alpha)}
+    assert torch.equal(torch.sign(q), torch.where(w < 0, -1.0, 1.0))
+    rows = quantize_weight(w, 1, rowwise=True)
+    for r in range(16):
+        assert torch.unique(rows[r]).numel() == 2
+        assert torch.allclose(rows[r].abs(), w[r].abs().mean().expand(32))
+
+
+def test_two_bit_is_ternary_with_the_closed_form_threshold_and_scale():
+    w = torch.randn(64, 48)
+    q = quantize_weight(w, 2)
+    delta = 0.7 * w.abs().mean()
+    keep = w.abs() > delta
+    alpha = w.abs()[keep].mean()
+    assert torch.unique(q).numel() <= 3
+    assert torch.equal(q == 0, ~keep)
+    assert torch.allclose(q[keep].abs(), alpha.expand(int(keep.sum())))
+
+
+def test_straight_through_forward_is_exact_and_gradient_is_identity():
+    w = torch.randn(8, 8, requires_grad=True)
+    q = quantize_weight(w.detach(), 1)
+    out = straight_through(w, q)
+    assert torch.equal(out, q)
+    g = torch.randn(8, 8)
+    out.backward(g)
+    assert torch.equal(w.grad, g)
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    xq = quantize_activation(x)
+    scale = x.detach().abs().amax(-1, keepdim=True) / 127
+    assert torch.allclose(xq / scale, torch.round(xq / scale), atol=1e-4)  # on the 8-bit grid, per token
+    xq.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_bit_widths_and_module_types_are_checked():
+    lm = load_model("tiny-bert")
+    with pytest.raises(LmlabError, match="3-bit weights are not supported; use one of 1, 2, 4, 8, 32"):
+        quantize_model(copy.deepcopy(lm.model), 3)
+    model = copy.deepcopy(lm.model)
+    model.encoder.layer[0].attention.self.query = torch.nn.Identity()
+    with pytest.raises(LmlabError, match="cannot quantize attention.self.query of layer 0: Identity is not a linear"):
+        quantize_model(model, 1)
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama", "tiny-gpt2"])
+def test_quantization_covers_the_xtc_weights_of_each_family_and_leaves_the_original(name):
+    lm = load_model(name)
+    model = copy.deepcopy(lm.model)
+    names = quantize_model(model, 2)
+    per_block = {"tiny-bert": 6, "tiny-llama": 7, "tiny-gpt2": 4}[name]
+    assert len(names) == 3 * per_block + 1 and "word_embeddings" in names
+    for module, _ in quant_targets(model).values():
+        assert torch.unique(module.weight).numel() <= 3 or module.weight.dim() == 2 and all(
+            torch.unique(row).numel() <= 3 for row in module.weight[:5])
+    assert not any("parametrizations" in k for k in lm.model.state_dict())
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, bits):
+    lm = load_model("tiny-bert", head="classifier", num_labels=3)
+    model = copy.deepcopy(lm.model)
+    quantize_model(model, bits)
+    model.eval()
+    enc = lm.encode(["the capital of France", "Paris is a city"], padding_side="right")
+    with torch.no_grad():
+        before = model(**enc).logits
+    info = save_packed(model, tmp_path / "m.safetensors")
+    assert info["fp32_bytes"] / info["packed_bytes"] > (28 if bits == 1 else 14) * 0.9
+    fresh = load_model("tiny-bert", head="classifier", num_labels=3, seed=5).model  # other weights
+    load_packed(fresh, tmp_path / "m.safetensors")
+    fresh.eval()
+    for name, (module, _) in quant_targets(model).items():
+        assert torch.equal(module.weight, quant_targets(fresh)[name][0].weight), name
+    with torch.no_grad():
+        assert torch.equal(fresh(**enc).logits, before)
