@@ -33,6 +33,7 @@ demo: setup
 	$(LMLAB) trace "The capital of France is" --target " Paris" --span France --out $(OUT)/demo
 	$(LMLAB) knockout --profile quick --out $(OUT)
 	$(LMLAB) filler --profile quick --out $(OUT)
+	$(LMLAB) quantize --profile quick --out $(OUT)
 	@echo "demo outputs in $(OUT)/"
 
 bench: setup

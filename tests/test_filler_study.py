@@ -13,6 +13,8 @@ from lmlab.studies import filler as s3
 from lmlab.studies.base import run_study
 from lmlab.studies.filler_analysis import attention_profile
 
+from helpers import interrupt_on_call
+
 
 @pytest.fixture(scope="module")
 def lm():
@@ -141,16 +143,7 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
     assert test.groupby("condition").size().to_dict() == {"ARM": 15, "Mful": 15, "Mless": 15, "w/o": 15}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
 
-    real = s3.greedy_answers
-    calls = {"n": 0}
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(s3, "greedy_answers", flaky)
+    real = interrupt_on_call(monkeypatch, s3, "greedy_answers", 7)
     with pytest.raises(KeyboardInterrupt):
         run_study(s3.get_spec(), config, tmp_path / "b")
     monkeypatch.setattr(s3, "greedy_answers", real)

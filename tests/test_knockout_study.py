@@ -16,6 +16,8 @@ from lmlab.studies.base import run_study
 from lmlab.studies.knockout_analysis import late_layers, verdict
 from lmlab.studies.knockout_sweep import naive_sweep, sweep
 
+from helpers import interrupt_on_call
+
 
 def _assert_exact_alignment(lm, item):
     """The characters the E_Q tokens cover are exactly the E_Q spans' characters (white space aside:
@@ -136,16 +138,7 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     assert (whole.path / "figure.png").stat().st_size > 1000
 
-    calls = {"n": 0}
-    real = s1.sweep
-
-    def flaky(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 20:
-            raise Interrupt()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(s1, "sweep", flaky)
+    real = interrupt_on_call(monkeypatch, s1, "sweep", 20, Interrupt)
     with pytest.raises(Interrupt):
         run_study(s1.get_spec(), config, tmp_path / "cut")
     monkeypatch.setattr(s1, "sweep", real)

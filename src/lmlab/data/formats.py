@@ -109,3 +109,46 @@ def read_qa(kind: str, path: str | Path) -> list[QAItem]:
     if not items:
         raise LmlabError(f"{path} holds no questions")
     return items
+
+
+# --- GLUE (tsv files as distributed) ---------------------------------------------------------------------
+# name: (metric, num_labels, text_a column, text_b column or None, label column, label values or None=float)
+GLUE = {
+    "cola": ("matthews", 2, 3, None, 1, ["0", "1"]),  # no header: source, label, original label, sentence
+    "sst2": ("accuracy", 2, "sentence", None, "label", ["0", "1"]),
+    "mrpc": ("f1", 2, "#1 String", "#2 String", "Quality", ["0", "1"]),
+    "stsb": ("pearson", 1, "sentence1", "sentence2", "score", None),
+    "qqp": ("f1", 2, "question1", "question2", "is_duplicate", ["0", "1"]),
+    "mnli": ("accuracy", 3, "sentence1", "sentence2", "gold_label", ["entailment", "neutral", "contradiction"]),
+    "qnli": ("accuracy", 2, "question", "sentence", "label", ["entailment", "not_entailment"]),
+    "rte": ("accuracy", 2, "sentence1", "sentence2", "label", ["entailment", "not_entailment"]),
+}
+
+
+def read_glue(task: str, path: str | Path):
+    """Examples (text_a, text_b, label) of one GLUE tsv file; a bad row is an error naming file and line."""
+    from lmlab.data.generated.nlu import NLUExample
+
+    if task not in GLUE:
+        raise LmlabError(f"unknown GLUE task '{task}'; known: {', '.join(GLUE)}")
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LmlabError(f"no GLUE {task} file at {path}")
+    _, _, col_a, col_b, col_y, values = GLUE[task]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    header = None if isinstance(col_a, int) else lines[0].split("\t")
+    rows = lines if header is None else lines[1:]
+    out = []
+    for n, line in enumerate(rows, 1 if header is None else 2):
+        cells = line.split("\t")
+        try:
+            get = (lambda c: cells[c]) if header is None else (lambda c: cells[header.index(c)])
+            a, b, y = get(col_a), (get(col_b) if col_b else None), get(col_y)
+            label = values.index(y) if values else float(y)
+        except (IndexError, ValueError):
+            raise LmlabError(f"{path}:{n}: bad {task} row (expected columns {col_a}, {col_b}, {col_y} "
+                             f"with a label in {values or 'numbers'})") from None
+        out.append(NLUExample(a, b, label))
+    if not out:
+        raise LmlabError(f"{path} holds no rows")
+    return out

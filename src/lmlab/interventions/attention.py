@@ -8,6 +8,7 @@ them edit the per-head output `z` (batch, query, head, head_dim) before the outp
 What an intervention may do here (each is a method on `Intervention`, see `base.py`):
   block(layer, ctx)            -> bool mask of (query, key) pairs to remove before the softmax
   gate(layer, scores, allowed) -> multiplicative edge gate (sparse attention)
+  on_scores(layer, scores, ok) -> read the pre-softmax scores and the allowed pairs (capture, distillation)
   on_pattern(layer, pattern)   -> read the post-softmax pattern (capture)
   edit_z(layer, z, ctx)        -> replace/scale head outputs (ablation, patching)
 """
@@ -83,6 +84,8 @@ def explicit_attention(module, query, key, value, attention_mask, plan: LayerPla
         if blocked is not None:
             allowed = allowed & ~blocked
     allowed = allowed.expand(scores.shape)
+    for edit in plan.score_edits:
+        edit.on_scores(plan.layer, scores, allowed, ctx)
     scores = scores.float().masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     for edit in plan.score_edits:

@@ -52,6 +52,9 @@ class Intervention:
     def gate(self, layer, scores, allowed, ctx):
         return None
 
+    def on_scores(self, layer, scores, allowed, ctx) -> None:
+        pass
+
     def on_pattern(self, layer, pattern, ctx) -> None:
         pass
 

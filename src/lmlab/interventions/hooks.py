@@ -5,6 +5,7 @@ Hook points, TransformerLens vocabulary:
   attn_out / mlp_out      the attention / MLP sub-block's output before the residual add
   mlp_act                 act(gate_proj(x)) in gated MLPs, act(fc_in(x)) otherwise
   z                       per-head attention output, (batch, pos, head, head_dim) = o_proj's input split
+  scores                  pre-softmax attention scores, (batch, head, query, key), 0 where masked
   pattern                 post-softmax attention, (batch, head, query, key)
 """
 
@@ -18,7 +19,7 @@ from lmlab.errors import LmlabError
 from lmlab.interventions.core import Intervention, where_rows
 from lmlab.models.layout import Layout
 
-HOOK_POINTS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "mlp_act", "z", "pattern")
+HOOK_POINTS = ("resid_pre", "resid_post", "attn_out", "mlp_out", "mlp_act", "z", "scores", "pattern")
 
 
 def _hidden_in(args, kwargs) -> torch.Tensor:
@@ -78,13 +79,18 @@ class Capture(Intervention):
         self.store[point][layer] = value if self.grad else value.detach()
 
     def uses_scores(self, layer):
-        return "pattern" in self.points and self.on_layer(layer)
+        return ("pattern" in self.points or "scores" in self.points) and self.on_layer(layer)
+
+    def on_scores(self, layer, scores, allowed, ctx):
+        if "scores" in self.points:
+            self._keep("scores", layer, scores.masked_fill(~allowed, 0.0))
 
     def uses_z(self, layer):
         return "z" in self.points and self.on_layer(layer)
 
     def on_pattern(self, layer, pattern, ctx):
-        self._keep("pattern", layer, pattern)
+        if "pattern" in self.points:
+            self._keep("pattern", layer, pattern)
 
     def edit_z(self, layer, z, ctx):
         self._keep("z", layer, z)
@@ -96,7 +102,7 @@ class Capture(Intervention):
             if not self.on_layer(layer):
                 continue
             for point in self.points:
-                if point in ("z", "pattern"):
+                if point in ("z", "pattern", "scores"):
                     continue
                 module = _module_for(layout, point, layer)
                 if point == "resid_pre":

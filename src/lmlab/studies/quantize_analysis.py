@@ -1,0 +1,133 @@
+"""S2 analysis: GLUE metrics, the six-panel figure (five tasks + average), and the verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.stats import pearsonr
+from sklearn.metrics import f1_score, matthews_corrcoef
+
+from lmlab.stats import Interval
+
+CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
+NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (paper: 83.95 vs ~84.0 at 2 bits)
+
+
+def metric_value(metric: str, labels: np.ndarray, preds: np.ndarray) -> float:
+    if metric == "pearson":
+        return float(pearsonr(preds, labels)[0]) if np.std(preds) > 0 else 0.0
+    if metric == "matthews":
+        return float(matthews_corrcoef(labels.astype(int), preds.astype(int)))
+    if metric == "f1":
+        return float(f1_score(labels.astype(int), preds.astype(int)))
+    return float((labels == preds).mean())
+
+
+def _configs(scores: pd.DataFrame) -> list[tuple[int, str]]:
+    return sorted({(int(r.bits), r.budget) for r in scores.itertuples()}, key=lambda c: (-c[0], c[1]))
+
+
+def _resampled_averages(table: pd.DataFrame, n: int = 400, seed: int = 0) -> dict[tuple[int, str], np.ndarray]:
+    """Average score over tasks for each configuration, under joint bootstrap resamples of each task's test set."""
+    preds = table[table.kind == "pred"]
+    scores = table[table.kind == "score"]
+    metric = dict(zip(scores.task, scores.metric))
+    rng = np.random.default_rng(seed)
+    out: dict[tuple[int, str], list] = {c: [] for c in _configs(scores)}
+    tasks = sorted(metric)
+    by = {(t, int(b), g): part.sort_values("idx") for (t, b, g), part in preds.groupby(["task", "bits", "budget"])}
+    sizes = {t: int(preds[preds.task == t].idx.max()) + 1 for t in tasks}
+    for _ in range(n):
+        idx = {t: rng.integers(0, sizes[t], sizes[t]) for t in tasks}
+        for config in out:
+            vals = []
+            for t in tasks:
+                part = by.get((t, *config))
+                if part is not None:
+                    vals.append(100 * metric_value(metric[t], part.label.to_numpy()[idx[t]], part.pred.to_numpy()[idx[t]]))
+            out[config].append(np.mean(vals))
+    return {c: np.array(v) for c, v in out.items()}
+
+
+def _interval(point: float, samples: np.ndarray) -> dict:
+    low, high = np.quantile(samples, [0.025, 0.975])
+    return Interval(float(point), float(low), float(high), len(samples)).as_dict()
+
+
+def verdict(table: pd.DataFrame):
+    from lmlab.studies.base import Verdict
+
+    scores = table[table.kind == "score"]
+    avg = scores.groupby(["bits", "budget"]).score.mean()
+    boot = _resampled_averages(table)
+    teacher = float(avg.loc[(32, "teacher")])
+    get = lambda b, g: float(avg.loc[(b, g)])  # noqa: E731
+    sample = lambda b, g: boot[(b, g)]  # noqa: E731
+    evidence = {"average": {f"{b}-bit {g}": _interval(get(b, g), sample(b, g)) for b, g in boot},
+                "per_task": {f"{r.task} {int(r.bits)}-bit {r.budget}": round(r.score, 2) for r in scores.itertuples()},
+                "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget}": {"packed_bytes": r.packed_bytes, "fp32_bytes": r.fp32_bytes,
+                                                                      "file_bytes": r.file_bytes}
+                          for r in scores.itertuples() if r.bits < 32 and not pd.isna(getattr(r, "packed_bytes", np.nan))}}
+    checks = {}
+    best = "C" if (2, "C") in boot else max(g for b, g in boot if b == 2)
+    if (2, best) in boot:
+        gap = teacher - get(2, best)
+        evidence["teacher_minus_2bit"] = _interval(gap, sample(32, "teacher") - sample(2, best))
+        checks["2-bit close to teacher"] = "yes" if gap <= NEAR else "no"
+    if (1, best) in boot and (2, best) in boot:
+        d = sample(2, best) - sample(1, best)
+        evidence["2bit_minus_1bit"] = _interval(get(2, best) - get(1, best), d)
+        checks["1-bit drops more"] = _sign_check(get(2, best) - get(1, best), d)
+    gaps = {}
+    for b in sorted({b for b, _ in boot if b < 32}):
+        if (b, "A") in boot and (b, "C") in boot:
+            d = sample(b, "C") - sample(b, "A")
+            gaps[b] = (get(b, "C") - get(b, "A"), d)
+            evidence[f"C_minus_A_{b}bit"] = _interval(*gaps[b])
+            low, high = np.quantile(d, [0.025, 0.975])
+            checks[f"Budget-C >= Budget-A at {b} bit"] = "yes" if gaps[b][0] >= 0 else ("no" if high < 0 else "unclear")
+    if 1 in gaps and 2 in gaps:
+        checks["C-A gap largest at 1 bit"] = _sign_check(gaps[1][0] - gaps[2][0], gaps[1][1] - gaps[2][1])
+    evidence["checks"] = checks
+    if checks and all(v == "yes" for v in checks.values()):
+        status = "reproduced"
+    elif any(v == "no" for v in checks.values()):
+        status = "not reproduced"
+    else:
+        status = "inconclusive"
+    parts = [f"teacher {teacher:.1f}"] + [f"{b}-bit {g} {get(b, g):.1f}" for b, g in _configs(scores) if b < 32]
+    summary = "average " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in checks.items())
+    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
+
+
+def _sign_check(point: float, samples: np.ndarray) -> str:
+    low = np.quantile(samples, 0.025)
+    return "yes" if low > 0 else ("no" if point <= 0 else "unclear")
+
+
+def figure(table: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    scores = table[table.kind == "score"]
+    tasks = list(dict.fromkeys(scores.task))
+    panels = tasks + ["Ave."]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.2), squeeze=False)
+    x = {32: 0, 2: 1, 1: 2}
+    for ax, name in zip(axes[0], panels):
+        part = scores if name == "Ave." else scores[scores.task == name]
+        mean = part.groupby(["bits", "budget"]).score.mean()
+        teacher = mean.loc[(32, "teacher")]
+        for budget, style, color in (("A", "o-", "tab:blue"), ("C", "^--", "tab:orange"), ("B", "s:", "tab:green")):
+            bits = [b for b in (2, 1) if (b, budget) in mean.index]
+            if bits:
+                ax.plot([0] + [x[b] for b in bits], [teacher] + [mean.loc[(b, budget)] for b in bits], style,
+                        color=color, label=f"Budget-{budget}")
+        ax.plot([0], [teacher], "ks", label="teacher")
+        metric = part.metric.iloc[0] if name != "Ave." else "score"
+        ax.set_title(name)
+        ax.set_xticks([0, 1, 2], ["32", "2", "1"])
+        ax.set_xlabel("bit")
+        ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson"}.get(metric, "score"))
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,112 @@
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lmlab import LmlabError
+from lmlab.data.formats import read_glue
+from lmlab.data.generated.nlu import TASKS, _split_entities, generate_task
+from lmlab.models import load_model
+from lmlab.studies import quantize as s2
+from lmlab.studies.base import run_study
+from lmlab.studies.quantize_analysis import metric_value, verdict
+from lmlab.train.kd import kd_loss
+
+from helpers import interrupt_on_call
+
+
+def test_kd_loss_is_zero_for_a_student_identical_to_its_teacher():
+    for regression in (False, True):
+        lm = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3)
+        enc = lm.encode(["the capital of France is Paris", "Paris lies in Europe"], padding_side="right")
+        loss, parts = kd_loss(copy.deepcopy(lm.model), lm.model, dict(enc), regression)
+        assert loss.item() == 0.0 and parts == {"logit": 0.0, "attention": 0.0, "hidden": 0.0}
+        other = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
+        loss, parts = kd_loss(other, lm.model, dict(enc), regression)
+        assert all(v > 0 for v in parts.values())
+        loss.backward()
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in other.parameters())
+
+
+def test_tasks_hold_out_their_dev_and_test_countries():
+    split = _split_entities(0)
+    names = {k: {c["name"] for c in v} for k, v in split.items()}
+    assert not names["train"] & names["test"] and not names["train"] & names["dev"]
+    task = generate_task("fact-mnli", 200, 100)
+    train_text = " ".join(e.text_a for e in task.train)
+    test_subjects = {e.text_a.split(" is a country")[0] for e in task.test}
+    assert not any(f"{s} is a country" in train_text for s in test_subjects)
+    for name in TASKS:
+        t = generate_task(name, 50, 20)
+        assert len(t.train) == 50 and len(t.test) == 20 and t.metric in ("matthews", "f1", "accuracy", "pearson")
+        assert len({e.label for e in t.train}) >= 2
+
+
+def test_glue_reader_parses_and_names_bad_rows(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence1\tsentence2\tlabel\nA man.\tA person.\tentailment\n"
+                                        "x\ty\tmaybe\n")
+    with pytest.raises(LmlabError, match=r"train.tsv:3: bad rte row"):
+        read_glue("rte", tmp_path / "train.tsv")
+    (tmp_path / "cola.tsv").write_text("gj04\t1\t\tThe cat sat.\ngj04\t0\t*\tCat the sat.\n")
+    rows = read_glue("cola", tmp_path / "cola.tsv")
+    assert [r.label for r in rows] == [1, 0] and rows[1].text_a == "Cat the sat."
+    with pytest.raises(LmlabError, match="unknown GLUE task 'wnli2'"):
+        read_glue("wnli2", tmp_path / "cola.tsv")
+
+
+def test_metrics_match_their_definitions():
+    y = np.array([1, 0, 1, 1, 0, 0])
+    p = np.array([1, 0, 0, 1, 0, 1])
+    assert metric_value("accuracy", y, p) == pytest.approx(4 / 6)
+    assert metric_value("f1", y, p) == pytest.approx(2 / 3)
+    assert metric_value("matthews", y, p) == pytest.approx(1 / 3)
+    assert metric_value("pearson", np.array([1.0, 2, 3]), np.array([2.0, 4, 6])) == pytest.approx(1.0)
+
+
+def test_bad_options_are_refused(tmp_path):
+    with pytest.raises(LmlabError, match="3-bit weights are not supported"):
+        run_study(s2.get_spec(), s2.Config(model="tiny-bert", bits=[3], n_train=8, n_eval=8), tmp_path)
+    with pytest.raises(LmlabError, match="unknown task 'fact-xyz'"):
+        run_study(s2.get_spec(), s2.Config(model="tiny-bert", tasks=["fact-xyz"], n_train=8, n_eval=8), tmp_path)
+    with pytest.raises(LmlabError, match="is a decoder"):
+        run_study(s2.get_spec(), s2.Config(model="tiny-llama", tasks=["fact-cola"], n_train=8, n_eval=8), tmp_path)
+
+
+def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, monkeypatch):
+    config = s2.Config(model="tiny-bert", tasks=["fact-cola", "fact-stsb"], n_train=32, n_eval=24, batch_size=16)
+    whole = run_study(s2.get_spec(), config, tmp_path / "a")
+    scores = whole.table[whole.table.kind == "score"]
+    assert len(scores) == 2 * 5 and set(scores.budget) == {"teacher", "A", "C"}
+    sizes = scores[scores.bits < 32]
+    assert ((sizes.fp32_bytes / sizes.packed_bytes) > 13).all()
+    assert len(list((whole.path / "packed").glob("*.safetensors"))) == 8
+    real = interrupt_on_call(monkeypatch, s2, "_run_unit", 4)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(s2.get_spec(), config, tmp_path / "b")
+    monkeypatch.setattr(s2, "_run_unit", real)
+    resumed = run_study(s2.get_spec(), config, tmp_path / "b")
+    cols = ["task", "bits", "budget", "score"]
+    pd.testing.assert_frame_equal(resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True),
+                                  scores[cols].reset_index(drop=True))
+
+
+def _table(scores: dict[tuple[int, str], float]) -> pd.DataFrame:
+    rows, rng = [], np.random.default_rng(0)
+    labels = rng.integers(0, 2, 400)
+    for (bits, budget), acc in scores.items():
+        flip = rng.random(400) > acc
+        preds = np.where(flip, 1 - labels, labels)
+        rows.append(dict(kind="score", task="t", metric="accuracy", bits=bits, budget=budget,
+                         score=100 * (preds == labels).mean()))
+        rows += [dict(kind="pred", task="t", bits=bits, budget=budget, idx=i, pred=float(p), label=float(y))
+                 for i, (p, y) in enumerate(zip(preds, labels))]
+    return pd.DataFrame(rows)
+
+
+def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
+    good = verdict(_table({(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.6, (1, "C"): 0.8}))
+    assert good.status == "reproduced", good.summary
+    bad = verdict(_table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8, (1, "C"): 0.5}))
+    assert bad.status == "not reproduced"
