@@ -110,3 +110,29 @@ def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
     assert good.status == "reproduced", good.summary
     bad = verdict(_table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8, (1, "C"): 0.5}))
     assert bad.status == "not reproduced"
+
+
+def test_layer_reduction_keeps_every_other_block_and_distils_from_the_kept_ones():
+    from lmlab.interventions.quant import keep_layers
+
+    lm = load_model("tiny-bert", head="classifier", num_labels=2)
+    student = copy.deepcopy(lm.model)
+    kept = keep_layers(student, [1])
+    assert len(student.bert.encoder.layer) == 1 and student.config.num_hidden_layers == 1
+    assert torch.equal(student.bert.encoder.layer[0].attention.self.query.weight,
+                       lm.model.bert.encoder.layer[1].attention.self.query.weight)
+    enc = lm.encode(["the capital of France is Paris"], padding_side="right")
+    # the kept block's attention scores equal the teacher's block 1 only if its input matches: it does not
+    # (block 0 was dropped), so the loss is positive, and it is finite and differentiable
+    loss, parts = kd_loss(student, lm.model, dict(enc), layer_map=kept)
+    loss.backward()
+    assert parts["attention"] > 0 and parts["hidden"] > 0
+    with pytest.raises(LmlabError, match="layers to keep must be increasing"):
+        keep_layers(copy.deepcopy(lm.model), [2, 1])
+
+
+def test_study_with_layer_reduction_runs(tmp_path):
+    config = s2.Config(model="tiny-bert", tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=16, bits=[1],
+                       layer_reduction=True)
+    result = run_study(s2.get_spec(), config, tmp_path)
+    assert set(result.table[result.table.kind == "score"].budget) == {"teacher", "A", "C"}

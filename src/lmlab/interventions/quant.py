@@ -186,3 +186,28 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
             module.weight.copy_(w.view(shape))
     quantize_model(model, bits, meta["act_bits"], weights=False)  # weights hold exact quantized values
     return model
+
+
+def keep_layers(model: nn.Module, keep: list[int]) -> list[int]:
+    """Layer reduction: keep only the listed blocks (in order), in place; returns them.
+
+    XTC's optional reduction keeps every other teacher layer; the KD terms then pair student block j with
+    teacher block keep[j] (see train/kd.py `layer_map`).
+    """
+    layout = layout_of(model)
+    if not keep or any(not 0 <= k < layout.n_layers for k in keep) or sorted(set(keep)) != list(keep):
+        raise LmlabError(f"layers to keep must be increasing and within 0..{layout.n_layers - 1}, got {keep}")
+    for path in layout.spec.layers:
+        parent_path, _, attr = path.rpartition(".")
+        try:
+            parent = get_submodule(model, parent_path) if parent_path else model
+            blocks = getattr(parent, attr)
+        except AttributeError:
+            continue
+        setattr(parent, attr, nn.ModuleList([blocks[k] for k in keep]))
+        break
+    config = getattr(model.config, "text_config", None) or model.config
+    config.num_hidden_layers = len(keep)
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[k] for k in keep]
+    return list(keep)

@@ -10,7 +10,9 @@ stored packed (interventions/quant.save_packed) and the size on disk is measured
 
 DECISIONS for CPU minutes: the quick profile trains on 192 examples per task (6 steps an epoch) with
 Budget-A = 1 epoch (Budget-C = 36 KD steps); intervals are bootstrap intervals over test examples (one seed); the full profile
-uses 2000 examples, 3 epochs for A, and is for a GPU. Layer reduction is not implemented yet.
+uses 2000 examples, 3 epochs for A, and is for a GPU. `--layer-reduction true` makes every student keep
+teacher layers 1, 3, 5, ... (the last one always), with student block j distilled from teacher block
+2j + 1 (DECISION: the paper keeps "every other layer" without saying which).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from pydantic import Field
 from lmlab.data.formats import GLUE, read_glue
 from lmlab.data.generated.nlu import TASKS, NLUTask, generate_task
 from lmlab.errors import LmlabError
-from lmlab.interventions.quant import check_bits, quantize_model, save_packed
+from lmlab.interventions.quant import check_bits, keep_layers, quantize_model, save_packed
 from lmlab.models import load_model
+from lmlab.models.layout import layout_of
 from lmlab.runs import RunDir
 from lmlab.studies.base import StudyConfig, StudySpec, register
 from lmlab.studies.quantize_analysis import figure, metric_value, verdict
@@ -52,6 +55,7 @@ class Config(StudyConfig):
     teacher_lr: float = 2e-4
     student_lr: float = 2e-4
     max_length: int = 64
+    layer_reduction: bool = Field(False, description="students keep every other teacher layer (1, 3, 5, ...)")
     kd_logit: float = Field(1.0, description="weight of the logit term (KL, or MSE for regression)")
     kd_attention: float = Field(1.0, description="weight of the attention-score MSE")
     kd_hidden: float = Field(1.0, description="weight of the hidden-state MSE")
@@ -166,12 +170,16 @@ def _run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> lis
         model = copy.deepcopy(teacher)
         for p in model.parameters():
             p.requires_grad_(True)
+        layer_map = None
+        if config.layer_reduction:  # keep teacher layers 1, 3, 5, ...: the last layer is always kept
+            n = layout_of(model).n_layers
+            layer_map = keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
         quantize_model(model, bits)
         regression = task.num_labels == 1
         tc = _train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train), config.student_lr,
                            f"{task.name} {bits}-bit Budget-{budget}")
         work = run_dir.path / "work" / f"{task.name}-{key}"
-        weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
+        weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
         train(model, task.train, collate, lambda m, b: kd_loss(m, teacher, b, regression, **weights)[0], tc, work)
         shutil.rmtree(work, ignore_errors=True)
         info = save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors")

@@ -69,7 +69,8 @@ def verdict(table: pd.DataFrame):
                                                                       "file_bytes": r.file_bytes}
                           for r in scores.itertuples() if r.bits < 32 and not pd.isna(getattr(r, "packed_bytes", np.nan))}}
     checks = {}
-    best = "C" if (2, "C") in boot else max(g for b, g in boot if b == 2)
+    budgets = sorted({g for b, g in boot if b < 32})
+    best = "C" if "C" in budgets else (budgets[-1] if budgets else None)  # the largest budget run
     if (2, best) in boot:
         gap = teacher - get(2, best)
         evidence["teacher_minus_2bit"] = _interval(gap, sample(32, "teacher") - sample(2, best))

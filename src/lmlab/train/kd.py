@@ -25,7 +25,9 @@ def _masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> 
 
 
 def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: float = 1.0, w_att: float = 1.0,
-            w_hid: float = 1.0) -> tuple[torch.Tensor, dict]:
+            w_hid: float = 1.0, layer_map: list[int] | None = None) -> tuple[torch.Tensor, dict]:
+    """`layer_map[j]` is the teacher block that student block j learns from (layer reduction);
+    None pairs blocks one to one."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     mask = inputs.get("attention_mask")
     want_scores = w_att > 0
@@ -39,10 +41,13 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
     else:
         logit = F.kl_div(F.log_softmax(s.logits.float(), -1), F.log_softmax(t.logits.float(), -1), log_target=True,
                          reduction="batchmean")
+    pairs = list(enumerate(layer_map if layer_map is not None else range(len(s.hidden_states) - 1)))
     att = torch.zeros((), device=s.logits.device)
     if want_scores:
-        for layer, t_scores in tcap.store["scores"].items():
-            att = att + F.mse_loss(scap.store["scores"][layer].float(), t_scores.float())
-    hid = sum(_masked_mse(hs.float(), ht.float(), mask) for hs, ht in zip(s.hidden_states, t.hidden_states))
+        for j, k in pairs:
+            att = att + F.mse_loss(scap.store["scores"][j].float(), tcap.store["scores"][k].float())
+    hid = _masked_mse(s.hidden_states[0].float(), t.hidden_states[0].float(), mask)  # embedding output
+    for j, k in pairs:
+        hid = hid + _masked_mse(s.hidden_states[j + 1].float(), t.hidden_states[k + 1].float(), mask)
     total = w_logit * logit + w_att * att + w_hid * hid
     return total, {"logit": float(logit.detach()), "attention": float(att.detach()), "hidden": float(hid.detach())}
