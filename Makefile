@@ -27,14 +27,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not embedded"
 
-# The studies that have landed, on the embedded defaults, quick profile (lmlab reproduce: issue 8).
+# The studies on the embedded defaults, quick profile, and the HTML report.
 demo: setup
 	$(LMLAB) models
-	$(LMLAB) trace "The capital of France is" --target " Paris" --span France --out $(OUT)/demo
-	$(LMLAB) knockout --profile quick --out $(OUT)
-	$(LMLAB) filler --profile quick --out $(OUT)
-	$(LMLAB) quantize --profile quick --out $(OUT)
-	@echo "demo outputs in $(OUT)/"
+	$(LMLAB) reproduce --profile quick --out $(OUT)
+	@echo "report: $(OUT)/report.html"
 
 bench: setup
 	$(LMLAB) bench --out $(OUT)/bench

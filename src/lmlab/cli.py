@@ -134,6 +134,45 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     out.print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.md'}")
 
 
+@app.command()
+@friendly
+def reproduce(profile: str = typer.Option("quick", help="quick (CPU minutes) or full"),
+              out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
+              seed: int = typer.Option(0, help="random seed for every study"),
+              only: list[str] = typer.Option(None, help="run only these studies (repeatable)"),
+              model: list[str] = typer.Option(None, help="STUDY=MODEL to replace a study's default model"),
+              report: bool = typer.Option(True, help="write OUT/report.html at the end")):
+    """Run every registered study on the embedded defaults, then write the report."""
+    from lmlab.reproduce import reproduce as run_all
+
+    models = {}
+    for item in model or []:
+        study, _, name = item.partition("=")
+        if not name:
+            raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
+        models[study] = name
+    outcomes = run_all(out_dir, profile, seed, models, only, say=out.print)
+    if report:
+        from lmlab.report import build_report
+
+        path = build_report([out_dir], out_dir / "report.html")
+        out.print(f"report: {path}")
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        err.print(f"{len(failed)} of {len(outcomes)} studies failed: " + "; ".join(f"{o.study}: {o.reason}" for o in failed))
+        raise typer.Exit(code=1)
+
+
+@app.command()
+@friendly
+def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or roots holding them"),
+           out_file: Path = typer.Option(Path("runs/report.html"), "--out", help="the HTML file to write")):
+    """Write one self-contained HTML report of one or more runs."""
+    from lmlab.report import build_report
+
+    out.print(f"report: {build_report(run_dirs, out_file)}")
+
+
 _registered: set[str] = set()
 _COMMON = ("model", "profile", "seed")
 

@@ -56,6 +56,8 @@ class StudySpec:
     figure: Callable[[pd.DataFrame], Any]
     verdict: Callable[[pd.DataFrame], Verdict]
     default_model: str
+    seed_summary: str = ""  # the paper's figure and numbers, in our words, shown beside ours in the report
+    summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None  # the table's key rows for the report
 
 
 STUDIES: dict[str, StudySpec] = {}

@@ -204,4 +204,17 @@ def get_spec() -> StudySpec:
 
 SPEC = register(StudySpec(name="knockout", title="S1 · Attention knockout: two pathways to truthfulness",
                    paper="Luo et al., arXiv 2601.07422", seed_file="001_d74166a5ea5d8370.txt", config=Config,
-                   run=run, figure=figure, verdict=verdict, default_model="smollm2-135m"))
+                   run=run, figure=figure, verdict=verdict, default_model="smollm2-135m",
+                   seed_summary=("ΔP vs layer for Llama-3.2-1B and -3B. Q-Anchored lines (PopQA, TriviaQA, HotpotQA, "
+                                 "NQ) fall from about 0 at layer 0 to about −50 to −80 pp in middle and late layers; "
+                                 "A-Anchored lines stay well above them (about −20 to −60 pp)."),
+                   summary=lambda t: key_rows(t)))
+
+
+def key_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean ΔP (pp) per set and group at the sweep layers, for the report."""
+    ko = table[table.kind == "knockout"]
+    if ko.empty:
+        return table[table.kind == "counts"].dropna(axis=1, how="all")
+    ko = ko.assign(line=np.where(ko.condition == "control", "control", ko.dataset + " " + ko.group.fillna("")))
+    return ko.pivot_table(index="line", columns="layer", values="delta_p", aggfunc="mean").round(1).reset_index()
