@@ -136,7 +136,7 @@ def test_bad_rows_are_skipped_and_counted_and_empty_files_refused(tmp_path):
 def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch):
     config = s3.Config(model="tiny-llama", n_test_per_level=3, n_dev_per_level=2, sweep_problems=3,
                        profile_problems=2, max_new_tokens=6, sweep_lengths=[5])
-    whole = run_study(s3.get_spec(), config, tmp_path / "a")
+    whole = run_study(s3.SPEC, config, tmp_path / "a")
     t = whole.table
     assert {"answer", "tuning", "profile", "mlp", "counts"} <= set(t.kind)
     test = t[(t.kind == "answer") & (t.split == "test") & (t.sweep.fillna("") == "")]
@@ -145,7 +145,7 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
 
     real = interrupt_on_call(monkeypatch, s3, "greedy_answers", 7)
     with pytest.raises(KeyboardInterrupt):
-        run_study(s3.get_spec(), config, tmp_path / "b")
+        run_study(s3.SPEC, config, tmp_path / "b")
     monkeypatch.setattr(s3, "greedy_answers", real)
-    resumed = run_study(s3.get_spec(), config, tmp_path / "b")
+    resumed = run_study(s3.SPEC, config, tmp_path / "b")
     pd.testing.assert_frame_equal(resumed.table, whole.table)

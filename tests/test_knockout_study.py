@@ -115,7 +115,7 @@ def test_readers_parse_real_formats_and_name_bad_rows(tmp_path):
 
 def test_too_few_correct_answers_is_an_inconclusive_verdict(tmp_path):
     config = s1.Config(model="tiny-llama", datasets=["geo-capital"], per_dataset=20)
-    result = run_study(s1.get_spec(), config, tmp_path)
+    result = run_study(s1.SPEC, config, tmp_path)
     assert result.verdict.status == "inconclusive"
     assert result.verdict.summary.startswith("inconclusive: only 0 correct and 20 incorrect answers")
 
@@ -130,7 +130,7 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     monkeypatch.setattr(s1, "alias_match", lambda text, aliases: aliases[0][0] < "M")
     config = s1.Config(model="tiny-llama", datasets=["geo-capital", "geo-continent"], per_dataset=30,
                        sweep_every=1, min_per_class=3)
-    whole = run_study(s1.get_spec(), config, tmp_path / "whole")
+    whole = run_study(s1.SPEC, config, tmp_path / "whole")
     table = whole.table
     assert {"answer", "probe", "knockout", "detection", "counts"} <= set(table.kind)
     ko = table[table.kind == "knockout"]
@@ -140,9 +140,9 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
 
     real = interrupt_on_call(monkeypatch, s1, "sweep", 20, Interrupt)
     with pytest.raises(Interrupt):
-        run_study(s1.get_spec(), config, tmp_path / "cut")
+        run_study(s1.SPEC, config, tmp_path / "cut")
     monkeypatch.setattr(s1, "sweep", real)
-    resumed = run_study(s1.get_spec(), config, tmp_path / "cut")
+    resumed = run_study(s1.SPEC, config, tmp_path / "cut")
     pd.testing.assert_frame_equal(resumed.table.reset_index(drop=True), table.reset_index(drop=True))
 
 

@@ -67,16 +67,16 @@ def test_metrics_match_their_definitions():
 
 def test_bad_options_are_refused(tmp_path):
     with pytest.raises(LmlabError, match="3-bit weights are not supported"):
-        run_study(s2.get_spec(), s2.Config(model="tiny-bert", bits=[3], n_train=8, n_eval=8), tmp_path)
+        run_study(s2.SPEC, s2.Config(model="tiny-bert", bits=[3], n_train=8, n_eval=8), tmp_path)
     with pytest.raises(LmlabError, match="unknown task 'fact-xyz'"):
-        run_study(s2.get_spec(), s2.Config(model="tiny-bert", tasks=["fact-xyz"], n_train=8, n_eval=8), tmp_path)
+        run_study(s2.SPEC, s2.Config(model="tiny-bert", tasks=["fact-xyz"], n_train=8, n_eval=8), tmp_path)
     with pytest.raises(LmlabError, match="is a decoder"):
-        run_study(s2.get_spec(), s2.Config(model="tiny-llama", tasks=["fact-cola"], n_train=8, n_eval=8), tmp_path)
+        run_study(s2.SPEC, s2.Config(model="tiny-llama", tasks=["fact-cola"], n_train=8, n_eval=8), tmp_path)
 
 
 def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, monkeypatch):
     config = s2.Config(model="tiny-bert", tasks=["fact-cola", "fact-stsb"], n_train=32, n_eval=24, batch_size=16)
-    whole = run_study(s2.get_spec(), config, tmp_path / "a")
+    whole = run_study(s2.SPEC, config, tmp_path / "a")
     scores = whole.table[whole.table.kind == "score"]
     assert len(scores) == 2 * 5 and set(scores.budget) == {"teacher", "A", "C"}
     sizes = scores[scores.bits < 32]
@@ -84,9 +84,9 @@ def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, mo
     assert len(list((whole.path / "packed").glob("*.safetensors"))) == 8
     real = interrupt_on_call(monkeypatch, s2, "_run_unit", 4)
     with pytest.raises(KeyboardInterrupt):
-        run_study(s2.get_spec(), config, tmp_path / "b")
+        run_study(s2.SPEC, config, tmp_path / "b")
     monkeypatch.setattr(s2, "_run_unit", real)
-    resumed = run_study(s2.get_spec(), config, tmp_path / "b")
+    resumed = run_study(s2.SPEC, config, tmp_path / "b")
     cols = ["task", "bits", "budget", "score"]
     pd.testing.assert_frame_equal(resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True),
                                   scores[cols].reset_index(drop=True))
@@ -134,5 +134,5 @@ def test_layer_reduction_keeps_every_other_block_and_distils_from_the_kept_ones(
 def test_study_with_layer_reduction_runs(tmp_path):
     config = s2.Config(model="tiny-bert", tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=16, bits=[1],
                        layer_reduction=True)
-    result = run_study(s2.get_spec(), config, tmp_path)
+    result = run_study(s2.SPEC, config, tmp_path)
     assert set(result.table[result.table.kind == "score"].budget) == {"teacher", "A", "C"}

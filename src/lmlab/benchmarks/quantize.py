@@ -18,8 +18,8 @@ from lmlab.models import load_model
 
 
 @benchmark("packed-size")
-def packed_size_bench(model: str = "minilm-l6", **_) -> list[dict]:
-    name = model if model == "minilm-l6" else "minilm-l6"  # the encoder study's model
+def packed_size_bench(**_) -> list[dict]:
+    name = "minilm-l6"  # always the encoder study's model, whatever `lmlab bench --model` names
     lm = load_model(name, head="classifier", num_labels=2)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

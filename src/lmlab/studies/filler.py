@@ -32,7 +32,7 @@ from lmlab.interventions.arm import ActivationRedistribution
 from lmlab.models import LoadedModel, load_model
 from lmlab.runs import RunDir
 from lmlab.studies.base import StudyConfig, StudySpec, register
-from lmlab.studies.filler_analysis import figure, mechanism_rows, profile_rows, verdict
+from lmlab.studies.filler_analysis import figure, profile_and_mechanism_rows, verdict
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 FILLERS = {"Mless": " /", "Mful": " he"}
@@ -181,16 +181,11 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
     probe = spread(test, config.profile_problems)
     prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
                for cond in ("None", "Mless", "Mful")}
-    rows += profile_rows(lm, prompts, config.profile_layer, config.head)
-    rows += mechanism_rows(lm, prompts)
+    rows += profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
     rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), skipped_rows=skipped,
                      max_new_tokens=config.size("max_new_tokens"), insert_count=n,
                      arm_c=best["c"], arm_p1=best["p1"]))
     return pd.DataFrame(rows)
-
-
-def get_spec() -> StudySpec:
-    return SPEC
 
 
 SPEC = register(StudySpec(name="filler", title="S3 · Meaningless tokens and the Activation Redistribution Module",

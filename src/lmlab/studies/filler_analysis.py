@@ -45,29 +45,22 @@ def _layer_reads(lm, prompts, layer):
     return out
 
 
-def profile_rows(lm, prompts: dict, layer: int, head: int | None) -> list[dict]:
+def profile_and_mechanism_rows(lm, prompts: dict, layer: int, head: int | None) -> list[dict]:
+    """Attention-profile rows (one head) and layer-0 MLP near-zero rows, from the same forward passes."""
     reads = _layer_reads(lm, prompts, layer)
-    lm._filler_reads = reads  # reused by mechanism_rows (same forward passes)
     if head is None:  # the head whose aligned profile moves most when Mless is inserted
         change = sum((m[0] - n[0]).abs().sum(-1) for m, n in zip(reads["Mless"], reads["None"]))
         head = int(change.argmax())
     rows = []
     for cond, items in reads.items():
-        for p, (aligned, long, _) in enumerate(items):
+        for p, (aligned, long, act) in enumerate(items):
             rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j + 1, head=head,
                           layer=layer, attention=float(v)) for j, v in enumerate(aligned[head])]
             if cond != "None":
                 rows += [dict(kind="profile", view="long", condition=cond, problem=p, position=j + 1, head=head,
                               layer=layer, attention=float(v)) for j, v in enumerate(long[head])]
-    return rows
-
-
-def mechanism_rows(lm, prompts: dict) -> list[dict]:
-    reads = getattr(lm, "_filler_reads")
-    rows = []
-    for cond, items in reads.items():
-        for p, (_, _, act) in enumerate(items):
-            rows.append(dict(kind="mlp", condition=cond, problem=p, near_zero_share=float((act.abs() < NEAR_ZERO).float().mean()),
+            rows.append(dict(kind="mlp", condition=cond, problem=p,
+                             near_zero_share=float((act.abs() < NEAR_ZERO).float().mean()),
                              mean_abs=float(act.abs().mean())))
     return rows
 

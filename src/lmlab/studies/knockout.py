@@ -198,10 +198,6 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
     return pd.DataFrame(base + probe_rows + ko_rows + extra + meta)
 
 
-def get_spec() -> StudySpec:
-    return SPEC
-
-
 SPEC = register(StudySpec(name="knockout", title="S1 · Attention knockout: two pathways to truthfulness",
                    paper="Luo et al., arXiv 2601.07422", seed_file="001_d74166a5ea5d8370.txt", config=Config,
                    run=run, figure=figure, verdict=verdict, default_model="smollm2-135m",

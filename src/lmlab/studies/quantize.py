@@ -193,10 +193,6 @@ def _run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> lis
     return rows
 
 
-def get_spec() -> StudySpec:
-    return SPEC
-
-
 SPEC = register(StudySpec(name="quantize", title="S2 · Extreme quantization with distillation (XTC)",
                           paper="Wu et al., arXiv 2206.01859", seed_file="002_6e0eda015fd086bf.txt", config=Config,
                           run=run, figure=figure, verdict=verdict, default_model="minilm-l6",
