@@ -87,11 +87,12 @@ def explicit_attention(module, query, key, value, attention_mask, plan: LayerPla
     for edit in plan.score_edits:
         edit.on_scores(plan.layer, scores, allowed, ctx)
     scores = scores.float().masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    gate = None
     for edit in plan.score_edits:
-        gate = edit.gate(plan.layer, scores, allowed, ctx)
-        if gate is not None:
-            weights = renormalise(weights * gate)
+        g = edit.gate(plan.layer, scores, allowed, ctx)
+        if g is not None:
+            gate = g if gate is None else gate * g
+    weights = torch.softmax(scores, dim=-1) if gate is None else gated_softmax(scores, gate)
     # A row with no allowed key (a padded query, or one whose every key was knocked out) reads nothing.
     weights = torch.nan_to_num(weights, nan=0.0)
     for edit in plan.score_edits:
@@ -103,9 +104,20 @@ def explicit_attention(module, query, key, value, attention_mask, plan: LayerPla
     return z, weights
 
 
-def renormalise(weights: torch.Tensor) -> torch.Tensor:
-    total = weights.sum(-1, keepdim=True)
-    return weights / total.clamp_min(torch.finfo(weights.dtype).tiny)
+def gated_softmax(scores: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Softmax over the kept edges only: w_ij = g_ij exp(s_ij) / sum_k g_ik exp(s_ik).
+
+    Written so that gradients stay finite: the shift is the largest *kept* score (so every kept term is
+    <= 1 and a row with a kept edge has a sum >= 1), dropped edges above it are clipped to exp(0) (their
+    forward weight is 0 anyway; the straight-through gate still passes them a gradient), and a row with no
+    kept edge (a padded query) divides by 1 and reads nothing.
+    """
+    kept = gate.detach() > 0
+    shift = scores.masked_fill(~kept, float("-inf")).amax(-1, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+    terms = torch.exp((scores - shift).clamp(max=0.0)) * gate
+    total = terms.sum(-1, keepdim=True)
+    return terms / torch.where(total > 0, total, torch.ones_like(total))
 
 
 def lmlab_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

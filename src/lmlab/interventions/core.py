@@ -70,6 +70,12 @@ class Intervention:
     z_order = 0
 
 
+def _model_of(target) -> nn.Module:
+    """The model itself: a `LoadedModel`'s `.model`, or the module given. (Not `getattr(x, "model", x)`:
+    a HF `...ForCausalLM` has a `.model` too, its inner stack, and the two must not be confused.)"""
+    return target if isinstance(target, nn.Module) else target.model
+
+
 def _ensure_lmlab_attention(model: nn.Module) -> None:
     if getattr(model.config, "_attn_implementation", None) != attention.IMPL:
         try:
@@ -101,7 +107,7 @@ def intervene(target, *interventions: Intervention):
     Yields the single intervention, or the tuple of them. The attention implementation is switched to
     `lmlab` (bit-identical to sdpa where nothing is active) and stays so after the block.
     """
-    model = getattr(target, "model", target)
+    model = _model_of(target)
     layout = getattr(target, "layout", None) or layout_of(model)
     for iv in interventions:
         if not isinstance(iv, Intervention):
@@ -122,6 +128,45 @@ def intervene(target, *interventions: Intervention):
         for iv in interventions:
             stack.remove(iv)
         _rebuild_plans(layout, stack)
+
+
+def install(target, *interventions: Intervention) -> None:
+    """Make interventions part of the model for good (a sparse model's edge gate, say).
+
+    They join every later `intervene` block, like an outer block that never closes. `uninstall` removes
+    them.
+    """
+    model = _model_of(target)
+    layout = getattr(target, "layout", None) or layout_of(model)
+    for iv in interventions:
+        if not isinstance(iv, Intervention):
+            raise LmlabError(f"{iv!r} is not an intervention")
+        if type(iv).hooks is not Intervention.hooks:
+            raise LmlabError(f"{type(iv).__name__} uses module hooks and cannot be installed permanently")
+        iv.bind(layout)
+    _ensure_lmlab_attention(model)
+    stack: list[Intervention] = model.__dict__.setdefault("_lmlab_active", [])
+    standing: list[Intervention] = model.__dict__.setdefault("_lmlab_standing", [])
+    stack[:0] = interventions
+    standing.extend(interventions)
+    _rebuild_plans(layout, stack)
+
+
+def installed(target) -> list[Intervention]:
+    """The interventions `install` made part of the model."""
+    return list(_model_of(target).__dict__.get("_lmlab_standing", []))
+
+
+def uninstall(target, *interventions: Intervention) -> None:
+    model = _model_of(target)
+    layout = getattr(target, "layout", None) or layout_of(model)
+    stack = model.__dict__.get("_lmlab_active", [])
+    standing = model.__dict__.get("_lmlab_standing", [])
+    for iv in interventions or tuple(standing):
+        if iv in standing:
+            standing.remove(iv)
+            stack.remove(iv)
+    _rebuild_plans(layout, stack)
 
 
 def where_rows(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

@@ -197,7 +197,8 @@ class SparseAttention(Intervention):
 
     def gate(self, layer, scores, allowed, ctx):
         probs = torch.sigmoid(scores)  # masked pairs have score -inf, so probability 0
-        self.expected_edges = self.expected_edges.to(scores.device) + probs.sum()
+        total = probs.sum() if self.sample else probs.sum().detach()  # a deterministic gate trains nothing
+        self.expected_edges = self.expected_edges.to(scores.device) + total
         if self.sample:
             u = torch.rand(scores.shape, generator=self.generator, device="cpu").to(scores.device)
             u = u.clamp(1e-6, 1 - 1e-6)

@@ -184,7 +184,9 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path), **kw))
-        return _finish(model, tok, path.name, f"directory {path}", device, dtype, t0)
+        loaded = _finish(model, tok, path.name, f"directory {path}", device, dtype, t0)
+        _apply_lmlab_extras(loaded, path)
+        return loaded
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
         return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
@@ -192,6 +194,45 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
         raise LmlabError(f"no such file or directory: {spec}")
     raise LmlabError(f"unknown model '{spec}'; embedded models: {', '.join(known_names())} "
                      f"(or give a hub id, a local model directory or a .gguf file)")
+
+
+LMLAB_FILE = "lmlab.json"  # what lmlab adds to a saved HF folder (e.g. the sparse attention gate)
+
+
+def save_model(loaded: LoadedModel, path: str | Path, sparse_attention: bool = False) -> Path:
+    """Save as an ordinary HF folder (safetensors + tokenizer) that `load_model` reads back.
+
+    `sparse_attention=True` records that the model runs with the deterministic edge gate of
+    `SparseAttention` (keep s_ij > 0) on every layer; `load_model` installs it again, so every later
+    analysis sees the sparse model.
+    """
+    import json
+
+    from lmlab.runs import atomic_write
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    loaded.model.save_pretrained(path, safe_serialization=True)
+    loaded.tokenizer.save_pretrained(path)
+    atomic_write(path / LMLAB_FILE, json.dumps({"sparse_attention": bool(sparse_attention)}, indent=1))
+    return path
+
+
+def _apply_lmlab_extras(loaded: LoadedModel, path: Path) -> None:
+    import json
+
+    extras_file = path / LMLAB_FILE
+    if not extras_file.is_file():
+        return
+    try:
+        extras = json.loads(extras_file.read_text())
+    except ValueError as exc:
+        raise LmlabError(f"{extras_file} is not valid JSON ({exc})") from None
+    if extras.get("sparse_attention"):
+        from lmlab.interventions import SparseAttention, install
+
+        install(loaded, SparseAttention(sample=False))
+        loaded.meta["sparse_attention"] = True
 
 
 def _wrap_load_errors(spec: str, fn):

@@ -90,7 +90,8 @@ def _checkpoints(out_dir: Path) -> list[Path]:
     return sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.exists() else []
 
 
-def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2) -> Path:
+def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2,
+                    extra: dict | None = None) -> Path:
     root = out_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".step-", dir=root))
@@ -106,7 +107,7 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[flo
                 meta["scalars"][f"{pid}.{key}"] = value
     tensors["__rng__"] = torch.get_rng_state()
     save_file(tensors, tmp / "optimizer.safetensors")
-    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta}))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta, "extra": extra or {}}))
     final = root / f"step-{step:07d}"
     if final.exists():
         shutil.rmtree(final)
@@ -147,8 +148,12 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
 def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], config: TrainConfig, out_dir: str | Path,
           parameters: Sequence[torch.nn.Parameter] | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> TrainResult:
-    """Train `model` in place; `loss_fn(model, batch)` returns the mean loss of the local batch."""
+          on_step: Callable[[int, float], None] | None = None, state: Any = None) -> TrainResult:
+    """Train `model` in place; `loss_fn(model, batch)` returns the mean loss of the local batch.
+
+    `state`: an object with `state_dict()` / `load_state_dict()` (e.g. a GECO multiplier) saved in every
+    checkpoint's state.json and restored on resume, so a resumed run continues exactly.
+    """
     from accelerate import Accelerator
 
     out_dir = Path(out_dir)
@@ -167,6 +172,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     if existing:
         info = load_checkpoint(existing[-1], model, optimizer)
         start, result.losses, result.resumed_from = info["step"], list(info["losses"]), info["step"]
+        if state is not None and info.get("extra"):
+            state.load_state_dict(info["extra"])
         result.checkpoint = existing[-1]
     model, optimizer = acc.prepare(model, optimizer)
     model.train()
@@ -203,7 +210,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
                 acc.wait_for_everyone()
                 if acc.is_main_process:
                     last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), optimizer, result.losses,
-                                                config.keep_checkpoints)
+                                                config.keep_checkpoints,
+                                                extra=state.state_dict() if state is not None else None)
                 acc.wait_for_everyone()
         result.steps_done = config.steps
         result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good

@@ -1,0 +1,43 @@
+"""A GECO-style Lagrange multiplier (Rezende & Viola, 2018) for "minimise A subject to B <= tau".
+
+    loss = objective + lambda * (B - tau)
+    after each step: ema <- a * ema + (1 - a) * (B - tau);  lambda <- clip(lambda * exp(rate * ema))
+
+The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks
+while it holds, so the objective is pushed only as far as the constraint allows. The multiplicative
+update keeps lambda positive. `state_dict` / `load_state_dict` let a resumed run continue exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class GECO:
+    def __init__(self, tau: float, rate: float = 1.0, alpha: float = 0.9, initial: float = 1.0,
+                 bounds: tuple[float, float] = (1e-3, 1e4)):
+        self.tau, self.rate, self.alpha, self.bounds = float(tau), float(rate), float(alpha), bounds
+        self.multiplier = float(initial)
+        self.ema: float | None = None
+        self.steps = 0
+
+    def loss(self, objective: torch.Tensor, constrained: torch.Tensor) -> torch.Tensor:
+        """The Lagrangian with the current multiplier; call `update` once per optimizer step."""
+        return objective + self.multiplier * (constrained - self.tau)
+
+    def update(self, constrained: float) -> float:
+        violation = float(constrained) - self.tau
+        self.ema = violation if self.ema is None else self.alpha * self.ema + (1 - self.alpha) * violation
+        low, high = self.bounds
+        self.multiplier = min(max(self.multiplier * math.exp(self.rate * self.ema), low), high)
+        self.steps += 1
+        return self.multiplier
+
+    def state_dict(self) -> dict:
+        return {"tau": self.tau, "multiplier": self.multiplier, "ema": self.ema, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tau, self.multiplier, self.ema, self.steps = (state["tau"], state["multiplier"], state["ema"],
+                                                           state["steps"])

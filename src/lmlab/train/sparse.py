@@ -1,0 +1,72 @@
+"""Sparse attention post-training (Draye et al.): fewest attention edges at the dense model's loss.
+
+    minimise  expected edges / all causal edges        (sum of sigmoid(s_ij), differentiable)
+    subject   CE <= tau                                 (tau = dense CE on the same data + slack)
+
+with the edge gate of `interventions.SparseAttention` (binary-concrete straight-through samples during
+training; deterministic s_ij > 0 afterwards) on every layer and a GECO multiplier (`train.geco`). It
+runs on the foundation's loop, so it checkpoints (weights, optimizer, RNG and the multiplier) and
+resumes; a NaN loss stops with the last good checkpoint named.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lmlab.interventions import SparseAttention, installed, intervene
+from lmlab.train.geco import GECO
+from lmlab.train.loop import TrainConfig, TrainResult, train
+
+
+@dataclass
+class SparseTraining:
+    result: TrainResult
+    geco: GECO
+    history: list[dict] = field(default_factory=list)  # per step of this process: ce, edges, multiplier
+
+
+def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor], tau: float,
+                      config: TrainConfig, out_dir: str | Path, rate: float = 0.05, alpha: float = 0.9,
+                      initial_multiplier: float = 1.0) -> SparseTraining:
+    geco = GECO(tau, rate=rate, alpha=alpha, initial=initial_multiplier)
+    gate = SparseAttention(sample=True)  # noise from torch's global generator, which checkpoints save
+    history: list[dict] = []
+
+    def loss_fn(m, batch):
+        gate.reset()
+        ce = ce_fn(m, batch)
+        edges = gate.expected_edges / max(gate.total_edges, 1.0)
+        loss = geco.loss(edges, ce)
+        history.append({"ce": float(ce.detach()), "expected_edges": float(edges.detach()), "kept_edges": gate.kept_fraction,
+                        "multiplier": geco.multiplier})
+        geco.update(float(ce.detach()))
+        return loss
+
+    with intervene(model, gate):
+        result = train(model, dataset, collate, loss_fn, config, out_dir, state=geco)
+    return SparseTraining(result, geco, history)
+
+
+@torch.no_grad()
+def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
+    """Per-sequence mean next-token CE (and the edge fraction kept, if a gate is among `interventions`)."""
+    per_seq: list[float] = []
+    gates = [iv for iv in (*interventions, *installed(model)) if isinstance(iv, SparseAttention)]
+    for gate in gates:
+        gate.reset()
+    with intervene(model, *interventions) if interventions else nullcontext():
+        for batch in batches:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                           position_ids=batch.get("position_ids")).logits[:, :-1].float()
+            labels = batch["labels"][:, 1:]
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100,
+                                                     reduction="none")
+            counts = (labels != -100).sum(-1).clamp_min(1)
+            per_seq.extend((loss.sum(-1) / counts).tolist())
+    kept = gates[0].kept_fraction if gates else 1.0
+    return per_seq, kept
