@@ -1,0 +1,138 @@
+"""S4 figures and verdict, read from the table alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lmlab.studies.base import Verdict
+
+PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
+EDGES_LIMIT = 0.05  # "a few per cent of edges or fewer"
+
+
+def _rows(table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    return table[table["kind"] == kind]
+
+
+def figure(table: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    curves = _rows(table, "curve")
+    tasks = list(dict.fromkeys(curves["task"]))
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.6), squeeze=False)
+    mult = _rows(table, "multiplier").set_index("task")
+    for ax, name in zip(axes[0], tasks):
+        for variant, color, label in (("dense", "tab:blue", "Dense"), ("sparse", "tab:orange", "Sparse")):
+            sub = curves[(curves["task"] == name) & (curves["variant"] == variant)].sort_values("n_heads")
+            if sub.empty:
+                continue
+            ax.plot(sub["n_heads"], sub["value"], color=color, label=f"{label} model")
+            ax.fill_between(sub["n_heads"], sub["lo"], sub["hi"], color=color, alpha=0.15, linewidth=0)
+        ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(PANEL_TITLES.get(name, name))
+        ax.set_xlabel("Number of Heads Kept")
+        ax.set_ylabel("Explained Effect")
+        ax.set_ylim(-0.1, 1.1)
+        if name in mult.index:
+            m = mult.loc[name]
+            ax.text(0.97, 0.05, f"{m['value']:.1f}x\n[{m['lo']:.1f}, {m['hi']:.1f}]", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=11, fontweight="bold")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle("Explained effect vs heads kept (multiplier = dense heads / sparse heads at 0.9; "
+                 "> 1: the sparse model needs fewer)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def toy_figure(dense: np.ndarray, sparse: np.ndarray):
+    """Attention edges per layer of the addition toy: dense above, sparse below (widths = mean weight)."""
+    import matplotlib.pyplot as plt
+
+    from lmlab.toy import POSITION_NAMES
+
+    n_layers = dense.shape[0]
+    fig, axes = plt.subplots(2, n_layers, figsize=(3.2 * n_layers, 5.6), squeeze=False)
+    for row, (usage, name) in enumerate(((dense, "dense"), (sparse, "sparse"))):
+        for layer in range(n_layers):
+            ax = axes[row][layer]
+            weights = usage[layer].sum(0)  # summed over heads: (query, key)
+            n = weights.shape[0]
+            kept = int((usage[layer] > 1e-6).sum())
+            total = usage.shape[1] * n * (n + 1) // 2
+            for q in range(n):
+                for k in range(q + 1):
+                    w = float(weights[q, k]) / usage.shape[1]
+                    if w > 1e-3:
+                        ax.plot([k, q], [0, 1], color="tab:blue" if row == 0 else "tab:orange",
+                                alpha=min(1.0, 0.15 + w), linewidth=0.3 + 3 * w)
+            ax.scatter(range(n), [0] * n, s=12, color="black", zorder=3)
+            ax.scatter(range(n), [1] * n, s=12, color="black", zorder=3)
+            ax.set_xticks(range(n), POSITION_NAMES[:n], fontsize=7)
+            ax.set_yticks([])
+            ax.set_ylim(-0.15, 1.15)
+            ax.set_title(f"{name}, layer {layer}: {kept}/{total} edges used", fontsize=9)
+    fig.suptitle("2-digit addition toy: attention edges used on 200 test problems (key below, query above; "
+                 "width = mean weight), dense vs sparse", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def verdict(table: pd.DataFrame) -> Verdict:
+    claim = ("At equal explained effect the sparse model needs fewer heads (multiplier > 1) on most tasks, and "
+             "its attention keeps a few per cent of edges or fewer at unchanged loss.")
+    mult = _rows(table, "multiplier")
+    sparsity = _rows(table, "sparsity")
+    sparse = sparsity[sparsity["variant"] == "sparse"]
+    if mult.empty or sparse.empty:
+        return Verdict(status="inconclusive", claim=claim, summary="the table has no multiplier or sparsity rows")
+    s = sparse.iloc[0]
+    kept, ce_hi, slack = float(s["value"]), float(s["hi"]), float(s["tau_slack"])
+    edges_ok = kept <= EDGES_LIMIT
+    loss_ok = ce_hi <= slack  # the CE increase on held-out text, upper 95% bound, within the allowed slack
+    fewer = int((mult["lo"] > 1).sum())
+    more = int((mult["hi"] < 1).sum())
+    n = len(mult)
+    per_task = "; ".join(f"{r.task} {r.value:.2f}x [{r.lo:.2f}, {r.hi:.2f}] (dense {r.dense_heads}, sparse "
+                         f"{r.sparse_heads} heads)" for r in mult.itertuples())
+    text = (f"multiplier per task: {per_task}. Edges kept {100 * kept:.2f}% (claim: a few per cent or fewer, "
+            f"limit {100 * EDGES_LIMIT:.0f}%); held-out CE change {s['ce_diff']:+.3f} nats [{s['lo']:+.3f}, "
+            f"{ce_hi:+.3f}] (allowed +{slack}).")
+    if edges_ok and loss_ok and fewer > n / 2:
+        status = "reproduced"
+    elif (not edges_ok) or (not loss_ok) or more >= n / 2:
+        status = "not reproduced"
+    else:
+        status = "inconclusive"
+    evidence = {"kept_edges": kept, "ce_diff": float(s["ce_diff"]), "ce_diff_ci": [float(s["lo"]), ce_hi],
+                "tasks_fewer": fewer, "tasks_more": more,
+                "multipliers": {r.task: [float(r.value), float(r.lo), float(r.hi)] for r in mult.itertuples()}}
+    return Verdict(status=status, claim=claim, summary=text, evidence=evidence)
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    tasks = _rows(table, "task")
+    needed = _rows(table, "heads_needed")
+    mult = _rows(table, "multiplier").set_index("task")
+    for name in dict.fromkeys(tasks["task"]):
+        row = {"task": name}
+        for variant in ("dense", "sparse"):
+            t = tasks[(tasks["task"] == name) & (tasks["variant"] == variant)]
+            h = needed[(needed["task"] == name) & (needed["variant"] == variant)]
+            if not t.empty:
+                row[f"{variant} metric"] = round(float(t["clean_metric"].iloc[0]), 3)
+                row[f"{variant} acc"] = round(float(t["accuracy"].iloc[0]), 3)
+            if not h.empty:
+                row[f"{variant} heads@0.9"] = h["value"].iloc[0]
+        if name in mult.index:
+            m = mult.loc[name]
+            row["multiplier"] = f"{m['value']:.2f}x [{m['lo']:.2f}, {m['hi']:.2f}]"
+        rows.append(row)
+    for r in _rows(table, "sparsity").itertuples():
+        rows.append({"task": f"held-out text ({r.variant})", "dense metric": None,
+                     "multiplier": f"edges kept {100 * r.value:.2f}%, CE {r.ce:.3f}"})
+    for r in _rows(table, "toy").itertuples():
+        rows.append({"task": f"addition toy ({r.variant})",
+                     "multiplier": f"exact match {100 * r.value:.1f}%, edges kept {100 * r.kept:.1f}%"})
+    return pd.DataFrame(rows)

@@ -1,0 +1,327 @@
+"""S4: circuit tasks, attribution vs activation patching, the sparse gate, GECO, sparse save/load, verdict."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lmlab import circuits, toy
+from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, make_task, task_metric
+from lmlab.errors import LmlabError
+from lmlab.interventions import SparseAttention, installed, intervene
+from lmlab.interventions.attention import gated_softmax
+from lmlab.models import load_model, save_model
+from lmlab.studies import sparse_circuits as study
+from lmlab.studies.sparse_circuits_analysis import verdict
+from lmlab.train import TrainConfig
+from lmlab.train.geco import GECO
+from lmlab.train.sparse import sparse_post_train
+
+# --- tasks ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("name", TASKS)
+def test_tasks_pair_up_and_repeat(embedded_smollm, name):
+    tok = embedded_smollm.tokenizer
+    task = make_task(name, tok, 12, seed=3)
+    again = make_task(name, tok, 12, seed=3)
+    assert [p.clean for p in task.prompts] == [p.clean for p in again.prompts]
+    assert [p.clean for p in task.prompts] != [p.clean for p in make_task(name, tok, 12, seed=4).prompts]
+    for p in task.prompts:
+        assert len(p.clean) == len(p.corrupted) and p.clean != p.corrupted
+        differing = [i for i, (a, b) in enumerate(zip(p.clean, p.corrupted)) if a != b]
+        assert len(differing) <= 2  # one swapped token (two for a year's tens digit at most)
+        if task.metric == "logit_diff":
+            assert p.answer != p.distractor
+            assert tok.decode([p.answer]).strip() in p.clean_text
+        else:
+            assert p.above and p.below and not set(p.above) & set(p.below)
+
+
+@pytest.mark.embedded
+def test_embedded_model_solves_ioi(embedded_smollm):
+    task = make_task("ioi", embedded_smollm.tokenizer, 16, seed=0)
+    clean = circuits.metric_values(embedded_smollm, task)
+    corrupted = circuits.metric_values(embedded_smollm, task, corrupted=True)
+    assert (clean > 0).mean() >= 0.9 and clean.mean() > 2
+    assert corrupted.mean() < 0  # the corruption flips the answer
+
+
+def test_unknown_task_lists_registered(tiny_llama):
+    with pytest.raises(LmlabError, match="registered tasks: ioi, greater-than"):
+        make_task("ioi-short", tiny_llama.tokenizer, 4)
+
+
+def test_split_answer_token_is_named(tiny_llama):
+    # the tiny test tokenizer has no single token for most names: the error names the one it split
+    with pytest.raises(LmlabError, match=r"splits ' \w+' into \d+ tokens"):
+        make_task("ioi", tiny_llama.tokenizer, 4)
+
+
+def test_greater_than_metric_is_mass_above_minus_below():
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+    prompt = CircuitPrompt((1,), (1,), "", "", above=(2, 3), below=(0,))
+    assert task_metric(logits, [prompt], "prob_diff").item() == pytest.approx(0.7 - 0.1)
+
+
+# --- attribution vs activation patching on a model where the answer is known -----------------------------
+
+def _one_head_model(seed=0):
+    """tiny-llama with every head's o_proj slice zeroed except layer 1 head 2: only that head can move
+    information between positions, so it alone carries the corruption to the last position."""
+    lm = load_model("tiny-llama", seed=seed)
+    layout = lm.layout
+    d = layout.head_dim
+    with torch.no_grad():
+        for layer in range(layout.n_layers):
+            w = layout.o_proj(layer).weight
+            for head in range(layout.n_heads):
+                if (layer, head) != (1, 2):
+                    w[:, head * d:(head + 1) * d] = 0
+    return lm
+
+
+def _tiny_task(lm, n=6):
+    rng = np.random.default_rng(0)
+    prompts = []
+    for _ in range(n):
+        ids = [int(x) for x in rng.integers(5, 200, size=7)]
+        corrupted = list(ids)
+        corrupted[2] = int(rng.integers(5, 200))
+        prompts.append(CircuitPrompt(tuple(ids), tuple(corrupted), "", "", answer=11, distractor=12))
+    return CircuitTask("toy", "logit_diff", prompts)
+
+
+def test_attribution_and_activation_find_the_known_head():
+    lm = _one_head_model()
+    task = _tiny_task(lm)
+    attr = circuits.attribution_scores(lm, task, batch_size=4)
+    act = circuits.activation_scores(lm, task, batch_size=4)
+    assert circuits.ranking(attr)[0] == (1, 2) and circuits.ranking(act)[0] == (1, 2)
+    others = np.ones_like(act, dtype=bool)
+    others[1, 2] = False
+    assert np.abs(act[others]).max() < 1e-5 and np.abs(attr[others]).max() < 1e-5
+    assert abs(act[1, 2]) > 1e-3
+    # first order: same sign and the same size within a factor (the head's effect is nearly linear here)
+    assert np.sign(attr[1, 2]) == np.sign(act[1, 2]) and 0.3 < attr[1, 2] / act[1, 2] < 3
+
+
+def test_attribution_matches_activation_to_first_order(decoder):
+    """With a corruption that barely moves anything, gradient x delta equals the exact patch effect."""
+    rng = np.random.default_rng(1)
+    prompts = []
+    for _ in range(4):
+        ids = tuple(int(x) for x in rng.integers(5, 200, size=6))
+        prompts.append(CircuitPrompt(ids, ids, "", "", answer=11, distractor=12))
+    task = CircuitTask("same", "logit_diff", prompts)
+    z_clean = circuits.corrupted_z(decoder, task, 4)
+    # corrupted activations = clean ones nudged by a small random direction
+    gen = torch.Generator().manual_seed(0)
+    z_corr = [{l: z + 1e-3 * torch.randn(z.shape, generator=gen) for l, z in zs.items()} for zs in z_clean]
+    heads = [(0, 0), (1, 1), (0, 3)]
+    attr = circuits.attribution_scores(decoder, task, 4, z_corr=z_corr)
+    act = circuits.activation_scores(decoder, task, 4, z_corr=z_corr, heads=heads)
+    for l, h in heads:
+        assert attr[l, h] == pytest.approx(act[l, h], rel=0.05, abs=1e-6)
+
+
+def test_effect_curve_ends_at_clean_and_fully_patched(decoder):
+    lm = decoder
+    rng = np.random.default_rng(2)
+    prompts = []
+    for _ in range(4):
+        ids = [int(x) for x in rng.integers(5, 200, size=6)]
+        bad = list(ids)
+        bad[1] = int(rng.integers(5, 200))
+        prompts.append(CircuitPrompt(tuple(ids), tuple(bad), "", "", answer=11, distractor=12))
+    task = CircuitTask("t", "logit_diff", prompts)
+    order = circuits.ranking(circuits.attribution_scores(lm, task, 4))
+    curve = circuits.effect_curve(lm, task, order, grid=[0, 3, len(order)], batch_size=4)
+    np.testing.assert_allclose(curve.clean, circuits.metric_values(lm, task, 4), atol=1e-5)
+    ee = curve.explained()
+    assert ee[0] == pytest.approx(0.0) and ee[-1] == pytest.approx(1.0)
+    assert circuits.heads_grid(270)[:3] == [0, 1, 2] and circuits.heads_grid(270)[-1] == 270
+
+
+# --- the gate ---------------------------------------------------------------------------------------------
+
+def test_gated_softmax_gradient_stays_finite_when_kept_weights_underflow():
+    # the only kept edge has a score 200 below a dropped one: a plain softmax gives it weight 0 exactly,
+    # and renormalising 0/0 used to poison every gradient with NaN
+    scores = torch.tensor([[0.0, 200.0, -1.0]], requires_grad=True)
+    gate = torch.tensor([[1.0, 0.0, 0.0]], requires_grad=True)
+    w = gated_softmax(scores, gate)
+    assert torch.allclose(w, torch.tensor([[1.0, 0.0, 0.0]]))
+    (w * torch.tensor([[1.0, 2.0, 3.0]])).sum().backward()
+    assert torch.isfinite(scores.grad).all() and torch.isfinite(gate.grad).all()
+
+
+def test_gated_softmax_equals_softmax_over_kept_edges():
+    scores = torch.randn(2, 3, 5)
+    gate = (torch.rand(2, 3, 5) > 0.4).float()
+    gate[..., 0] = 1
+    expected = torch.softmax(scores.masked_fill(gate == 0, float("-inf")), -1)
+    torch.testing.assert_close(gated_softmax(scores, gate), expected)
+
+
+def test_expected_edges_counted_directly(decoder, batch):
+    gate = SparseAttention(sample=False)
+    cap_scores = {}
+    from lmlab.interventions import Capture
+
+    with intervene(decoder, gate, Capture("scores")) as (_, cap):
+        decoder.model(**batch)
+        for layer in range(decoder.layout.n_layers):
+            cap_scores[layer] = cap["scores", layer]
+    # direct count over the model's own allowed (causal, non-padded) pairs
+    mask = batch["attention_mask"].bool()
+    n = mask.shape[1]
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    allowed = causal[None] & mask[:, None, :]  # (B, Q, K)
+    expected, total = 0.0, 0.0
+    for layer, s in cap_scores.items():
+        ok = allowed[:, None].expand_as(s)
+        expected += torch.sigmoid(s[ok]).sum().item()
+        total += ok.sum().item()
+    assert gate.total_edges == pytest.approx(total)
+    assert gate.expected_edges.item() == pytest.approx(expected, rel=1e-5)
+
+
+# --- GECO ----------------------------------------------------------------------------------------------
+
+def test_geco_multiplier_rises_when_violated_and_falls_when_held():
+    g = GECO(tau=1.0, rate=0.5, alpha=0.5, initial=1.0)
+    values = [g.update(2.0) for _ in range(5)]  # CE above tau: violated
+    assert all(b > a for a, b in zip([1.0] + values, values))
+    top = values[-1]
+    falling = [g.update(0.0) for _ in range(10)]
+    assert falling[-1] < top and falling[-1] < falling[3]
+    loss = g.loss(torch.tensor(0.3), torch.tensor(1.5))
+    assert loss.item() == pytest.approx(0.3 + g.multiplier * 0.5)
+    h = GECO(tau=0.0, rate=0.5, alpha=0.5)  # hyperparameters come from the config, the state from the file
+    h.load_state_dict(g.state_dict())
+    assert h.update(0.7) == g.update(0.7)
+
+
+def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
+    from helpers import interrupt_on_call
+
+    import lmlab.train.loop as loop
+
+    data = toy.addition_data(n_test=100)
+    cfg = TrainConfig(steps=6, batch_size=16, lr=1e-3, schedule="constant", checkpoint_every=2, progress=False)
+
+    def fresh():
+        return toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2)
+
+    whole = sparse_post_train(fresh(), data.train[:200], toy.collate, toy.answer_loss, 2.0, cfg, tmp_path / "a")
+    interrupt_on_call(monkeypatch, loop, "save_checkpoint", 2)  # killed while writing the step-4 checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        sparse_post_train(fresh(), data.train[:200], toy.collate, toy.answer_loss, 2.0, cfg, tmp_path / "b")
+    monkeypatch.undo()
+    resumed = sparse_post_train(fresh(), data.train[:200], toy.collate, toy.answer_loss, 2.0, cfg, tmp_path / "b")
+    assert resumed.result.resumed_from == 2
+    np.testing.assert_allclose(resumed.result.losses, whole.result.losses, rtol=1e-5)
+    assert resumed.geco.multiplier == pytest.approx(whole.geco.multiplier, rel=1e-6)
+
+
+def test_sparse_model_saves_and_loads_back(tmp_path, tiny_llama, batch=None):
+    lm = load_model("tiny-llama", seed=1)
+    enc = lm.encode(["hello there world", "a b"])
+    with torch.no_grad(), intervene(lm, SparseAttention(sample=False)):
+        expected = lm.model(**enc).logits
+        dense = None
+    with torch.no_grad():
+        dense = lm.model(**enc).logits
+    folder = save_model(lm, tmp_path / "sparse", sparse_attention=True)
+    assert (folder / "model.safetensors").is_file() and not list(folder.glob("*.bin"))
+    back = load_model(str(folder))
+    assert back.meta.get("sparse_attention") and installed(back) and installed(back.model) == installed(back)
+    with torch.no_grad():
+        got = back.model(**back.encode(["hello there world", "a b"])).logits
+    torch.testing.assert_close(got, expected)
+    assert not torch.allclose(got, dense)  # the gate really is on
+
+
+def test_toy_data_is_disjoint_and_well_formed():
+    data = toy.addition_data(n_test=500, seed=0)
+    assert len(data.train) + len(data.test) == 10_000
+    assert not {tuple(s) for s in data.train} & {tuple(s) for s in data.test}
+    seq = toy.encode(47, 85)
+    assert "".join(toy.VOCAB[i] for i in seq[1:]) == "47+85=132"
+
+
+# --- verdict ------------------------------------------------------------------------------------------
+
+def _table(mults, kept, ce_hi):
+    rows = [{"kind": "multiplier", "task": t, "value": m, "lo": lo, "hi": hi, "dense_heads": 10, "sparse_heads": 5}
+            for t, (m, lo, hi) in mults.items()]
+    rows.append({"kind": "sparsity", "variant": "sparse", "value": kept, "ce": 3.0, "ce_diff": ce_hi / 2, "lo": 0.0,
+                 "hi": ce_hi, "tau_slack": 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_verdict_can_go_each_way():
+    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
+    assert verdict(_table(good, 0.01, 0.05)).status == "reproduced"
+    assert verdict(_table(good, 0.30, 0.05)).status == "not reproduced"  # edges not sparse
+    assert verdict(_table(good, 0.01, 0.50)).status == "not reproduced"  # loss not held
+    worse = {t: (0.5, 0.3, 0.8) for t in TASKS}
+    assert verdict(_table(worse, 0.01, 0.05)).status == "not reproduced"
+    mixed = {t: (1.1, 0.7, 1.6) for t in TASKS}
+    assert verdict(_table(mixed, 0.01, 0.05)).status == "inconclusive"
+
+
+def test_derive_builds_multiplier_from_per_prompt_rows():
+    grid = [0, 1, 2, 4, 8]
+    dense = np.array([[0.0] * 3, [0.1] * 3, [0.3] * 3, [0.95] * 3, [1.0] * 3])
+    sparse = np.array([[0.0] * 3, [0.5] * 3, [0.92] * 3, [0.97] * 3, [1.0] * 3])
+    rows = []
+    for variant, values in (("dense", dense), ("sparse", sparse)):
+        for n, v in zip(grid, values):
+            rows.append({"kind": "per_prompt", "variant": variant, "task": "ioi", "n_heads": n,
+                         "values": json.dumps(v.tolist())})
+    table = study.derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=50)
+    m = table[table["kind"] == "multiplier"].iloc[0]
+    assert m["dense_heads"] == 4 and m["sparse_heads"] == 2 and m["value"] == pytest.approx(2.0)
+    assert not math.isnan(m["lo"])
+
+
+# --- the study end to end, on the embedded model with tiny sizes -----------------------------------------
+
+TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6,
+                toy_steps=3, toy_sparse_steps=2, verify_heads=4, batch_size=4, fine_grid=False)
+
+
+@pytest.mark.embedded
+def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smollm):
+    from helpers import interrupt_on_call
+
+    from lmlab.studies.base import run_study
+
+    config = study.Config(model="smollm2-135m", **TINY_RUN)
+    interrupt_on_call(monkeypatch, circuits, "effect_curve", 6)  # killed in the sparse model's discovery
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study.SPEC, config, tmp_path)
+    monkeypatch.undo()
+    result = run_study(study.SPEC, config, tmp_path)
+    table = result.table
+    assert set(table[table["kind"] == "multiplier"]["task"]) == set(TASKS)
+    assert (result.path / "figure.png").is_file() and (result.path / "toy_figure.png").is_file()
+    sparse = table[(table["kind"] == "sparsity") & (table["variant"] == "sparse")].iloc[0]
+    assert 0 < sparse["value"] <= 1
+    back = load_model(str(result.path / "sparse_model"))
+    assert back.meta.get("sparse_attention")
+    assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")
+
+
+def test_heads_needed_ignores_an_early_spike():
+    values = np.array([[0.0], [0.95], [0.5], [0.92], [1.0]])
+    curve = circuits.EffectCurve([0, 1, 2, 4, 8], values, values[-1], values[0])
+    assert curve.heads_needed(0.9) == 4
+    never = circuits.EffectCurve([0, 1, 2], np.array([[0.0], [0.5], [0.0 + 1e-9]]), np.array([1.0]), np.array([0.0]))
+    assert never.heads_needed(0.9) is None
