@@ -1,0 +1,206 @@
+"""Token Assorted (S0) machinery: vocabulary, VQ-VAE over chain-of-thought chunks, latent replacement.
+
+Sequence layout (ids):  <bos> question <cot> chain <ans> answer <eos>;  the loss skips the prompt
+(<bos> question <cot>). With latents, the leftmost m chain tokens become <boLatent> c_1 .. c_{m/r}
+<eoLatent>, c_i the VQ-VAE codes of the chunks of L tokens they replace (L/r codes per chunk).
+
+VQ-VAE (our own, about 30 lines of quantizer: METHODS.md asks for the codebook and commitment losses
+exactly, which vector-quantize-pytorch replaces by default with EMA codebook updates, and it would add
+einops/einx as dependencies for a nearest-neighbour lookup): the encoder reads the prompt and the chunk,
+mean-pools each group of r chunk positions into one vector and quantizes it against K codes; the
+decoder reconstructs the L tokens from L position queries that attend to the prompt embeddings and the
+codes. Loss = reconstruction CE + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are
+restarted at random encoder outputs (a standard fix for codebook collapse).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lmlab.errors import LmlabError
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<cot>", "<ans>"]
+LATENT_MARKS = ["<boLatent>", "<eoLatent>"]
+_TOKEN = re.compile(r"\d|[A-Za-z]+|[^\sA-Za-z\d]")
+
+
+class Vocab:
+    """Word-level vocabulary for the from-scratch model (digits are single tokens), plus K latent codes."""
+
+    def __init__(self, words: list[str], n_codes: int):
+        self.base = SPECIALS + sorted(set(words) - set(SPECIALS))
+        self.n_base = len(self.base)
+        self.n_codes = n_codes
+        self.tokens = self.base + LATENT_MARKS + [f"<code_{i}>" for i in range(n_codes)]
+        self.index = {t: i for i, t in enumerate(self.tokens)}
+        self.pad, self.bos, self.eos, self.cot, self.ans = (self.index[t] for t in SPECIALS)
+        self.bo_latent, self.eo_latent = self.index["<boLatent>"], self.index["<eoLatent>"]
+        self.first_code = self.index["<code_0>"]
+
+    @classmethod
+    def from_texts(cls, texts, n_codes: int) -> "Vocab":
+        words = {w for t in texts for w in _TOKEN.findall(t)} | {str(d) for d in range(10)}
+        return cls(sorted(words), n_codes)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for w in _TOKEN.findall(text):
+            if w not in self.index:
+                raise LmlabError(f"the word {w!r} is not in the vocabulary (built from the training problems)")
+            out.append(self.index[w])
+        return out
+
+    def decode(self, ids) -> str:
+        return " ".join(self.tokens[i] for i in ids)
+
+    def code(self, c: int) -> int:
+        return self.first_code + int(c)
+
+    def is_code(self, i: int) -> bool:
+        return self.first_code <= i < self.first_code + self.n_codes
+
+
+@dataclass
+class Example:
+    prompt: list[int]  # <bos> question <cot>
+    chain: list[int]
+    answer: list[int]  # <ans> digits <eos>
+    value: int
+
+
+def make_example(vocab: Vocab, problem) -> Example:
+    return Example([vocab.bos] + vocab.encode(problem.question) + [vocab.cot], vocab.encode(problem.chain),
+                   [vocab.ans] + vocab.encode(str(problem.answer)) + [vocab.eos], problem.answer)
+
+
+def chunk_options(n_chain: int, chunk: int, max_chunks: int | None = None) -> list[int]:
+    """The chunk-aligned m values a chain of n tokens allows: 0, L, 2L, ... (full chunks only)."""
+    top = n_chain // chunk if max_chunks is None else min(n_chain // chunk, max_chunks)
+    return [k * chunk for k in range(top + 1)]
+
+
+def replace_with_latents(vocab: Vocab, chain: list[int], codes: list[int], m: int, chunk: int, rate: int) -> list[int]:
+    """<boLatent> codes for the first m chain tokens <eoLatent> + the rest of the chain (m = 0: the chain)."""
+    if m == 0:
+        return list(chain)
+    if m % chunk or m > len(chain):
+        raise LmlabError(f"m = {m} is not a whole number of {chunk}-token chunks within a {len(chain)}-token chain")
+    need = m // rate
+    if len(codes) < need:
+        raise LmlabError(f"{need} codes are needed for m = {m} at rate {rate}, got {len(codes)}")
+    return [vocab.bo_latent] + [vocab.code(c) for c in codes[:need]] + [vocab.eo_latent] + list(chain[m:])
+
+
+# --- VQ-VAE -----------------------------------------------------------------------------------------------
+
+class Quantizer(nn.Module):
+    def __init__(self, n_codes: int, dim: int, beta: float = 0.25):
+        super().__init__()
+        self.codebook = nn.Embedding(n_codes, dim)
+        nn.init.uniform_(self.codebook.weight, -1 / n_codes, 1 / n_codes)
+        self.beta = beta
+        self.register_buffer("usage", torch.zeros(n_codes))
+
+    def forward(self, z: torch.Tensor):
+        flat = z.reshape(-1, z.shape[-1])
+        dist = (flat.pow(2).sum(1, keepdim=True) - 2 * flat @ self.codebook.weight.T
+                + self.codebook.weight.pow(2).sum(1)[None])
+        idx = dist.argmin(1)
+        e = self.codebook(idx).view_as(z)
+        codebook_loss = (z.detach() - e).pow(2).mean()
+        commitment = (z - e.detach()).pow(2).mean()
+        if self.training:
+            self.usage.mul_(0.99).index_add_(0, idx, torch.ones_like(idx, dtype=self.usage.dtype))
+        quantized = z + (e - z).detach()  # straight-through
+        return quantized, idx.view(z.shape[:-1]), codebook_loss + self.beta * commitment
+
+    @torch.no_grad()
+    def restart_dead(self, z: torch.Tensor, threshold: float = 0.05) -> int:
+        dead = (self.usage < threshold).nonzero()[:, 0]
+        if len(dead) == 0:
+            return 0
+        flat = z.reshape(-1, z.shape[-1])
+        pick = flat[torch.randint(len(flat), (len(dead),))]
+        self.codebook.weight[dead] = pick + 0.01 * torch.randn_like(pick)
+        self.usage[dead] = 1.0
+        return len(dead)
+
+
+class ChunkVQVAE(nn.Module):
+    def __init__(self, vocab_size: int, chunk: int, rate: int, n_codes: int, dim: int = 64, layers: int = 2,
+                 heads: int = 4, max_prompt: int = 96):
+        super().__init__()
+        if chunk % rate:
+            raise LmlabError(f"rate {rate} does not divide the chunk length {chunk}")
+        self.chunk, self.rate, self.n_codes = chunk, rate, n_codes
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.pos = nn.Embedding(max_prompt + chunk, dim)
+        self.kind = nn.Embedding(3, dim)  # prompt / chunk / code
+        enc = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(enc, layers, enable_nested_tensor=False)
+        self.to_code = nn.Linear(dim, dim)
+        self.quantizer = Quantizer(n_codes, dim)
+        self.queries = nn.Parameter(torch.randn(chunk, dim) * 0.02)
+        dec = nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        self.decoder = nn.TransformerDecoder(dec, layers)
+        self.out = nn.Linear(dim, vocab_size)
+        self.max_prompt = max_prompt
+
+    def _prompt(self, prompt: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(prompt.shape[1], device=prompt.device)
+        return self.embed(prompt) + self.pos(positions)[None] + self.kind.weight[0]
+
+    def encode(self, prompt, prompt_mask, chunk_ids):
+        """-> (B, chunk/rate) code indices, the quantized vectors and the VQ loss."""
+        if prompt.shape[1] > self.max_prompt:
+            raise LmlabError(f"a prompt of {prompt.shape[1]} tokens exceeds the VQ-VAE's {self.max_prompt}")
+        p = self._prompt(prompt, prompt_mask)
+        positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=prompt.device)
+        c = self.embed(chunk_ids) + self.pos(positions)[None] + self.kind.weight[1]
+        pad = torch.cat([~prompt_mask, torch.zeros_like(chunk_ids, dtype=torch.bool)], 1)
+        h = self.encoder(torch.cat([p, c], 1), src_key_padding_mask=pad)[:, prompt.shape[1]:]
+        pooled = h.view(h.shape[0], self.chunk // self.rate, self.rate, -1).mean(2)
+        z = self.to_code(pooled)
+        quantized, idx, vq_loss = self.quantizer(z)
+        return idx, quantized, vq_loss, z
+
+    def decode(self, prompt, prompt_mask, quantized):
+        memory = torch.cat([self._prompt(prompt, prompt_mask), quantized + self.kind.weight[2]], 1)
+        mem_pad = torch.cat([~prompt_mask, torch.zeros(quantized.shape[:2], dtype=torch.bool,
+                                                        device=quantized.device)], 1)
+        q = self.queries[None].expand(prompt.shape[0], -1, -1)
+        return self.out(self.decoder(q, memory, memory_key_padding_mask=mem_pad))
+
+    def forward(self, prompt, prompt_mask, chunk_ids):
+        idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids)
+        logits = self.decode(prompt, prompt_mask, quantized)
+        rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1))
+        return rec + vq_loss, rec, logits, idx, z
+
+    @torch.no_grad()
+    def codes(self, prompt, prompt_mask, chunk_ids) -> torch.Tensor:
+        self.eval()
+        return self.encode(prompt, prompt_mask, chunk_ids)[0]
+
+    @torch.no_grad()
+    def reconstruct(self, prompt, prompt_mask, chunk_ids) -> torch.Tensor:
+        self.eval()
+        _, quantized, _, _ = self.encode(prompt, prompt_mask, chunk_ids)
+        return self.decode(prompt, prompt_mask, quantized).argmax(-1)
+
+
+def pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[i, width - len(s):] = True
+    return ids, mask
