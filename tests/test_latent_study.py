@@ -83,7 +83,7 @@ def test_bad_settings_fail_before_training(tmp_path):
         run_study(study.SPEC, study.Config(**{**TINY, "codebook": 1}), tmp_path)
     with pytest.raises(LmlabError, match="training chunks for a codebook of 100000"):
         run_study(study.SPEC, study.Config(**{**TINY, "codebook": 100000}), tmp_path)
-    with pytest.raises(LmlabError, match="supports --model scratch"):
+    with pytest.raises(LmlabError, match="supports --model scratch .* or smollm2-135m, not .tiny-bert."):
         run_study(study.SPEC, study.Config(**{**TINY, "model": "tiny-bert"}), tmp_path)
     vocab = L.Vocab.from_texts(["Emma has 3 apples"], n_codes=2)
     with pytest.raises(LmlabError, match="'pears' is not in the vocabulary"):
@@ -127,3 +127,75 @@ def test_verdict_can_go_each_way():
     slightly = [1] * 146 + [0] * 54  # 2 points down, interval straddles -1
     unclear = pd.DataFrame([cot, _row("r16", 16, slightly, [25] * 200)])
     assert verdict(unclear).status == "inconclusive"
+
+
+def _gsm8k_file(path, n=60, seed=3):
+    """GSM8K-format rows made from generated problems (calculator annotations included, as in GSM8K)."""
+    rows = []
+    for p in generate_problems(n, 0, 0, seed=seed)["train"]:
+        lines = []
+        for step in p.steps:
+            lhs, result = step.split(" = ")
+            lines.append(f"She has {lhs} = <<{lhs.replace(' ', '')}={result}>>{result} now.")
+        rows.append(json.dumps({"question": p.question, "answer": "\n".join(lines) + f"\n#### {p.answer}"}))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_gsm8k_reader_keeps_the_chain_and_names_bad_rows(tmp_path):
+    from lmlab.data.generated.reasoning import read_gsm8k_problems, split_problems
+
+    problems = read_gsm8k_problems(_gsm8k_file(tmp_path / "g.jsonl"))
+    assert len(problems) == 60
+    first = problems[0]
+    assert "<<" not in first.chain and first.chain.endswith("now.")
+    assert str(first.answer) in first.steps[-1]
+    splits = split_problems(problems, seed=0)
+    keys = {k: {p.key for p in v} for k, v in splits.items()}
+    assert sum(len(v) for v in keys.values()) == 60
+    assert not keys["train"] & keys["test"] and not keys["train"] & keys["dev"] and not keys["dev"] & keys["test"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "1 + 1 = 2\n#### 2"}) + "\n{not json\n")
+    with pytest.raises(LmlabError, match=r"bad.jsonl:2: not a JSON object"):
+        read_gsm8k_problems(bad)
+    bad.write_text(json.dumps({"question": "q", "answer": "no final line"}) + "\n")
+    with pytest.raises(LmlabError, match=r"bad.jsonl:1: .*'#### N'"):
+        read_gsm8k_problems(bad)
+    bad.write_text("\n")
+    with pytest.raises(LmlabError, match="holds no problems"):
+        read_gsm8k_problems(bad)
+    with pytest.raises(LmlabError, match="unknown --data 'mmlu'"):
+        run_study(study.SPEC, study.Config(**{**TINY, "data": "mmlu"}), tmp_path / "r")
+
+
+def test_study_trains_on_a_gsm8k_file(tmp_path):
+    path = _gsm8k_file(tmp_path / "g.jsonl", n=400)
+    result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16], "data": f"gsm8k:{path}"}), tmp_path / "r")
+    table = result.table
+    assert set(table["variant"]) == {"cot", "answer-only", "r16"}
+    assert (table["n_test"] > 0).all()
+
+
+@pytest.mark.embedded
+def test_tokenizer_vocab_on_smollm2(embedded_smollm):
+    vocab = L.TokenizerVocab(embedded_smollm.tokenizer, n_codes=8)
+    assert len(vocab) == len(embedded_smollm.tokenizer) + 4 + 8  # the loaded tokenizer itself is not grown
+    problem = generate_problems(5, 0, 0, seed=0)["train"][0]
+    ex = L.make_example(vocab, problem)
+    assert ex.prompt[-1] == vocab.cot and ex.answer[0] == vocab.ans and ex.answer[-1] == vocab.eos
+    assert vocab.decode(ex.chain).strip() == problem.chain
+    assert vocab.parse_answer(ex.chain + ex.answer) == problem.answer
+    assert vocab.parse_answer(ex.chain) is None
+    out = L.replace_with_latents(vocab, ex.chain, list(range(8)), 16, chunk=16, rate=4)
+    assert out[0] == vocab.bo_latent and out[5] == vocab.eo_latent and out[6:] == ex.chain[16:]
+    assert all(vocab.is_code(t) for t in out[1:5])
+
+
+@pytest.mark.embedded
+def test_study_fine_tunes_smollm2(tmp_path, embedded_smollm):
+    cfg = dict(model="smollm2-135m", rates=[16], n_train=40, n_test=3, base_steps=2, finetune_steps=1, vq_steps=4,
+               batch_size=2, codebook=4, max_new=12)
+    result = run_study(study.SPEC, study.Config(**cfg), tmp_path)
+    table = result.table
+    assert set(table["variant"]) == {"cot", "answer-only", "r16"}
+    assert (table["tokens"] <= 12).all()

@@ -66,6 +66,65 @@ class Vocab:
     def is_code(self, i: int) -> bool:
         return self.first_code <= i < self.first_code + self.n_codes
 
+    def parse_answer(self, generated: list[int]) -> int | None:
+        """The integer after the last <ans> in generated ids, or None."""
+        if self.ans not in generated:
+            return None
+        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
+        text = "".join(self.tokens[t] for t in tail if not self.is_code(t) and t not in (self.eos, self.pad))
+        found = _INT.match(text.strip())
+        return int(found.group()) if found else None
+
+
+_INT = re.compile(r"-?\d+")
+
+
+class TokenizerVocab:
+    """The same interface over a pretrained model's tokenizer (the SmolLM2 option): the markers <cot>,
+    <ans>, <boLatent>, <eoLatent> and K codes are added as special tokens (the model's embeddings must be
+    resized to len(vocab)); <bos>, <eos> and <pad> are the tokenizer's own."""
+
+    def __init__(self, tokenizer, n_codes: int):
+        import copy
+
+        self.tokenizer = copy.deepcopy(tokenizer)  # never grow the loaded model's own tokenizer
+        added = ["<cot>", "<ans>"] + LATENT_MARKS + [f"<code_{i}>" for i in range(n_codes)]
+        self.tokenizer.add_tokens(added, special_tokens=True)
+        ids = self.tokenizer.convert_tokens_to_ids(added)
+        if len(set(ids)) != len(added):
+            raise LmlabError("the tokenizer did not accept the latent marker tokens as new tokens")
+        self.cot, self.ans, self.bo_latent, self.eo_latent = ids[:4]
+        self.first_code, self.n_codes = ids[4], n_codes
+        if ids[4:] != list(range(ids[4], ids[4] + n_codes)):
+            raise LmlabError("the tokenizer gave the latent codes non-consecutive ids")
+        self.eos = self.tokenizer.eos_token_id
+        if self.eos is None:
+            raise LmlabError("the tokenizer has no end-of-sequence token")
+        self.bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+    def code(self, c: int) -> int:
+        return self.first_code + int(c)
+
+    def is_code(self, i: int) -> bool:
+        return self.first_code <= i < self.first_code + self.n_codes
+
+    def parse_answer(self, generated: list[int]) -> int | None:
+        if self.ans not in generated:
+            return None
+        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
+        found = _INT.match(self.tokenizer.decode(tail, skip_special_tokens=True).strip().replace(",", ""))
+        return int(found.group()) if found else None
+
 
 @dataclass
 class Example:
@@ -76,8 +135,8 @@ class Example:
 
 
 def make_example(vocab: Vocab, problem) -> Example:
-    return Example([vocab.bos] + vocab.encode(problem.question) + [vocab.cot], vocab.encode(problem.chain),
-                   [vocab.ans] + vocab.encode(str(problem.answer)) + [vocab.eos], problem.answer)
+    return Example([vocab.bos] + vocab.encode(problem.question) + [vocab.cot], vocab.encode(" " + problem.chain),
+                   [vocab.ans] + vocab.encode(" " + str(problem.answer)) + [vocab.eos], problem.answer)
 
 
 def chunk_options(n_chain: int, chunk: int, max_chunks: int | None = None) -> list[int]:

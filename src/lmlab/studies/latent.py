@@ -1,12 +1,14 @@
 """S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275), seed 000.
 
 1. Data: generated multi-step arithmetic word problems with a step-by-step chain (data/generated/
-   reasoning.py), disjoint train/dev/test. The GSM8K reader (data/math.py) is not wired in yet: a GSM8K
-   chain is free text that the from-scratch model's word-level vocabulary cannot promise to cover, so
-   real data belongs with the SmolLM2 option, which is not built yet.
-2. Base model (METHODS DECISION): a small Llama-architecture transformer trained from scratch in the run
-   on prompt -> chain -> answer, the prompt masked in the loss. Its vocabulary already holds the K codes
-   and the two latent markers, so every variant starts from the same weights.
+   reasoning.py), disjoint train/dev/test; or `--data gsm8k:PATH`, a GSM8K jsonl file whose reasoning
+   lines become the chain (calculator annotations removed), split by the same seeded hash.
+2. Base model (METHODS DECISION): by default a small Llama-architecture transformer trained from scratch
+   in the run on prompt -> chain -> answer, the prompt masked in the loss, with a word-level vocabulary
+   that already holds the K codes and the two latent markers. `--model smollm2-135m` starts from the
+   pretrained SmolLM2-135M instead: its tokenizer gets <cot>, <ans>, the markers and the K codes as new
+   special tokens, its embeddings are resized, and the same CoT training makes the base. Either way every
+   variant starts from the same base weights.
 3. Per rate r: a VQ-VAE over chunks of L chain tokens (L/r codes each, codebook K; latent.py), trained on
    the training chains; then a copy of the base model is fine-tuned on mixed sequences where the leftmost m
    chain tokens (m drawn per example from the chunk-aligned set 0, L, 2L, ... up to the chain, seeded) are
@@ -31,7 +33,7 @@ import torch
 from pydantic import Field
 
 from lmlab import latent as L
-from lmlab.data.generated.reasoning import generate_problems
+from lmlab.data.generated.reasoning import generate_problems, read_gsm8k_problems, split_problems
 from lmlab.errors import LmlabError
 from lmlab.runs import RunDir
 from lmlab.stats import bootstrap, wilson
@@ -45,6 +47,14 @@ PROFILES = {
     "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=6000, finetune_steps=2000,
                  vq_steps=3000, d_model=256, n_layers=6, batch_size=64),
 }
+# the pretrained option: fewer, smaller steps at a fine-tuning learning rate (d_model / n_layers unused)
+PRETRAINED_PROFILES = {
+    "quick": dict(rates=[4, 16], n_train=3000, n_test=60, base_steps=60, finetune_steps=25, vq_steps=1200,
+                  batch_size=8, lr=3e-4),
+    "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=2000, finetune_steps=600,
+                 vq_steps=3000, batch_size=32, lr=1e-4),
+}
+PRETRAINED = {"smollm2-135m"}
 
 
 class Config(StudyConfig):
@@ -59,12 +69,18 @@ class Config(StudyConfig):
     d_model: int | None = None
     n_layers: int | None = None
     batch_size: int | None = None
-    lr: float = 2e-3
+    lr: float | None = Field(None, description="learning rate (scratch 2e-3; smollm2-135m 3e-4 quick, 1e-4 full)")
     max_steps_per_problem: int = Field(4, description="reasoning steps per generated problem (2..this)")
+    data: str = Field("generated", description="generated, or gsm8k:PATH (a GSM8K jsonl file)")
+    max_new: int | None = Field(None, description="generated tokens per test problem (default: the longest "
+                                                  "training chain + answer, plus 16)")
 
     def size(self, name: str):
         value = getattr(self, name)
-        return PROFILES[self.profile][name] if value is None else value
+        if value is not None:
+            return value
+        table = PRETRAINED_PROFILES if self.model in PRETRAINED else PROFILES
+        return table[self.profile].get(name, PROFILES[self.profile].get(name, 2e-3 if name == "lr" else None))
 
 
 def check_config(config: Config) -> None:
@@ -77,23 +93,55 @@ def check_config(config: Config) -> None:
         raise LmlabError("give at least one compression rate")
     if config.codebook < 2:
         raise LmlabError("the codebook needs at least 2 codes")
+    if config.model not in ("scratch", *sorted(PRETRAINED)):
+        raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
+                         f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
+    if config.data != "generated" and not config.data.startswith("gsm8k:"):
+        raise LmlabError(f"unknown --data '{config.data}'; use generated or gsm8k:PATH")
 
 
-def _lm_config(vocab: L.Vocab, config: Config):
+def load_problems(config: Config) -> dict:
+    n_test = config.size("n_test")
+    if config.data == "generated":
+        return generate_problems(config.size("n_train"), n_test, n_test, seed=config.seed,
+                                 max_steps=config.max_steps_per_problem)
+    splits = split_problems(read_gsm8k_problems(config.data.split(":", 1)[1]), seed=config.seed)
+    sizes = {"train": config.size("n_train"), "dev": n_test, "test": n_test}
+    out = {k: v[:sizes[k]] for k, v in splits.items()}
+    empty = [k for k, v in out.items() if not v]
+    if empty:
+        raise LmlabError(f"the GSM8K file gives no {empty[0]} problems after splitting; it needs more rows")
+    return out
+
+
+def _lm_config(vocab: L.Vocab, config: Config, max_len: int = 256):
     from transformers import LlamaConfig
 
     d = config.size("d_model")
     return LlamaConfig(vocab_size=len(vocab), hidden_size=d, intermediate_size=4 * d,
                        num_hidden_layers=config.size("n_layers"), num_attention_heads=4, num_key_value_heads=4,
-                       max_position_embeddings=256, bos_token_id=vocab.bos, eos_token_id=vocab.eos,
+                       max_position_embeddings=max(256, max_len), bos_token_id=vocab.bos, eos_token_id=vocab.eos,
                        pad_token_id=vocab.pad, tie_word_embeddings=True, attn_implementation="sdpa")
 
 
-def _build(vocab, config, seed: int):
+def _build(vocab, config, seed: int, max_len: int = 256):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return LlamaForCausalLM(_lm_config(vocab, config)).float()
+    return LlamaForCausalLM(_lm_config(vocab, config, max_len)).float()
+
+
+def _pretrained(config: Config):
+    """(model, vocab) for the pretrained option: the tokenizer grown by the markers and codes, the
+    embeddings resized to match (new rows at the mean embedding, so no new token starts out preferred)."""
+    from lmlab.models import load_model
+
+    lm = load_model(config.model, dtype=torch.float32)
+    vocab = L.TokenizerVocab(lm.tokenizer, config.codebook)
+    model = lm.model
+    model.resize_token_embeddings(len(vocab), mean_resizing=True)
+    model.config.use_cache = True
+    return model, vocab
 
 
 def _collate(pad: int):
@@ -116,7 +164,7 @@ def _lm_loss(model, batch):
 
 
 def _train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) -> TrainConfig:
-    return TrainConfig(steps=steps, batch_size=config.size("batch_size"), lr=lr or config.lr, weight_decay=0.1,
+    return TrainConfig(steps=steps, batch_size=config.size("batch_size"), lr=lr or config.size("lr"), weight_decay=0.1,
                        warmup_steps=max(1, steps // 20), schedule="cosine", checkpoint_every=max(50, steps // 4),
                        seed=config.seed, description=desc)
 
@@ -161,7 +209,7 @@ def _chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate(model, vocab: L.Vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 100) -> dict:
+def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 100) -> dict:
     """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>), latents used."""
     model.eval()
     correct, tokens, latents = [], [], []
@@ -175,47 +223,45 @@ def evaluate(model, vocab: L.Vocab, examples: list[L.Example], max_new: int = 96
             gen = row[:row.index(vocab.eos) + 1] if vocab.eos in row else row
             tokens.append(len(gen))
             latents.append(sum(1 for t in gen if vocab.is_code(t)))
-            answer = None
-            if vocab.ans in gen:
-                digits = [vocab.tokens[t] for t in gen[gen.index(vocab.ans) + 1:] if vocab.tokens[t].isdigit()]
-                answer = int("".join(digits)) if digits else None
-            correct.append(answer == ex.value)
+            correct.append(vocab.parse_answer(gen) == ex.value)
     seconds = time.perf_counter() - t0
     return {"correct": correct, "tokens": tokens, "latents": latents, "seconds_per_problem": seconds / len(examples)}
 
 
 def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
     check_config(config)
-    if config.model not in ("scratch", "smollm2-135m"):
-        raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
-                         f"or smollm2-135m, not '{config.model}'")
-    if config.model == "smollm2-135m":
-        raise LmlabError("the SmolLM2-135M fine-tuning option is not available yet; use --model scratch")
-    n_test = config.size("n_test")
-    problems = generate_problems(config.size("n_train"), n_test, n_test, seed=config.seed,
-                                 max_steps=config.max_steps_per_problem)
-    texts = [p.question + " " + p.chain for split in problems.values() for p in split]
-    vocab = L.Vocab.from_texts(texts, config.codebook)
+    problems = load_problems(config)
+    if config.model in PRETRAINED:
+        base, vocab = _pretrained(config)
+    else:
+        texts = [p.question + " " + p.chain for split in problems.values() for p in split]
+        vocab = L.Vocab.from_texts(texts, config.codebook)
     train_ex = [L.make_example(vocab, p) for p in problems["train"]]
     test_ex = [L.make_example(vocab, p) for p in problems["test"]]
     dev_ex = [L.make_example(vocab, p) for p in problems["dev"]]
+    max_new = config.max_new or max(len(ex.chain) + len(ex.answer) for ex in train_ex) + 16
+    longest = max(len(ex.prompt) for ex in train_ex + test_ex + dev_ex) + max_new
+    if config.model not in PRETRAINED:
+        base = _build(vocab, config, config.seed, max_len=longest)
+    if longest > base.config.max_position_embeddings:
+        raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
+                         f"{base.config.max_position_embeddings}")
     collate = _collate(vocab.pad)
     n_chunks = sum(len(ex.chain) // config.chunk for ex in train_ex)
     if n_chunks < config.codebook:
         raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
                          "or generate more problems")
 
-    base = _build(vocab, config, config.seed)
     cot_items = [(ex.prompt, ex.chain + ex.answer) for ex in train_ex]
     train(base, cot_items, collate, _lm_loss, _train_cfg(config, config.size("base_steps"), "base model (CoT)"),
           run_dir.path / "base")
     base_state = {k: v.clone() for k, v in base.state_dict().items()}
 
     def finetune(name: str, items) -> torch.nn.Module:
-        model = _build(vocab, config, config.seed)
+        model = base  # the base's own module, its weights reset to the base state: one model in memory
         model.load_state_dict(base_state)
         train(model, items, collate, _lm_loss, _train_cfg(config, config.size("finetune_steps"), f"fine-tune {name}",
-                                                           lr=config.lr / 2), run_dir.path / f"ft-{name}")
+                                                           lr=config.size("lr") / 2), run_dir.path / f"ft-{name}")
         return model
 
     done = run_dir.done("variants")
@@ -239,7 +285,7 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
                 items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, codes, m, config.chunk, rate)
                               + ex.answer))
         model = finetune(name, items)
-        result = evaluate(model, vocab, test_ex)
+        result = evaluate(model, vocab, test_ex, max_new=max_new)
         acc = wilson(sum(result["correct"]), len(result["correct"]))
         tok = bootstrap(np.array(result["tokens"], dtype=float), seed=config.seed)
         row = {"kind": "variant", "variant": name, "rate": rate, "accuracy": acc.estimate, "acc_lo": acc.low,

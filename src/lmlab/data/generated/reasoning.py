@@ -7,15 +7,19 @@
 2-4 steps of + / -, every intermediate value in 0..99, names and objects from fixed lists. Splits are
 disjoint by construction: a problem is identified by its (start, operations) tuple, and each tuple is
 assigned to exactly one split by a seeded hash, so no test problem appears in training in any wording.
-GSM8K-style files go through `data.math.read_gsm8k` (question, "####"-terminated answer) for users with
-real data.
+Real data: `read_gsm8k_problems` reads a GSM8K jsonl file (question, answer = reasoning lines then
+"#### N") into the same Problem shape, the reasoning lines as steps with the calculator annotations
+<<48/2=24>> removed; `split_problems` assigns them to disjoint splits by the same seeded hash.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from lmlab.errors import LmlabError
 
@@ -35,7 +39,7 @@ class Problem:
 
     @property
     def chain(self) -> str:
-        return " ".join(f"{s} ." for s in self.steps)
+        return " ".join(s if s[-1] in ".!?" else f"{s} ." for s in self.steps)
 
 
 def _split_of(key: tuple, seed: int, fractions=(0.8, 0.1, 0.1)) -> str:
@@ -83,4 +87,51 @@ def generate_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, min_
         if len(out[split]) < want[split]:
             seen.add(p.key)
             out[split].append(p)
+    return out
+
+
+_CALC = re.compile(r"<<[^>]*>>")
+
+
+def read_gsm8k_problems(path: str | Path) -> list[Problem]:
+    """GSM8K jsonl -> Problems with their reasoning chains. A row that is not JSON, lacks the question or
+    the "#### N" answer line, or has a non-integer answer is an error naming the file and line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LmlabError(f"no GSM8K file at {path}")
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise LmlabError(f"{path}:{n}: not a JSON object") from None
+            question = row.get("question") if isinstance(row, dict) else None
+            answer = row.get("answer") if isinstance(row, dict) else None
+            if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) \
+                    or "####" not in answer:
+                raise LmlabError(f"{path}:{n}: a GSM8K row needs 'question' and an 'answer' ending in '#### N'")
+            reasoning, final = answer.rsplit("####", 1)
+            final = final.strip().replace(",", "")
+            if not re.fullmatch(r"-?\d+", final):
+                raise LmlabError(f"{path}:{n}: the final answer {final!r} is not an integer")
+            steps = tuple(s for s in (_CALC.sub("", x).strip() for x in reasoning.splitlines()) if s)
+            if not steps:
+                raise LmlabError(f"{path}:{n}: the answer has no reasoning lines before '####'")
+            out.append(Problem(question.strip(), steps, int(final), (question.strip(),)))
+    if not out:
+        raise LmlabError(f"{path} holds no problems")
+    return out
+
+
+def split_problems(problems: list[Problem], seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> dict[str, list[Problem]]:
+    """Disjoint splits by the seeded hash of each problem's key (duplicates keep their first copy)."""
+    out: dict[str, list[Problem]] = {s: [] for s in SPLITS}
+    seen: set[tuple] = set()
+    for p in problems:
+        if p.key not in seen:
+            seen.add(p.key)
+            out[_split_of(p.key, seed, fractions)].append(p)
     return out
