@@ -70,7 +70,7 @@ def test_bad_options_are_refused(tmp_path):
         run_study(s2.SPEC, s2.Config(model="tiny-bert", bits=[3], n_train=8, n_eval=8), tmp_path)
     with pytest.raises(LmlabError, match="unknown task 'fact-xyz'"):
         run_study(s2.SPEC, s2.Config(model="tiny-bert", tasks=["fact-xyz"], n_train=8, n_eval=8), tmp_path)
-    with pytest.raises(LmlabError, match="is a decoder"):
+    with pytest.raises(LmlabError, match="a decoder is scored on the circuit tasks .*, not 'fact-cola'"):
         run_study(s2.SPEC, s2.Config(model="tiny-llama", tasks=["fact-cola"], n_train=8, n_eval=8), tmp_path)
 
 
@@ -136,3 +136,47 @@ def test_study_with_layer_reduction_runs(tmp_path):
                        layer_reduction=True)
     result = run_study(s2.SPEC, config, tmp_path)
     assert set(result.table[result.table.kind == "score"].budget) == {"teacher", "A", "C"}
+
+
+@pytest.mark.embedded
+def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch, embedded_smollm):
+    """KD on self-sampled text, perplexity and circuit-task accuracy per unit; a killed run resumes.
+    The model is a tiny random Llama that speaks SmolLM2's tokenizer (the circuit tasks need its
+    single-token names)."""
+    import dataclasses
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmlab.studies import quantize_decoder as dec
+
+    def tiny_smol(spec, **kwargs):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=256, tie_word_embeddings=True)
+        return dataclasses.replace(embedded_smollm, model=LlamaForCausalLM(cfg).eval(), name="tiny-smol")
+
+    monkeypatch.setattr(s2, "load_model", tiny_smol)
+    config = s2.Config(model="tiny-smol", tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"], n_text=8,
+                       n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4)
+    whole = run_study(s2.SPEC, config, tmp_path / "a")
+    t = whole.table
+    lm = t[t.kind == "lm"]
+    assert len(lm) == 5 and (lm.perplexity > 1).all()
+    steps = dict(zip(lm.budget + lm.bits.astype(int).astype(str), lm.steps))
+    assert steps["C2"] == 6 * steps["A2"] == 6 * 2  # 8 sequences / batch 4 = 2 steps an epoch
+    scores = t[t.kind == "score"]
+    assert set(scores.task) == {"ioi", "docstring"} and len(scores) == 10
+    ratio = (scores.fp32_bytes / scores.packed_bytes)[scores.bits < 32]  # 32-wide rows: scales weigh more
+    assert (ratio[scores.bits == 1] > ratio[scores.bits == 2].max()).all() and (ratio > 8).all()
+    assert "perplexity" in whole.verdict.evidence
+    real = interrupt_on_call(monkeypatch, dec, "_evaluate", 3)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(s2.SPEC, config, tmp_path / "b")
+    monkeypatch.setattr(dec, "_evaluate", real)
+    resumed = run_study(s2.SPEC, config, tmp_path / "b")
+    cols = ["task", "bits", "budget", "score"]
+    pd.testing.assert_frame_equal(scores[cols].reset_index(drop=True),
+                                  resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True))
+    lm2 = resumed.table[resumed.table.kind == "lm"]
+    assert np.allclose(lm.perplexity.to_numpy(), lm2.perplexity.to_numpy(), rtol=1e-5)

@@ -59,6 +59,10 @@ class Config(StudyConfig):
     kd_logit: float = Field(1.0, description="weight of the logit term (KL, or MSE for regression)")
     kd_attention: float = Field(1.0, description="weight of the attention-score MSE")
     kd_hidden: float = Field(1.0, description="weight of the hidden-state MSE")
+    n_text: int | None = Field(None, description="decoders: sampled KD training sequences (quick 96)")
+    n_eval_text: int | None = Field(None, description="decoders: held-out sampled sequences for perplexity")
+    text_tokens: int | None = Field(None, description="decoders: tokens per sampled sequence")
+    n_prompts: int | None = Field(None, description="decoders: prompts per circuit task")
 
     def size(self, name: str):
         value = getattr(self, name)
@@ -123,10 +127,14 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
     bad = [b for b in budgets if b not in MULTIPLIER]
     if bad:
         raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
+    probe = load_model(config.model, dtype=torch.float32)
+    if probe.layout.causal:  # the decoder option: KD on self-sampled text, perplexity and circuit-task accuracy
+        from lmlab.studies.quantize_decoder import run_decoder
+
+        return run_decoder(config, run_dir, probe, MULTIPLIER, seed_unit)
+    del probe
     tasks = [load_task(name, config) for name in config.tasks]
     base = load_model(config.model, head="classifier", num_labels=2)
-    if base.layout.causal:
-        raise LmlabError(f"{base.name} is a decoder; the GLUE-style XTC study needs an encoder (e.g. minilm-l6)")
     rows: list[dict] = []
     done = run_dir.done("results")
     for task in tasks:

@@ -98,6 +98,11 @@ def verdict(table: pd.DataFrame):
         status = "inconclusive"
     parts = [f"teacher {teacher:.1f}"] + [f"{b}-bit {g} {get(b, g):.1f}" for b, g in _configs(scores) if b < 32]
     summary = "average " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in checks.items())
+    lm = table[table.kind == "lm"] if "kind" in table else table.iloc[:0]
+    if len(lm):  # the decoder option: perplexity on held-out self-sampled text
+        evidence["perplexity"] = {f"{int(r.bits)}-bit {r.budget}" if r.bits < 32 else "teacher": round(r.perplexity, 3)
+                                  for r in lm.itertuples()}
+        summary += "; perplexity " + ", ".join(f"{k} {v:.2f}" for k, v in evidence["perplexity"].items())
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
 
 
@@ -111,11 +116,16 @@ def figure(table: pd.DataFrame):
 
     scores = table[table.kind == "score"]
     tasks = list(dict.fromkeys(scores.task))
-    panels = tasks + ["Ave."]
+    lm = table[table.kind == "lm"]
+    panels = tasks + ["Ave."] + (["Perplexity"] if len(lm) else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.2), squeeze=False)
     x = {32: 0, 2: 1, 1: 2}
     for ax, name in zip(axes[0], panels):
-        part = scores if name == "Ave." else scores[scores.task == name]
+        if name == "Perplexity":
+            part = lm.assign(score=lm.perplexity, metric="perplexity")
+            ax.set_yscale("log")
+        else:
+            part = scores if name == "Ave." else scores[scores.task == name]
         mean = part.groupby(["bits", "budget"]).score.mean()
         teacher = mean.loc[(32, "teacher")]
         for budget, style, color in (("A", "o-", "tab:blue"), ("C", "^--", "tab:orange"), ("B", "s:", "tab:green")):
@@ -128,7 +138,8 @@ def figure(table: pd.DataFrame):
         ax.set_title(name)
         ax.set_xticks([0, 1, 2], ["32", "2", "1"])
         ax.set_xlabel("bit")
-        ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson"}.get(metric, "score"))
+        ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson",
+                       "perplexity": "perplexity (log)"}.get(metric, "score"))
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     return fig

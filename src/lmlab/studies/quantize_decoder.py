@@ -1,0 +1,142 @@
+"""S2's decoder option: the XTC recipe on a causal LM (`lmlab quantize --model smollm2-135m`).
+
+What 2- and 1-bit weights do to an LLM, with the same quantizers, the same one-stage KD (logits KL at
+every position + attention-score MSE + hidden-state MSE, weights 1, no label loss) and the same
+budgets as the encoder study. Differences, all forced by having no hub:
+- KD data: text the full-precision teacher samples itself (data.generated.selftext, temperature 1,
+  varied openers), cropped to one common length so no position is padding; a held-out slice of the
+  same sampling gives the perplexity.
+- Tasks: S4's generated IOI / Greater-Than / Docstring / IOI-Long prompts, scored as accuracy (answer
+  above distractor, or more probability above than below for Greater-Than). The rows have the encoder
+  study's shape (kind = score / pred), so the figure, the intervals and the verdict are the same code;
+  perplexity is an extra row kind ("lm") drawn as its own panel.
+- Sizes: an LLM step costs ~100x a MiniLM step on CPU, so the quick profile runs Budget-A only with
+  one short epoch; its verdict is about that budget (the Budget-C checks are then absent, not passed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import shutil
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lmlab.circuits import metric_values
+from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
+from lmlab.data.generated.circuits import make_task
+from lmlab.data.generated.selftext import sample_text
+from lmlab.errors import LmlabError
+from lmlab.interventions.quant import quantize_model, save_packed
+from lmlab.runs import RunDir, atomic_write
+from lmlab.train import TrainConfig, train
+from lmlab.train.kd import kd_loss
+from lmlab.train.sparse import causal_lm_ce
+
+DECODER_PROFILES = {
+    "quick": dict(n_text=96, n_eval_text=32, text_tokens=40, n_prompts=48, epochs_a=1, budgets=["A"], batch_size=8),
+    "full": dict(n_text=4000, n_eval_text=256, text_tokens=128, n_prompts=200, epochs_a=3, budgets=["A", "B", "C"],
+                 batch_size=16),
+}
+
+
+def _size(config, name: str):
+    value = getattr(config, name, None) if name in config.model_fields_set else None
+    return DECODER_PROFILES[config.profile][name] if value is None else value
+
+
+def _texts(lm, config, run_dir: RunDir) -> dict:
+    """Sampled once and stored, so a resumed run trains on the same text."""
+    path = run_dir.path / "kd_text.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    length = _size(config, "text_tokens")
+    n_train, n_eval = _size(config, "n_text"), _size(config, "n_eval_text")
+    seqs = sample_text(lm, 2 * (n_train + n_eval), new_tokens=length, seed=config.seed)
+    full = [s[:length] for s in seqs if len(s) >= length]  # early-stopped samples are dropped, the rest cropped
+    if len(full) < n_train + n_eval:
+        raise LmlabError(f"the teacher sampled only {len(full)} sequences of {length} tokens; lower --n-text")
+    data = {"eval": full[:n_eval], "train": full[n_eval:n_eval + n_train]}
+    atomic_write(path, json.dumps(data))
+    return data
+
+
+def _batch(seqs) -> dict:
+    ids = torch.tensor(seqs, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+
+
+def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[dict]]:
+    model.eval()
+    view = dataclasses.replace(lm, model=model)
+    with torch.no_grad():
+        per_seq, _ = causal_lm_ce(model, (_batch(eval_text[i:i + batch_size])
+                                          for i in range(0, len(eval_text), batch_size)))
+        correct = {t.name: metric_values(view, t, batch_size=16) > 0 for t in tasks}
+    return {"ce": float(np.mean(per_seq)), "perplexity": float(math.exp(np.mean(per_seq)))}, \
+        [dict(task=name, correct=c) for name, c in correct.items()]
+
+
+def run_decoder(config, run_dir: RunDir, lm, multiplier: dict, seed_unit) -> pd.DataFrame:
+    if "tasks" in config.model_fields_set:
+        bad = [t for t in config.tasks if t not in CIRCUIT_TASKS]
+        if bad:
+            raise LmlabError(f"a decoder is scored on the circuit tasks ({', '.join(CIRCUIT_TASKS)}), not '{bad[0]}'")
+        names = list(config.tasks)
+    else:
+        names = list(CIRCUIT_TASKS)
+    budgets = config.budgets or _size(config, "budgets")
+    bad = [b for b in budgets if b not in multiplier]
+    if bad:
+        raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
+    tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
+    teacher = lm.model.float().eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    data = _texts(lm, config, run_dir)
+    batch_size = _size(config, "batch_size")
+    per_epoch = max(1, len(data["train"]) // batch_size)
+    done = run_dir.done("results")
+    rows: list[dict] = []
+    units = [("teacher", 32, None)] + [(f"{bits}bit-{b}", bits, b) for bits in config.bits for b in budgets]
+    for key, bits, budget in units:
+        if key not in done:
+            info, steps = {}, 0
+            if bits == 32:
+                model = teacher
+            else:
+                seed_unit(config.seed, "decoder", key)
+                model = copy.deepcopy(teacher)
+                for p in model.parameters():
+                    p.requires_grad_(True)
+                quantize_model(model, bits)
+                steps = _size(config, "epochs_a") * multiplier[budget] * per_epoch
+                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=config.student_lr, schedule="linear",
+                                 warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD")
+                weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
+                work = run_dir.path / "work" / key
+                train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
+                shutil.rmtree(work, ignore_errors=True)
+                info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+            lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)
+            budget_name = budget or "teacher"
+            unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, steps=steps, **lm_metrics)]
+            for t in task_rows:
+                unit_rows.append(dict(kind="score", task=t["task"], metric="accuracy", bits=bits, budget=budget_name,
+                                      score=100 * float(np.mean(t["correct"])), steps=steps, **info))
+                unit_rows += [dict(kind="pred", task=t["task"], bits=bits, budget=budget_name, idx=i, pred=float(c),
+                                   label=1.0) for i, c in enumerate(t["correct"])]
+            run_dir.record("results", key, unit_rows)
+            run_dir.log(f"{key}: perplexity {lm_metrics['perplexity']:.2f}, accuracy "
+                        + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))
+            done[key] = unit_rows
+            if bits != 32:
+                del model
+        rows += done[key]
+    rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
+                     n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
+    return pd.DataFrame(rows)
