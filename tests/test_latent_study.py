@@ -199,3 +199,19 @@ def test_study_fine_tunes_smollm2(tmp_path, embedded_smollm):
     table = result.table
     assert set(table["variant"]) == {"cot", "answer-only", "r16"}
     assert (table["tokens"] <= 12).all()
+
+
+def test_latent_bench_rebuilds_the_runs_models(tmp_path):
+    """The benchmark reloads a finished run's CoT and latent models: their token counts on the test
+    split are the study's own."""
+    from lmlab.benchmarks.latent import latent_bench
+
+    result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16]}), tmp_path / "r")
+    rows = {r["case"]: r for r in latent_bench(latent_run=str(result.path), rounds=1)}
+    table = result.table.set_index("variant")
+    assert rows["CoT: generated tokens per problem"]["value"] == pytest.approx(table.loc["cot", "tokens"], abs=0.01)
+    assert rows["latent r=16: generated tokens per problem"]["value"] == pytest.approx(table.loc["r16", "tokens"],
+                                                                                       abs=0.01)
+    assert rows["latent r=16: wall time per problem"]["ratio"] > 0
+    with pytest.raises(LmlabError, match="not a run folder"):
+        latent_bench(latent_run=str(tmp_path))

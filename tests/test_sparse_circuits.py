@@ -11,7 +11,7 @@ import torch
 from lmlab import circuits, toy
 from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, make_task, task_metric
 from lmlab.errors import LmlabError
-from lmlab.interventions import SparseAttention, installed, intervene
+from lmlab.interventions import Capture, SparseAttention, installed, intervene
 from lmlab.interventions.attention import gated_softmax
 from lmlab.models import load_model, save_model
 from lmlab.studies import sparse_circuits as study
@@ -127,6 +127,57 @@ def test_attribution_matches_activation_to_first_order(decoder):
     act = circuits.activation_scores(decoder, task, 4, z_corr=z_corr, heads=heads)
     for l, h in heads:
         assert attr[l, h] == pytest.approx(act[l, h], rel=0.05, abs=1e-6)
+
+
+def test_mlp_patch_equals_a_hand_computed_last_layer(tiny_llama):
+    """Patching the last MLP's output with R = recomputing the logits by hand from the last block's
+    output with its MLP contribution swapped for R (final norm + lm_head applied directly)."""
+    from lmlab.interventions import PatchOutput
+
+    lm = tiny_llama
+    last = lm.layout.n_layers - 1
+    batch = lm.encode(["the capital of France is Paris", "John gave a drink to Mary"])
+    with torch.no_grad(), intervene(lm, Capture("resid_post", "mlp_out")) as cap:
+        lm.model(**batch)
+    replacement = torch.randn_like(cap["mlp_out", last])
+    with torch.no_grad(), intervene(lm, PatchOutput("mlp_out", {last: replacement})):
+        patched = lm.model(**batch).logits
+    hidden = cap["resid_post", last] - cap["mlp_out", last] + replacement
+    with torch.no_grad():
+        by_hand = lm.model.lm_head(lm.model.model.norm(hidden))
+    torch.testing.assert_close(patched, by_hand, atol=1e-4, rtol=1e-4)
+    with pytest.raises(LmlabError, match="patches mlp_out or attn_out"):
+        PatchOutput("z", {0: replacement})
+
+
+def test_mlp_components_attribution_matches_activation(decoder):
+    """MLPs as components: scores gain a column per layer, gradient x delta matches the exact patch to
+    first order, and the effect curve over heads and MLPs still ends at clean / fully patched."""
+    rng = np.random.default_rng(3)
+    prompts = []
+    for _ in range(4):
+        ids = tuple(int(x) for x in rng.integers(5, 200, size=6))
+        prompts.append(CircuitPrompt(ids, ids, "", "", answer=11, distractor=12))
+    task = CircuitTask("same", "logit_diff", prompts)
+    clean = circuits.corrupted_z(decoder, task, 4, mlps=True)
+    gen = torch.Generator().manual_seed(0)
+    # small next to the MLP outputs (~0.01 here): GPT-2's first MLP is visibly curved at 1e-3
+    z_corr = [{k: v + 1e-4 * torch.randn(v.shape, generator=gen) for k, v in zs.items()} for zs in clean]
+    n_heads = decoder.layout.n_heads
+    attr = circuits.attribution_scores(decoder, task, 4, z_corr=z_corr)
+    assert attr.shape == (decoder.layout.n_layers, n_heads + 1)
+    comps = [(0, n_heads), (1, n_heads), (1, 0)]
+    act = circuits.activation_scores(decoder, task, 4, z_corr=z_corr, heads=comps)
+    for l, h in comps:
+        assert attr[l, h] == pytest.approx(act[l, h], rel=0.05, abs=1e-7)
+    order = circuits.ranking(attr)
+    curve = circuits.effect_curve(decoder, task, order, grid=[0, 2, len(order)], batch_size=4, z_corr=z_corr)
+    np.testing.assert_allclose(curve.clean, circuits.metric_values(decoder, task, 4), atol=1e-5)
+    with intervene(decoder, *circuits.patch_all_but(decoder, order, z_corr[0])):
+        with torch.no_grad():
+            every = task_metric(decoder.model(**decoder.pad_batch([list(p.clean) for p in prompts])).logits[:, -1],
+                                prompts, "logit_diff")
+    np.testing.assert_allclose(curve.none, every.numpy(), atol=1e-5)
 
 
 def test_effect_curve_ends_at_clean_and_fully_patched(decoder):

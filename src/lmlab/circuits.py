@@ -12,7 +12,12 @@ Explained effect(N) keeps the N heads with the largest |score| clean and patches
 its corrupted-run output: EE(N) = (m(N) - m(none)) / (m(all) - m(none)), m the mean task metric.
 Per-prompt metrics are kept, so intervals come from resampling prompts without new forward passes.
 
-Everything touches the model only through `lmlab.interventions` (Capture, AblateHeads).
+MLPs as components (`mlps=True`): each layer's whole MLP output (mlp_out) is one more component, patched
+with its corrupted-run output through PatchOutput and scored the same two ways. Score arrays then have
+one extra column: (n_layers, n_heads + 1), column n_heads being the layer's MLP, so a component is
+(layer, index) either way and `ranking` orders heads and MLPs together.
+
+Everything touches the model only through `lmlab.interventions` (Capture, AblateHeads, PatchOutput).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 import torch
 
 from lmlab.data.generated.circuits import CircuitTask, task_metric
-from lmlab.interventions import AblateHeads, Capture, intervene
+from lmlab.interventions import AblateHeads, Capture, PatchOutput, intervene
 from lmlab.models.load import LoadedModel
 
 
@@ -55,14 +60,42 @@ def metric_values(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, corr
 
 
 @torch.no_grad()
-def corrupted_z(lm: LoadedModel, task: CircuitTask, batch_size: int = 16) -> list[dict[int, torch.Tensor]]:
-    """Every layer's z on the corrupted prompts, one dict per batch."""
+def corrupted_z(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, mlps: bool = False) -> list[dict]:
+    """Every layer's z on the corrupted prompts, one dict per batch ({layer: z}; with `mlps`, also
+    {("mlp", layer): mlp_out})."""
     out = []
+    points = ("z", "mlp_out") if mlps else ("z",)
     for prompts in _batches(task, batch_size):
-        with intervene(lm, Capture("z")) as cap:
+        with intervene(lm, Capture(*points)) as cap:
             lm.model(**_encode(lm, prompts, corrupted=True))
-        out.append(dict(cap.store["z"]))
+        ref = dict(cap.store["z"])
+        if mlps:
+            ref.update({("mlp", l): v for l, v in cap.store["mlp_out"].items()})
+        out.append(ref)
     return out
+
+
+def _has_mlps(z_corr) -> bool:
+    return any(isinstance(k, tuple) for k in z_corr[0])
+
+
+def patch_all_but(lm: LoadedModel, patched, ref: dict) -> tuple:
+    """Interventions that patch the components `patched` [(layer, index)] with `ref`'s corrupted values
+    (index = n_heads: the layer's MLP)."""
+    n_heads = lm.layout.n_heads
+    heads: dict[int, list[int]] = {}
+    mlp_layers = []
+    for layer, index in patched:
+        if index == n_heads:
+            mlp_layers.append(layer)
+        else:
+            heads.setdefault(layer, []).append(index)
+    out = []
+    if heads:
+        out.append(AblateHeads(heads, mode="patch", reference={l: ref[l] for l in heads}))
+    if mlp_layers:
+        out.append(PatchOutput("mlp_out", {l: ref[("mlp", l)] for l in mlp_layers}))
+    return tuple(out)
 
 
 def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
@@ -70,32 +103,41 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
     """(n_layers, n_heads) first-order estimates of the mean metric change when each head is patched."""
     layout = lm.layout
     z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
-    total = torch.zeros(layout.n_layers, layout.n_heads, dtype=torch.float64)
+    mlps = _has_mlps(z_corr)
+    total = torch.zeros(layout.n_layers, layout.n_heads + int(mlps), dtype=torch.float64)
+    points = ("z", "mlp_out") if mlps else ("z",)
     for prompts, ref in zip(_batches(task, batch_size), z_corr):
-        with torch.enable_grad(), intervene(lm, Capture("z", grad=True)) as cap:
+        with torch.enable_grad(), intervene(lm, Capture(*points, grad=True)) as cap:
             logits = _last_logits(lm, _encode(lm, prompts, corrupted=False))
             metric = task_metric(logits, prompts, task.metric).sum()
-            layers = sorted(cap.store["z"])
-            grads = torch.autograd.grad(metric, [cap.store["z"][l] for l in layers])
-        for layer, grad in zip(layers, grads):
-            clean = cap.store["z"][layer].detach()
-            delta = (ref[layer].to(clean) - clean) * grad  # (B, P, H, D)
-            total[layer] += delta.sum(dim=(0, 1, 3)).double().cpu()
+            keys = [("z", l) for l in sorted(cap.store["z"])]
+            keys += [("mlp_out", l) for l in sorted(cap.store["mlp_out"])] if mlps else []
+            grads = torch.autograd.grad(metric, [cap.store[p][l] for p, l in keys])
+        for (point, layer), grad in zip(keys, grads):
+            clean = cap.store[point][layer].detach()
+            if point == "z":
+                delta = (ref[layer].to(clean) - clean) * grad  # (B, P, H, D)
+                total[layer, :layout.n_heads] += delta.sum(dim=(0, 1, 3)).double().cpu()
+            else:
+                delta = (ref[("mlp", layer)].to(clean) - clean) * grad  # (B, P, d_model)
+                total[layer, layout.n_heads] += delta.sum().double().cpu()
     return (total / len(task)).numpy()
 
 
 def activation_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
                       z_corr: list[dict[int, torch.Tensor]] | None = None, heads=None,
                       progress=None) -> np.ndarray:
-    """(n_layers, n_heads) exact mean metric change when each head alone is patched (NaN where not run)."""
+    """(n_layers, n_heads [+ 1 with MLPs]) exact mean metric change when each component alone is patched
+    (NaN where not run)."""
     layout = lm.layout
     z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
+    width = layout.n_heads + int(_has_mlps(z_corr))
     base = metric_values(lm, task, batch_size).mean()
-    heads = heads if heads is not None else [(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)]
-    scores = np.full((layout.n_layers, layout.n_heads), np.nan)
+    heads = heads if heads is not None else [(l, h) for l in range(layout.n_layers) for h in range(width)]
+    scores = np.full((layout.n_layers, width), np.nan)
     for layer, head in heads:
-        values = metric_values(lm, task, batch_size, interventions_for=lambda i, l=layer, h=head: (
-            AblateHeads({l: [h]}, mode="patch", reference={l: z_corr[i][l]}),))
+        values = metric_values(lm, task, batch_size, interventions_for=lambda i, l=layer, h=head: patch_all_but(
+            lm, [(l, h)], z_corr[i]))
         scores[layer, head] = values.mean() - base
         if progress:
             progress()
@@ -154,7 +196,8 @@ class EffectCurve:
 
 def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]], grid: list[int] | None = None,
                  batch_size: int = 16, z_corr=None, progress=None) -> EffectCurve:
-    z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
+    if z_corr is None:
+        z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for _, h in order))
     grid = sorted(set(grid or heads_grid(len(order))) | {0, len(order)})
     rows = []
     for n in grid:
@@ -162,11 +205,8 @@ def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]
         if not patched:
             rows.append(metric_values(lm, task, batch_size))
         else:
-            by_layer: dict[int, list[int]] = {}
-            for layer, head in patched:
-                by_layer.setdefault(layer, []).append(head)
-            rows.append(metric_values(lm, task, batch_size, interventions_for=lambda i: (
-                AblateHeads(by_layer, mode="patch", reference={l: z_corr[i][l] for l in by_layer}),)))
+            rows.append(metric_values(lm, task, batch_size,
+                                      interventions_for=lambda i: patch_all_but(lm, patched, z_corr[i])))
         if progress:
             progress()
     values = np.stack(rows)

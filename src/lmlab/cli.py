@@ -103,7 +103,9 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
 @friendly
 def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (repeatable)"),
           model: str = typer.Option("smollm2-135m", help="model to benchmark on"),
-          out_dir: Path = typer.Option(Path("runs/bench"), "--out", help="where bench.json and bench.md go")):
+          out_dir: Path = typer.Option(Path("runs/bench"), "--out", help="where bench.json and bench.md go"),
+          latent_run: Path = typer.Option(None, help="a finished `lmlab latent` run for latent-vs-cot (default: "
+                                                      "run or reuse the quick study under --out)")):
     """Run the benchmarks and print one table of ratios, measured side by side."""
     from lmlab.benchmarks import load_all
     from lmlab.runs import atomic_write
@@ -116,7 +118,7 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     rows = []
     for name in names:
         out.print(f"[dim]running {name}...[/]")
-        rows.extend(registry[name](model=model))
+        rows.extend(registry[name](model=model, out_dir=out_dir, latent_run=latent_run))
     view = Table(title="lmlab bench")
     for col in ("benchmark", "case", "value", "unit", "ratio", "target"):
         view.add_column(col)

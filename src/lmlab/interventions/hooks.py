@@ -159,3 +159,29 @@ class EditMLPAct(Intervention):
             seen.add(id(module))
             handles.append(module.register_forward_hook((lambda l: lambda m, a, o: self.fn(o, l))(layer)))
         return handles
+
+
+class PatchOutput(Intervention):
+    """Replace a sub-block's output (`point` 'mlp_out' or 'attn_out') at chosen layers with given values.
+
+    `reference` {layer: (batch, pos, d_model)}, typically `Capture(point)` of another run (activation
+    patching of a whole MLP); `positions` (batch, pos) bool limits the patch to some positions.
+    """
+
+    def __init__(self, point: str, reference: dict[int, torch.Tensor], positions: torch.Tensor | None = None):
+        if point not in ("mlp_out", "attn_out"):
+            raise LmlabError(f"PatchOutput patches mlp_out or attn_out, not '{point}'")
+        super().__init__(list(reference))
+        self.point, self.reference, self.positions = point, reference, positions
+
+    def _patched(self, layer: int, out: torch.Tensor) -> torch.Tensor:
+        ref = self.reference[layer]
+        if ref.shape != out.shape:
+            raise LmlabError(f"PatchOutput: values of shape {tuple(ref.shape)} do not match layer {layer}'s "
+                             f"{self.point} {tuple(out.shape)}")
+        return where_rows(self.positions, ref.to(out.dtype), out)
+
+    def hooks(self, layout):
+        return [_module_for(layout, self.point, layer).register_forward_hook(
+            (lambda l: lambda m, a, o: _with_tensor_out(o, self._patched(l, _tensor_out(o))))(layer))
+            for layer in sorted(self.reference)]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -228,7 +229,19 @@ def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_s
     return {"correct": correct, "tokens": tokens, "latents": latents, "seconds_per_problem": seconds / len(examples)}
 
 
-def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
+@dataclass
+class Prepared:
+    base: torch.nn.Module  # untrained (scratch) or pretrained with resized embeddings
+    vocab: object
+    train: list
+    dev: list
+    test: list
+    max_new: int
+
+
+def prepare(config: Config) -> Prepared:
+    """Data, vocabulary and the untrained base model, the same for the same config (the benchmark
+    rebuilds a finished run's models from this and the run's checkpoints)."""
     check_config(config)
     problems = load_problems(config)
     if config.model in PRETRAINED:
@@ -246,11 +259,28 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
     if longest > base.config.max_position_embeddings:
         raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
                          f"{base.config.max_position_embeddings}")
-    collate = _collate(vocab.pad)
     n_chunks = sum(len(ex.chain) // config.chunk for ex in train_ex)
     if n_chunks < config.codebook:
         raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
                          "or generate more problems")
+    return Prepared(base, vocab, train_ex, dev_ex, test_ex, max_new)
+
+
+def final_weights(run_dir, name: str):
+    """The last checkpoint's model file of fine-tune `name` in a latent run folder."""
+    from pathlib import Path
+
+    found = sorted((Path(run_dir) / f"ft-{name}" / "checkpoints").glob("step-*/model.safetensors"))
+    if not found:
+        raise LmlabError(f"no fine-tuned '{name}' model in {run_dir}; is it a finished `lmlab latent` run?")
+    return found[-1]
+
+
+def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
+    prep = prepare(config)
+    base, vocab, train_ex, dev_ex, test_ex, max_new = (prep.base, prep.vocab, prep.train, prep.dev, prep.test,
+                                                       prep.max_new)
+    collate = _collate(vocab.pad)
 
     cot_items = [(ex.prompt, ex.chain + ex.answer) for ex in train_ex]
     train(base, cot_items, collate, _lm_loss, _train_cfg(config, config.size("base_steps"), "base model (CoT)"),

@@ -55,6 +55,7 @@ class Config(StudyConfig):
     threshold: float = Field(0.9, description="explained effect the circuit must reach")
     fine_grid: bool | None = Field(None, description="N grid: every N to 8, then +2, then x1.15 (quick: x1.4 steps)")
     verify_heads: int | None = Field(None, description="heads checked by activation patching on the first task")
+    mlps: bool = Field(False, description="MLPs as circuit components too (each layer's MLP output is one)")
     sparse_steps: int | None = None
     sparse_batch: int | None = None
     sparse_lr: float = 1e-4
@@ -93,7 +94,7 @@ def _discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
         if name in done:
             continue
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
-        z_corr = circuits.corrupted_z(lm, task, config.batch_size)
+        z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
         clean = circuits.metric_values(lm, task, config.batch_size)
         corrupted = circuits.metric_values(lm, task, config.batch_size, corrupted=True)
         scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
@@ -102,7 +103,8 @@ def _discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
         curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=config.batch_size, z_corr=z_corr)
         rows = [{"kind": "task", "variant": variant, "task": name, "clean_metric": float(clean.mean()),
                  "accuracy": float((clean > 0).mean()), "corrupted_metric": float(corrupted.mean()),
-                 "metric": task.metric, "total_heads": len(order)}]
+                 "metric": task.metric, "total_heads": len(order),
+                 "components": "heads+mlps" if config.mlps else "heads"}]
         for n, values in zip(curve.grid, curve.values):
             rows.append({"kind": "per_prompt", "variant": variant, "task": name, "n_heads": n,
                          "values": json.dumps([round(float(v), 6) for v in values])})
@@ -120,7 +122,7 @@ def _verify(lm, config: Config, run_dir: RunDir) -> None:
     from scipy.stats import spearmanr
 
     task = make_task(config.tasks[0], lm.tokenizer, config.size("n_prompts"), config.seed)
-    z_corr = circuits.corrupted_z(lm, task, config.batch_size)
+    z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
     attr = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
     order = circuits.ranking(attr)
     k = min(config.size("verify_heads"), len(order))

@@ -22,6 +22,8 @@ def figure(table: pd.DataFrame):
     tasks = list(dict.fromkeys(curves["task"]))
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.6), squeeze=False)
     mult = _rows(table, "multiplier").set_index("task")
+    task_rows = _rows(table, "task")
+    mixed = "components" in task_rows and (task_rows["components"] == "heads+mlps").any()
     for ax, name in zip(axes[0], tasks):
         for variant, color, label in (("dense", "tab:blue", "Dense"), ("sparse", "tab:orange", "Sparse")):
             sub = curves[(curves["task"] == name) & (curves["variant"] == variant)].sort_values("n_heads")
@@ -31,7 +33,7 @@ def figure(table: pd.DataFrame):
             ax.fill_between(sub["n_heads"], sub["lo"], sub["hi"], color=color, alpha=0.15, linewidth=0)
         ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
         ax.set_title(PANEL_TITLES.get(name, name))
-        ax.set_xlabel("Number of Heads Kept")
+        ax.set_xlabel("Number of Components Kept (heads + MLPs)" if mixed else "Number of Heads Kept")
         ax.set_ylabel("Explained Effect")
         ax.set_ylim(-0.1, 1.1)
         if name in mult.index:

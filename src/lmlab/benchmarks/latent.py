@@ -1,0 +1,62 @@
+"""S0: latent (r = the run's largest rate) vs CoT inference, wall time and tokens per problem.
+
+The two fine-tuned models of one finished `lmlab latent` run (given with `--latent-run DIR`; without it
+the quick from-scratch study is run, or reused, under the bench folder) generate greedily on the same
+test problems, alternating over several rounds in one process; the ratio is latent time over CoT time
+(< 1: latent is faster) next to the ratio of generated tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from lmlab.benchmarks import benchmark
+from lmlab.errors import LmlabError
+
+
+@benchmark("latent-vs-cot")
+def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/bench", rounds: int = 3,
+                 **_) -> list[dict]:
+    from safetensors.torch import load_file
+
+    from lmlab.studies import latent as study
+    from lmlab.studies.base import run_study
+
+    if latent_run is None:
+        latent_run = run_study(study.SPEC, study.Config(model="scratch", profile="quick"),
+                               Path(out_dir) / "latent-study").path
+    run = Path(latent_run)
+    if not (run / "config.yaml").is_file():
+        raise LmlabError(f"{run} is not a run folder (no config.yaml)")
+    fields = yaml.safe_load((run / "config.yaml").read_text())
+    config = study.Config(**{k: v for k, v in fields.items() if k in study.Config.model_fields})
+    prep = study.prepare(config)
+    rate = max(config.size("rates"))
+    weights = {name: load_file(study.final_weights(run, name)) for name in ("cot", f"r{rate}")}
+    model = prep.base
+    model.eval()
+    times = {name: 0.0 for name in weights}
+    tokens = {}
+    for _ in range(rounds):
+        for name, state in weights.items():
+            model.load_state_dict(state, strict=False)  # tied embeddings are stored once
+            t0 = time.perf_counter()
+            result = study.evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)
+            times[name] += time.perf_counter() - t0
+            tokens[name] = sum(result["tokens"]) / len(result["tokens"])
+    n = len(prep.test)
+    setup = f"{config.model}, {n} test problems, greedy, batch 100, {rounds} alternating rounds, run {run.name}"
+    base_t = times["cot"]
+    rows = []
+    for name in weights:
+        label = "CoT" if name == "cot" else f"latent r={rate}"
+        rows.append(dict(benchmark="latent-vs-cot", case=f"{label}: wall time per problem",
+                         value=round(1000 * times[name] / (rounds * n), 2), unit="ms", ratio=round(times[name] / base_t, 3),
+                         target=None, note="time ratio vs CoT; < 1 is faster" if name != "cot" else None, setup=setup))
+        rows.append(dict(benchmark="latent-vs-cot", case=f"{label}: generated tokens per problem",
+                         value=round(tokens[name], 2), unit="tokens", ratio=round(tokens[name] / tokens["cot"], 3),
+                         target=None, setup=setup))
+    return rows
