@@ -95,3 +95,22 @@ def test_config_changes_give_a_new_folder_and_bad_dirs_are_clear(tmp_path):
 def test_unknown_config_keys_are_refused():
     with pytest.raises(Exception):
         ToyConfig(model="x", typo=1)
+
+
+def test_run_time_counts_every_session_of_a_resumed_run(tmp_path):
+    from lmlab.runs import RunDir
+
+    run = RunDir.open(tmp_path, "sparse-circuits", "m", {"a": 1})
+    (run.path / "log.txt").write_text(
+        "2026-01-01T10:00:00Z start sparse-circuits model=m\n2026-01-01T10:05:00Z unit 1\n"  # killed after 300 s
+        "2026-01-01T11:00:00Z start sparse-circuits model=m\n2026-01-01T11:02:00Z done in 120.0s\n")
+    assert run.logged_seconds() == 420.0
+
+
+def test_report_names_a_study_with_a_dash_in_its_name(tmp_path):
+    from lmlab.report import _section
+    from lmlab.runs import RunDir
+
+    run = RunDir.open(tmp_path, "sparse-circuits", "smollm2-135m", {"model": "smollm2-135m"})
+    row, html = _section(run.path)
+    assert row["study"] == "sparse-circuits" and "sparse-circuits: incomplete" in html

@@ -57,10 +57,12 @@ def _run_dirs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
 
 
 def _section(run: Path) -> tuple[dict, str]:
-    study = run.name.split("-")[0]
-    spec = STUDIES.get(study)
     config = yaml.safe_load((run / "config.yaml").read_text())
     manifest = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
+    # the folder is STUDY-MODEL-HASH and study names have dashes too: the longest registered prefix wins
+    prefixes = [name for name in STUDIES if run.name.startswith(name + "-")]
+    study = manifest.get("study") or (max(prefixes, key=len) if prefixes else run.name.split("-")[0])
+    spec = STUDIES.get(study)
     if not manifest or not (run / "verdict.json").exists():
         row = dict(study=study, model=config.get("model"), status="incomplete", summary="run did not finish",
                    seconds=None, anchor=run.name)

@@ -139,6 +139,32 @@ class RunDir:
         with open(self.path / "log.txt", "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} {message}\n")
 
+    def logged_seconds(self, now: datetime | None = None) -> float:
+        """Wall time over every session of this run, from log.txt: each session runs from its "start" line
+        to its last line (a killed session's lost tail is not counted), the current one up to `now`."""
+        path = self.path / "log.txt"
+        if not path.exists():
+            return 0.0
+        stamps: list[tuple[datetime, bool]] = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                stamp = datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+            except ValueError:
+                continue
+            stamps.append((stamp, line.split(" ", 2)[1:2] == ["start"]))
+        if now is not None:
+            stamps.append((now, False))
+        total, begin, last = 0.0, None, None
+        for stamp, is_start in stamps:
+            if is_start:
+                if begin is not None:
+                    total += (last - begin).total_seconds()
+                begin = stamp
+            last = stamp
+        if begin is not None:
+            total += (last - begin).total_seconds()
+        return total
+
     def finish(self, status: str = "complete", **extra) -> None:
         manifest = {"study": self.study, "status": status, "config_hash": config_hash(self.config),
                     "seconds": round(time.perf_counter() - self._t0, 1),

@@ -115,5 +115,8 @@ def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs") ->
     run.write_json("verdict.json", verdict.model_dump())
     seconds = time.perf_counter() - t0
     run.log(f"done in {seconds:.1f}s: {verdict.status}")
-    run.finish(model=config.model, verdict=verdict.status, run_seconds=round(seconds, 1))
+    # every session of a resumed run counts (the log's timestamps have 1-s resolution)
+    total = max(seconds, run.logged_seconds())
+    run.finish(model=config.model, verdict=verdict.status, run_seconds=round(total, 1),
+               session_seconds=round(seconds, 1))
     return StudyResult(run.path, table, verdict, seconds, resumed=False)
