@@ -31,6 +31,9 @@ def test_trace_on_a_tiny_model_writes_its_table(tmp_path):
     (("trace", "the " * 300, "--model", "tiny-llama", "--span", "the", "--target", " the"), "longer than"),
     (("trace", "The capital", "--model", "tiny-bert", "--span", "capital"), "not a causal language model"),
     (("bench", "--only", "nosuch"), "unknown benchmark 'nosuch'"),
+    # optional list options (list[int] | None) are comma-separated too: the value reaches the study's check
+    (("latent", "--rates", "3,16", "--out", "/tmp/lmlab-cli-test"), "rate 3 does not divide the chunk length 16"),
+    (("quantize", "--model", "tiny-bert", "--budgets", "A,X", "--out", "/tmp/lmlab-cli-test"), "unknown budget 'X'"),
 ])
 def test_bad_input_is_a_sentence_not_a_traceback(args, message):
     result = invoke(*args)

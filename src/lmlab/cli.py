@@ -183,8 +183,9 @@ def _parse_field(raw: str, field):
     """CLI text -> a value pydantic accepts: lists are comma-separated, the rest pydantic coerces."""
     import typing
 
-    return [part.strip() for part in raw.split(",") if part.strip()] if typing.get_origin(field.annotation) is list \
-        else raw
+    kinds = [field.annotation, *typing.get_args(field.annotation)]  # list[int] | None counts as a list
+    is_list = any(k is list or typing.get_origin(k) is list for k in kinds)
+    return [part.strip() for part in raw.split(",") if part.strip()] if is_list else raw
 
 
 def _study_command(spec):
