@@ -28,7 +28,35 @@ LATENT_MARKS = ["<boLatent>", "<eoLatent>"]
 _TOKEN = re.compile(r"\d|[A-Za-z]+|[^\sA-Za-z\d]")
 
 
-class Vocab:
+_INT = re.compile(r"-?\d+")
+
+
+class _LatentIds:
+    """What both vocabularies share: code ids and reading the answer back."""
+
+    first_code: int
+    n_codes: int
+    ans: int
+
+    def code(self, c: int) -> int:
+        return self.first_code + int(c)
+
+    def is_code(self, i: int) -> bool:
+        return self.first_code <= i < self.first_code + self.n_codes
+
+    def answer_text(self, ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def parse_answer(self, generated: list[int]) -> int | None:
+        """The integer after the last <ans> in generated ids, or None."""
+        if self.ans not in generated:
+            return None
+        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
+        found = _INT.match(self.answer_text(tail).strip().replace(",", ""))
+        return int(found.group()) if found else None
+
+
+class Vocab(_LatentIds):
     """Word-level vocabulary for the from-scratch model (digits are single tokens), plus K latent codes."""
 
     def __init__(self, words: list[str], n_codes: int):
@@ -60,26 +88,11 @@ class Vocab:
     def decode(self, ids) -> str:
         return " ".join(self.tokens[i] for i in ids)
 
-    def code(self, c: int) -> int:
-        return self.first_code + int(c)
-
-    def is_code(self, i: int) -> bool:
-        return self.first_code <= i < self.first_code + self.n_codes
-
-    def parse_answer(self, generated: list[int]) -> int | None:
-        """The integer after the last <ans> in generated ids, or None."""
-        if self.ans not in generated:
-            return None
-        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
-        text = "".join(self.tokens[t] for t in tail if not self.is_code(t) and t not in (self.eos, self.pad))
-        found = _INT.match(text.strip())
-        return int(found.group()) if found else None
+    def answer_text(self, ids: list[int]) -> str:
+        return "".join(self.tokens[t] for t in ids if not self.is_code(t) and t not in (self.eos, self.pad))
 
 
-_INT = re.compile(r"-?\d+")
-
-
-class TokenizerVocab:
+class TokenizerVocab(_LatentIds):
     """The same interface over a pretrained model's tokenizer (the SmolLM2 option): the markers <cot>,
     <ans>, <boLatent>, <eoLatent> and K codes are added as special tokens (the model's embeddings must be
     resized to len(vocab)); <bos>, <eos> and <pad> are the tokenizer's own."""
@@ -112,18 +125,8 @@ class TokenizerVocab:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids)
 
-    def code(self, c: int) -> int:
-        return self.first_code + int(c)
-
-    def is_code(self, i: int) -> bool:
-        return self.first_code <= i < self.first_code + self.n_codes
-
-    def parse_answer(self, generated: list[int]) -> int | None:
-        if self.ans not in generated:
-            return None
-        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
-        found = _INT.match(self.tokenizer.decode(tail, skip_special_tokens=True).strip().replace(",", ""))
-        return int(found.group()) if found else None
+    def answer_text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 @dataclass
