@@ -124,16 +124,20 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
         view.add_column(col)
     for r in rows:
         target = r.get("target")
-        view.add_row(r["benchmark"], r["case"], str(r["value"]), r["unit"], f"{r['ratio']}x",
+        view.add_row(r["benchmark"], r["case"], str(r["value"]), r["unit"], _ratio(r),
                      r.get("note") or ("" if target is None else f"≤ {target}x"))
     out.print(view)
     md = ["| benchmark | case | value | unit | ratio | target | setup |", "|---|---|---|---|---|---|---|"]
-    md += [f"| {r['benchmark']} | {r['case']} | {r['value']} | {r['unit']} | {r['ratio']}x | "
+    md += [f"| {r['benchmark']} | {r['case']} | {r['value']} | {r['unit']} | {_ratio(r)} | "
            f"{r.get('note') or ('' if r.get('target') is None else '≤ ' + str(r['target']) + 'x')} | "
            f"{r.get('setup', '')} |" for r in rows]
     atomic_write(out_dir / "bench.json", json.dumps(rows, indent=2))
     atomic_write(out_dir / "bench.md", "\n".join(md) + "\n")
     out.print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'bench.md'}")
+
+
+def _ratio(row: dict) -> str:
+    return "" if row.get("ratio") is None else f"{row['ratio']}x"
 
 
 @app.command()
