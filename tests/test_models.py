@@ -116,3 +116,19 @@ def test_embedded_smollm_loads_from_cache_and_knows_paris(embedded_smollm):
 def test_minilm_loads_offline_from_its_package():
     lm = load_model("minilm-l6")
     assert lm.layout.describe() == dict(family="bert", layers=6, heads=12, kv_heads=12, head_dim=32, d_model=384)
+
+
+def test_resize_vocabulary_keeps_old_rows_and_the_tied_head(tiny_llama):
+    import copy
+
+    from lmlab.models import resize_vocabulary
+
+    model = copy.deepcopy(tiny_llama.model)
+    old = model.get_input_embeddings().weight.detach().clone()
+    resize_vocabulary(model, old.shape[0] + 5)
+    new = model.get_input_embeddings().weight
+    assert new.shape == (old.shape[0] + 5, old.shape[1])
+    torch.testing.assert_close(new[:old.shape[0]].detach(), old)
+    assert model.get_output_embeddings().weight.shape[0] == old.shape[0] + 5
+    with pytest.raises(LmlabError, match="vocabulary of 0 tokens"):
+        resize_vocabulary(model, 0)

@@ -16,6 +16,7 @@ restarted at random encoder outputs (a standard fix for codebook collapse).
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ _TOKEN = re.compile(r"\d|[A-Za-z]+|[^\sA-Za-z\d]")
 _INT = re.compile(r"-?\d+")
 
 
-class _LatentIds:
+class _LatentIds(ABC):
     """What both vocabularies share: code ids and reading the answer back."""
 
     first_code: int
@@ -44,8 +45,9 @@ class _LatentIds:
     def is_code(self, i: int) -> bool:
         return self.first_code <= i < self.first_code + self.n_codes
 
+    @abstractmethod
     def answer_text(self, ids: list[int]) -> str:
-        raise NotImplementedError
+        """The text of generated ids after <ans>, codes and padding left out."""
 
     def parse_answer(self, generated: list[int]) -> int | None:
         """The integer after the last <ans> in generated ids, or None."""

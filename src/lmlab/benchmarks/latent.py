@@ -42,7 +42,10 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
     tokens = {}
     for _ in range(rounds):
         for name, state in weights.items():
-            model.load_state_dict(state, strict=False)  # tied embeddings are stored once
+            missing, unexpected = model.load_state_dict(state, strict=False)  # a tied head is stored once
+            if unexpected or set(missing) - {"lm_head.weight"}:
+                raise LmlabError(f"the {name} checkpoint in {run} does not fit the rebuilt model "
+                                 f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
             t0 = time.perf_counter()
             result = study.evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)
             times[name] += time.perf_counter() - t0

@@ -199,6 +199,14 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
 LMLAB_FILE = "lmlab.json"  # what lmlab adds to a saved HF folder (e.g. the sparse attention gate)
 
 
+def resize_vocabulary(model: PreTrainedModel, size: int) -> None:
+    """Grow (or shrink) a model's token embeddings (and a tied output head) to `size` rows; new rows are
+    drawn from a normal with the old rows' mean and covariance, so no new token starts out preferred."""
+    if size < 1:
+        raise LmlabError(f"a vocabulary of {size} tokens is not possible")
+    model.resize_token_embeddings(size, mean_resizing=True)
+
+
 def save_model(loaded: LoadedModel, path: str | Path, sparse_attention: bool = False) -> Path:
     """Save as an ordinary HF folder (safetensors + tokenizer) that `load_model` reads back.
 

@@ -134,15 +134,13 @@ def _build(vocab, config, seed: int, max_len: int = 256):
 
 def _pretrained(config: Config):
     """(model, vocab) for the pretrained option: the tokenizer grown by the markers and codes, the
-    embeddings resized to match (new rows at the mean embedding, so no new token starts out preferred)."""
-    from lmlab.models import load_model
+    embeddings resized to match (models.resize_vocabulary)."""
+    from lmlab.models import load_model, resize_vocabulary
 
     lm = load_model(config.model, dtype=torch.float32)
     vocab = L.TokenizerVocab(lm.tokenizer, config.codebook)
-    model = lm.model
-    model.resize_token_embeddings(len(vocab), mean_resizing=True)
-    model.config.use_cache = True
-    return model, vocab
+    resize_vocabulary(lm.model, len(vocab))
+    return lm.model, vocab
 
 
 def _collate(pad: int):

@@ -135,7 +135,7 @@ def run_decoder(config, run_dir: RunDir, lm, multiplier: dict, seed_unit) -> pd.
                         + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))
             done[key] = unit_rows
             if bits != 32:
-                del model
+                del model  # free this student before the next one is copied (one student in memory at a time)
         rows += done[key]
     rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
                      n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
