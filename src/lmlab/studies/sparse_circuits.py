@@ -15,7 +15,7 @@
 4. The toy of the paper's Figure 1 (toy.py): 4 layers trained from scratch on 2-digit addition, then
    sparse-post-trained at equal accuracy; its attention edges are drawn dense above, sparse below.
 
-DECISIONS for CPU minutes: quick uses 16 prompts per task, a coarse N grid and 120 sparse steps of 4 sequences; the paper
+DECISIONS for CPU minutes: quick uses 16 prompts per task, a coarse N grid and 60 sparse steps of 4 sequences; the paper
 post-trains for far longer, so the quick sparsity is a lower bound on what the method reaches. The full
 profile (GPU) uses 64 prompts, 2000 steps of 16 sequences.
 """
@@ -42,8 +42,8 @@ from lmlab.train import TrainConfig, train
 from lmlab.train.sparse import causal_lm_ce, sparse_post_train
 
 PROFILES = {
-    "quick": dict(fine_grid=False, n_prompts=16, sparse_steps=120, sparse_batch=4, n_text=256, n_docstrings=64, toy_steps=1200,
-                  toy_sparse_steps=300, verify_heads=16),
+    "quick": dict(fine_grid=False, n_prompts=16, sparse_steps=60, sparse_batch=4, n_text=96, n_docstrings=64, toy_steps=600,
+                  toy_sparse_steps=200, verify_heads=16),
     "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024, toy_steps=4000,
                  toy_sparse_steps=3000, verify_heads=270),
 }
@@ -95,12 +95,12 @@ def _discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
             continue
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
         z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
-        clean = circuits.metric_values(lm, task, config.batch_size)
         corrupted = circuits.metric_values(lm, task, config.batch_size, corrupted=True)
         scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
         order = circuits.ranking(scores)
         grid = circuits.heads_grid(len(order), fine=config.size("fine_grid"))
         curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=config.batch_size, z_corr=z_corr)
+        clean = curve.clean  # every head kept: the unpatched run
         rows = [{"kind": "task", "variant": variant, "task": name, "clean_metric": float(clean.mean()),
                  "accuracy": float((clean > 0).mean()), "corrupted_metric": float(corrupted.mean()),
                  "metric": task.metric, "total_heads": len(order),
