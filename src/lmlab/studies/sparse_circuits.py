@@ -15,7 +15,7 @@
 4. The toy of the paper's Figure 1 (toy.py): 4 layers trained from scratch on 2-digit addition, then
    sparse-post-trained at equal accuracy; its attention edges are drawn dense above, sparse below.
 
-DECISIONS for CPU minutes: quick uses 16 prompts per task, a coarse N grid and 60 sparse steps of 4 sequences; the paper
+DECISIONS for CPU minutes: quick uses 12 prompts per task, a coarse N grid and 48 sparse steps of 4 sequences; the paper
 post-trains for far longer, so the quick sparsity is a lower bound on what the method reaches. The full
 profile (GPU) uses 64 prompts, 2000 steps of 16 sequences.
 """
@@ -42,7 +42,7 @@ from lmlab.train import TrainConfig, train
 from lmlab.train.sparse import causal_lm_ce, sparse_post_train
 
 PROFILES = {
-    "quick": dict(fine_grid=False, n_prompts=16, sparse_steps=60, sparse_batch=4, n_text=96, n_docstrings=64, toy_steps=600,
+    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=48, sparse_batch=4, n_text=96, n_docstrings=64, toy_steps=600,
                   toy_sparse_steps=200, verify_heads=16),
     "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024, toy_steps=4000,
                  toy_sparse_steps=3000, verify_heads=270),
@@ -51,7 +51,7 @@ PROFILES = {
 
 class Config(StudyConfig):
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), description=f"circuit tasks ({', '.join(TASKS)})")
-    n_prompts: int | None = Field(None, description="prompt pairs per task (quick 16, full 64)")
+    n_prompts: int | None = Field(None, description="prompt pairs per task (quick 12, full 64)")
     threshold: float = Field(0.9, description="explained effect the circuit must reach")
     fine_grid: bool | None = Field(None, description="N grid: every N to 8, then +2, then x1.15 (quick: x1.4 steps)")
     verify_heads: int | None = Field(None, description="heads checked by activation patching on the first task")
