@@ -36,16 +36,16 @@ from lmlab.studies.filler_analysis import figure, profile_and_mechanism_rows, ve
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 FILLERS = {"Mless": " /", "Mful": " he"}
-PROFILES = {"quick": dict(n_test_per_level=20, n_dev_per_level=6, max_new_tokens=48, sweep_problems=16),
+PROFILES = {"quick": dict(n_test_per_level=20, n_dev_per_level=4, max_new_tokens=48, sweep_problems=12),
             "full": dict(n_test_per_level=200, n_dev_per_level=40, max_new_tokens=384, sweep_problems=200)}
 
 
 class Config(StudyConfig):
     benchmark: str = Field("arithmetic", description="arithmetic, or gsm8k:PATH / math500:PATH")
     n_test_per_level: int | None = Field(None, description="test problems per level (quick 20, full 200)")
-    n_dev_per_level: int | None = Field(None, description="dev problems per level for tuning ARM (quick 6)")
+    n_dev_per_level: int | None = Field(None, description="dev problems per level for tuning ARM (quick 4)")
     max_new_tokens: int | None = Field(None, description="generation budget (quick 48, full 384)")
-    sweep_problems: int | None = Field(None, description="test problems used in the sweeps (quick 16)")
+    sweep_problems: int | None = Field(None, description="test problems used in the sweeps (quick 12)")
     insert_count: int = 55
     sweep_lengths: list[int] = Field(default_factory=lambda: [10, 25, 40, 70])
     profile_problems: int = 24

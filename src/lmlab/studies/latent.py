@@ -43,7 +43,7 @@ from lmlab.studies.latent_analysis import figure, summary, verdict
 from lmlab.train import TrainConfig, train
 
 PROFILES = {
-    "quick": dict(rates=[4, 16], n_train=3000, n_test=100, base_steps=1000, finetune_steps=240, vq_steps=800,
+    "quick": dict(rates=[4, 16], n_train=3000, n_test=100, base_steps=1200, finetune_steps=300, vq_steps=500,
                   d_model=128, n_layers=3, batch_size=32),
     "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=6000, finetune_steps=2000,
                  vq_steps=3000, d_model=256, n_layers=6, batch_size=64),

@@ -192,7 +192,10 @@ def _run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> lis
         shutil.rmtree(work, ignore_errors=True)
         info = save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors")
         steps = tc.steps
-    preds = predict(model, collate, task.test)
+    from torch.nn.utils import parametrize
+
+    with parametrize.cached():  # the weights do not change during evaluation: quantize them once
+        preds = predict(model, collate, task.test)
     score = metric_value(task.metric, labels, preds)
     rows = [dict(kind="score", task=task.name, metric=task.metric, bits=bits, budget=budget or "teacher",
                  score=100 * score, steps=steps, **info)]

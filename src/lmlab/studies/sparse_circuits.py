@@ -15,7 +15,7 @@
 4. The toy of the paper's Figure 1 (toy.py): 4 layers trained from scratch on 2-digit addition, then
    sparse-post-trained at equal accuracy; its attention edges are drawn dense above, sparse below.
 
-DECISIONS for CPU minutes: quick uses 12 prompts per task, a coarse N grid and 48 sparse steps of 4 sequences; the paper
+DECISIONS for CPU minutes: quick uses 12 prompts per task, a coarse N grid and 40 sparse steps of 4 sequences; the paper
 post-trains for far longer, so the quick sparsity is a lower bound on what the method reaches. The full
 profile (GPU) uses 64 prompts, 2000 steps of 16 sequences.
 """
@@ -42,8 +42,8 @@ from lmlab.train import TrainConfig, train
 from lmlab.train.sparse import causal_lm_ce, sparse_post_train
 
 PROFILES = {
-    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=48, sparse_batch=4, n_text=96, n_docstrings=64, toy_steps=600,
-                  toy_sparse_steps=200, verify_heads=16),
+    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=40, sparse_batch=4, n_text=64, n_docstrings=64, toy_steps=500,
+                  toy_sparse_steps=150, verify_heads=16),
     "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024, toy_steps=4000,
                  toy_sparse_steps=3000, verify_heads=270),
 }
