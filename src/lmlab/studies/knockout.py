@@ -44,13 +44,13 @@ from lmlab.studies.base import StudyConfig, StudySpec, register
 from lmlab.studies.knockout_analysis import detection_rows, figure, patching_rows, verdict
 from lmlab.studies.knockout_sweep import sweep
 
-PROFILES = {"quick": dict(per_dataset=48, sweep_every=4), "full": dict(per_dataset=1000, sweep_every=1)}
+PROFILES = {"quick": dict(per_dataset=64, sweep_every=4), "full": dict(per_dataset=1000, sweep_every=1)}
 
 
 class Config(StudyConfig):
     datasets: list[str] = Field(default_factory=lambda: list(geo_qa.RELATIONS),
                                 description="generated set names, or FORMAT:PATH for real files")
-    per_dataset: int | None = Field(None, description="questions per dataset (quick 48, full 1000)")
+    per_dataset: int | None = Field(None, description="questions per dataset (quick 64, full 1000)")
     sweep_every: int | None = Field(None, description="knock out every n-th layer (quick 4, full 1)")
     max_new_tokens: int = 8
     batch_size: int = 16
