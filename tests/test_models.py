@@ -132,3 +132,15 @@ def test_resize_vocabulary_keeps_old_rows_and_the_tied_head(tiny_llama):
     assert model.get_output_embeddings().weight.shape[0] == old.shape[0] + 5
     with pytest.raises(LmlabError, match="vocabulary of 0 tokens"):
         resize_vocabulary(model, 0)
+
+
+def test_last_logits_match_the_full_forward(decoder):
+    """`last_logits` projects only the last position (when the model allows it): same values as slicing
+    the full forward pass, on a left-padded batch of unequal lengths."""
+    lm = decoder
+    batch = lm.pad_batch([[5, 6, 7, 8, 9], [10, 11, 12]])
+    with torch.no_grad():
+        full = lm.model(**batch).logits[:, -1]
+        last = lm.last_logits(batch)
+    assert last.shape == full.shape
+    torch.testing.assert_close(last, full, rtol=1e-5, atol=1e-5)

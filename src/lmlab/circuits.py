@@ -38,20 +38,6 @@ def _batches(task: CircuitTask, batch_size: int):
         yield task.prompts[start:start + batch_size]
 
 
-def _last_logits(lm: LoadedModel, batch: dict) -> torch.Tensor:
-    """Logits at the last position (prompts are left-padded). Models that take `logits_to_keep` project only
-    that position through the unembedding, about a fifth of a small model's forward pass saved."""
-    if _keeps_logits(lm.model):
-        return lm.model(**batch, logits_to_keep=1).logits[:, -1]
-    return lm.model(**batch).logits[:, -1]
-
-
-def _keeps_logits(model) -> bool:
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
 def _encode(lm: LoadedModel, prompts, corrupted: bool) -> dict:
     return lm.pad_batch([list(p.corrupted if corrupted else p.clean) for p in prompts])
 
@@ -65,7 +51,7 @@ def metric_values(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, corr
         batch = _encode(lm, prompts, corrupted)
         extra = interventions_for(i) if interventions_for else ()
         with intervene(lm, *extra) if extra else nullcontext():
-            out.append(task_metric(_last_logits(lm, batch), prompts, task.metric).float().cpu())
+            out.append(task_metric(lm.last_logits(batch), prompts, task.metric).float().cpu())
     return torch.cat(out).numpy()
 
 
@@ -118,7 +104,7 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
     points = ("z", "mlp_out") if mlps else ("z",)
     for prompts, ref in zip(_batches(task, batch_size), z_corr):
         with torch.enable_grad(), intervene(lm, Capture(*points, grad=True)) as cap:
-            logits = _last_logits(lm, _encode(lm, prompts, corrupted=False))
+            logits = lm.last_logits(_encode(lm, prompts, corrupted=False))
             metric = task_metric(logits, prompts, task.metric).sum()
             keys = [("z", l) for l in sorted(cap.store["z"])]
             keys += [("mlp_out", l) for l in sorted(cap.store["mlp_out"])] if mlps else []

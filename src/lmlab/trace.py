@@ -33,13 +33,13 @@ def knockout_trace(lm: LoadedModel, prompt: str, target: str, span: str) -> pd.D
     positions = find_span(lm.tokenizer, prompt, span)
     enc = lm.encode(prompt)
     n_layers = lm.layout.n_layers
-    clean = torch.softmax(lm.model(**enc).logits[0, -1].float(), -1)[tid].item()
+    clean = torch.softmax(lm.last_logits(enc)[0].float(), -1)[tid].item()
     batch = {k: v.expand(n_layers, -1) for k, v in enc.items()}
     keys = torch.zeros(batch["input_ids"].shape, dtype=torch.bool, device=lm.device)
     keys[:, positions] = True
     layer_mask = torch.tril(torch.ones(n_layers, n_layers, dtype=torch.bool, device=lm.device))  # row k: 0..k
     with intervene(lm, Knockout(keys, layer_mask=layer_mask)):
-        knocked = torch.softmax(lm.model(**batch).logits[:, -1].float(), -1)[:, tid]
+        knocked = torch.softmax(lm.last_logits(batch).float(), -1)[:, tid]
     rows = [dict(layer=k, p_clean=clean, p_knockout=float(knocked[k]), delta_pp=100 * (float(knocked[k]) - clean),
                  span_tokens=len(positions)) for k in range(n_layers)]
     return pd.DataFrame(rows)

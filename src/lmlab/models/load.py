@@ -8,6 +8,8 @@ its `Layout`. Remote code is never run unless `trust_remote_code=True` is asked 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,11 @@ from transformers.utils import logging as hf_logging
 from lmlab.errors import LmlabError
 from lmlab.models import embedded, tiny
 from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_logits_to_keep(model_class) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 @dataclass
@@ -58,6 +65,12 @@ class LoadedModel:
             enc["position_ids"] = (enc["attention_mask"].cumsum(-1) - 1).clamp_min(0)
         return enc.to(self.device)
 
+    def last_logits(self, batch: dict) -> torch.Tensor:
+        """(B, vocab) logits at the last position of a left-padded batch. Models whose forward takes
+        `logits_to_keep` project only that position through the unembedding (a fifth of a small model's pass)."""
+        if _takes_logits_to_keep(type(self.model)):
+            return self.model(**batch, logits_to_keep=1).logits[:, -1]
+        return self.model(**batch).logits[:, -1]
 
     def pad_batch(self, sequences: list[list[int]], padding_side: str = "left") -> dict[str, torch.Tensor]:
         """Pad token-id lists into a batch (with position_ids counted from each row's first real token)."""
