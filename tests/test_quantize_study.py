@@ -17,6 +17,20 @@ from lmlab.train.kd import kd_loss
 from helpers import interrupt_on_call
 
 
+def _assert_killed_run_resumes(monkeypatch, module, name: str, n: int, config, out, scores):
+    """Kill a run at the n-th call of module.name, run it again: the scores equal the uninterrupted ones.
+    Returns the resumed run."""
+    real = interrupt_on_call(monkeypatch, module, name, n)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(s2.SPEC, config, out)
+    monkeypatch.setattr(module, name, real)
+    resumed = run_study(s2.SPEC, config, out)
+    cols = ["task", "bits", "budget", "score"]
+    pd.testing.assert_frame_equal(resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True),
+                                  scores[cols].reset_index(drop=True))
+    return resumed
+
+
 def test_kd_loss_is_zero_for_a_student_identical_to_its_teacher():
     for regression in (False, True):
         lm = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3)
@@ -82,14 +96,7 @@ def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, mo
     sizes = scores[scores.bits < 32]
     assert ((sizes.fp32_bytes / sizes.packed_bytes) > 13).all()
     assert len(list((whole.path / "packed").glob("*.safetensors"))) == 8
-    real = interrupt_on_call(monkeypatch, s2, "_run_unit", 4)
-    with pytest.raises(KeyboardInterrupt):
-        run_study(s2.SPEC, config, tmp_path / "b")
-    monkeypatch.setattr(s2, "_run_unit", real)
-    resumed = run_study(s2.SPEC, config, tmp_path / "b")
-    cols = ["task", "bits", "budget", "score"]
-    pd.testing.assert_frame_equal(resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True),
-                                  scores[cols].reset_index(drop=True))
+    _assert_killed_run_resumes(monkeypatch, s2, "_run_unit", 4, config, tmp_path / "b", scores)
 
 
 def _table(scores: dict[tuple[int, str], float]) -> pd.DataFrame:
@@ -170,13 +177,6 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
     ratio = (scores.fp32_bytes / scores.packed_bytes)[scores.bits < 32]  # 32-wide rows: scales weigh more
     assert (ratio[scores.bits == 1] > ratio[scores.bits == 2].max()).all() and (ratio > 8).all()
     assert "perplexity" in whole.verdict.evidence
-    real = interrupt_on_call(monkeypatch, dec, "_evaluate", 3)
-    with pytest.raises(KeyboardInterrupt):
-        run_study(s2.SPEC, config, tmp_path / "b")
-    monkeypatch.setattr(dec, "_evaluate", real)
-    resumed = run_study(s2.SPEC, config, tmp_path / "b")
-    cols = ["task", "bits", "budget", "score"]
-    pd.testing.assert_frame_equal(scores[cols].reset_index(drop=True),
-                                  resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True))
+    resumed = _assert_killed_run_resumes(monkeypatch, dec, "_evaluate", 3, config, tmp_path / "b", scores)
     lm2 = resumed.table[resumed.table.kind == "lm"]
     assert np.allclose(lm.perplexity.to_numpy(), lm2.perplexity.to_numpy(), rtol=1e-5)

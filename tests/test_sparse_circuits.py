@@ -110,14 +110,19 @@ def test_attribution_and_activation_find_the_known_head():
     assert np.sign(attr[1, 2]) == np.sign(act[1, 2]) and 0.3 < attr[1, 2] / act[1, 2] < 3
 
 
-def test_attribution_matches_activation_to_first_order(decoder):
-    """With a corruption that barely moves anything, gradient x delta equals the exact patch effect."""
-    rng = np.random.default_rng(1)
+def _identical_pairs(seed: int, n: int = 4) -> CircuitTask:
+    """Random 6-token prompts whose corrupted copy is the prompt itself (the tests nudge activations instead)."""
+    rng = np.random.default_rng(seed)
     prompts = []
-    for _ in range(4):
+    for _ in range(n):
         ids = tuple(int(x) for x in rng.integers(5, 200, size=6))
         prompts.append(CircuitPrompt(ids, ids, "", "", answer=11, distractor=12))
-    task = CircuitTask("same", "logit_diff", prompts)
+    return CircuitTask("same", "logit_diff", prompts)
+
+
+def test_attribution_matches_activation_to_first_order(decoder):
+    """With a corruption that barely moves anything, gradient x delta equals the exact patch effect."""
+    task = _identical_pairs(seed=1)
     z_clean = circuits.corrupted_z(decoder, task, 4)
     # corrupted activations = clean ones nudged by a small random direction
     gen = torch.Generator().manual_seed(0)
@@ -153,12 +158,7 @@ def test_mlp_patch_equals_a_hand_computed_last_layer(tiny_llama):
 def test_mlp_components_attribution_matches_activation(decoder):
     """MLPs as components: scores gain a column per layer, gradient x delta matches the exact patch to
     first order, and the effect curve over heads and MLPs still ends at clean / fully patched."""
-    rng = np.random.default_rng(3)
-    prompts = []
-    for _ in range(4):
-        ids = tuple(int(x) for x in rng.integers(5, 200, size=6))
-        prompts.append(CircuitPrompt(ids, ids, "", "", answer=11, distractor=12))
-    task = CircuitTask("same", "logit_diff", prompts)
+    task = _identical_pairs(seed=3)
     clean = circuits.corrupted_z(decoder, task, 4, mlps=True)
     gen = torch.Generator().manual_seed(0)
     # small next to the MLP outputs (~0.01 here): GPT-2's first MLP is visibly curved at 1e-3
@@ -175,8 +175,8 @@ def test_mlp_components_attribution_matches_activation(decoder):
     np.testing.assert_allclose(curve.clean, circuits.metric_values(decoder, task, 4), atol=1e-5)
     with intervene(decoder, *circuits.patch_all_but(decoder, order, z_corr[0])):
         with torch.no_grad():
-            every = task_metric(decoder.model(**decoder.pad_batch([list(p.clean) for p in prompts])).logits[:, -1],
-                                prompts, "logit_diff")
+            every = task_metric(decoder.model(**decoder.pad_batch([list(p.clean) for p in task.prompts])).logits[:, -1],
+                                task.prompts, "logit_diff")
     np.testing.assert_allclose(curve.none, every.numpy(), atol=1e-5)
 
 
