@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 from pydantic import Field
+from torch.nn.utils import parametrize
 
 from lmlab.data.formats import GLUE, read_glue
 from lmlab.data.generated.nlu import TASKS, NLUTask, generate_task
@@ -193,8 +194,6 @@ def _run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> lis
         shutil.rmtree(work, ignore_errors=True)
         info = save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors")
         steps = tc.steps
-    from torch.nn.utils import parametrize
-
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
         preds = predict(model, collate, task.test)
     score = metric_value(task.metric, labels, preds)
