@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from lmlab import LmlabError
-from lmlab.interventions.quant import (load_packed, quant_targets, quantize_activation, quantize_model,
-                                       quantize_weight, save_packed, straight_through)
+from torch.nn.utils import parametrize
+
+from lmlab.interventions.quant import (WeightQuantizer, load_packed, quant_targets, quantize_activation, quantize_model,
+                                       quantize_weight, quantized_weight, save_packed, straight_through)
 from lmlab.models import load_model
 
 
@@ -65,27 +67,58 @@ def test_quantization_covers_the_xtc_weights_of_each_family_and_leaves_the_origi
     names = quantize_model(model, 2)
     per_block = {"tiny-bert": 6, "tiny-llama": 7, "tiny-gpt2": 4}[name]
     assert len(names) == 3 * per_block + 1 and "word_embeddings" in names
-    for module, _ in quant_targets(model).values():
-        assert torch.unique(module.weight).numel() <= 3 or module.weight.dim() == 2 and all(
-            torch.unique(row).numel() <= 3 for row in module.weight[:5])
+    for module, rowwise in quant_targets(model).values():
+        w = quantized_weight(module)
+        assert torch.unique(w).numel() <= 3 if not rowwise else all(torch.unique(row).numel() <= 3 for row in w)
     assert not any("parametrizations" in k for k in lm.model.state_dict())
 
 
 @pytest.mark.parametrize("bits", [1, 2])
-def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, bits):
-    lm = load_model("tiny-bert", head="classifier", num_labels=3)
+def test_embedding_row_quantizer_equals_quantizing_the_whole_table(bits):
+    """The forward hook on the looked-up rows against the whole table parametrized (the plain construction):
+    the same logits and the same gradient on every latent weight."""
+    lm = load_model("tiny-bert", head="classifier", num_labels=2)
+    enc = lm.encode(["the capital of France", "Paris is a city in France"], padding_side="right")
+    grads = []
+    for whole_table in (False, True):
+        model = copy.deepcopy(lm.model)
+        quantize_model(model, bits)
+        emb = quant_targets(model)["word_embeddings"][0]
+        if whole_table:
+            emb._forward_hooks.clear()
+            parametrize.register_parametrization(emb, "weight", WeightQuantizer(bits, rowwise=True))
+        out = model(**enc).logits
+        out.square().sum().backward()
+        grads.append((out.detach(), {n.replace(".parametrizations.weight.original", ".weight"): p.grad
+                                     for n, p in model.named_parameters()}))
+    (hooked, g_hooked), (table, g_table) = grads
+    assert torch.equal(hooked, table)
+    assert g_hooked.keys() == g_table.keys()
+    for name in g_hooked:
+        assert torch.allclose(g_hooked[name], g_table[name], rtol=1e-5, atol=1e-7), name
+    assert g_hooked["bert.embeddings.word_embeddings.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name,bits", [("tiny-bert", 1), ("tiny-bert", 2), ("tiny-gpt2", 1)])
+def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, name, bits):
+    """tiny-gpt2 ties its output layer to the quantized embeddings: the head keeps the latent values."""
+    head = dict(head="classifier", num_labels=3) if name == "tiny-bert" else {}
+    lm = load_model(name, **head)
     model = copy.deepcopy(lm.model)
     quantize_model(model, bits)
+    with torch.no_grad():  # a training step moved the latent weights: a tied head differs from the codes
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
     model.eval()
-    enc = lm.encode(["the capital of France", "Paris is a city"], padding_side="right")
+    enc = lm.encode(["the capital of France", "Paris is a city"], padding_side="right", position_ids=False)
     with torch.no_grad():
         before = model(**enc).logits
     info = save_packed(model, tmp_path / "m.safetensors")
     assert info["fp32_bytes"] / info["packed_bytes"] > (28 if bits == 1 else 14) * 0.9
-    fresh = load_model("tiny-bert", head="classifier", num_labels=3, seed=5).model  # other weights
+    fresh = load_model(name, seed=5, **head).model  # other weights
     load_packed(fresh, tmp_path / "m.safetensors")
     fresh.eval()
-    for name, (module, _) in quant_targets(model).items():
-        assert torch.equal(module.weight, quant_targets(fresh)[name][0].weight), name
+    for target, (module, _) in quant_targets(model).items():
+        assert torch.equal(quantized_weight(module), quant_targets(fresh)[target][0].weight), target
     with torch.no_grad():
         assert torch.equal(fresh(**enc).logits, before)

@@ -6,9 +6,12 @@ Weights (METHODS.md S2), per group (one group per linear matrix, one per row of 
     4, 8    symmetric uniform, scale = max|w| / (2^(b-1) - 1)
     32      unchanged
 Activations: 8-bit symmetric, dynamic per token, at the inputs of the quantized linear layers.
-Training keeps full-precision latent weights, quantized in every forward pass through a
-`torch.nn.utils.parametrize` parametrization, with a straight-through gradient (identity). Because it
-is a parametrization, the same code covers nn.Linear, GPT-2's Conv1D and nn.Embedding, no module swap.
+Training keeps full-precision latent weights, quantized in every forward pass with a straight-through
+gradient (identity). Linear matrices (nn.Linear, GPT-2's Conv1D) get a `torch.nn.utils.parametrize`
+parametrization, no module swap. The word embeddings are quantized per row, so a lookup needs only its
+own rows: a forward hook quantizes the looked-up rows, which gives the same values and the same gradient
+as quantizing the whole table (tested), without touching the other 30k rows in every step
+(`quantized_weight` gives the whole quantized table).
 
 Packed checkpoints store 1-bit weights as sign bits (8 per byte) and 2-bit weights as two-bit codes
 (4 per byte), each with its per-group scales, in safetensors; `load_packed` rebuilds the exact
@@ -79,6 +82,23 @@ class WeightQuantizer(nn.Module):
         return straight_through(w, quantize_weight(w, self.bits, self.rowwise))
 
 
+class RowQuantizer:
+    """Forward hook of an embedding quantized per row: the looked-up rows are quantized (straight-through)."""
+
+    def __init__(self, bits: int):
+        self.bits = check_bits(bits)
+
+    def __call__(self, module, args, output: torch.Tensor) -> torch.Tensor:
+        return straight_through(output, quantize_weight(output, self.bits, rowwise=True))
+
+
+def quantized_weight(module: nn.Module) -> torch.Tensor:
+    """The values a quantized module computes with: its parametrized weight, or for an embedding quantized
+    per row, every row quantized."""
+    bits = getattr(module, "_lmlab_row_bits", None)
+    return module.weight if bits is None else quantize_weight(module.weight, bits, rowwise=True)
+
+
 def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     """name -> (module, rowwise) for every weight XTC quantizes in `model` (its own modules, resolved through
     its layout); a module type it cannot handle is named."""
@@ -109,7 +129,10 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
     check_bits(bits)
     targets = quant_targets(model)
     for name, (module, rowwise) in targets.items():
-        if weights:
+        if weights and rowwise:
+            module.register_forward_hook(RowQuantizer(bits))
+            module._lmlab_row_bits = bits
+        elif weights:
             parametrize.register_parametrization(module, "weight", WeightQuantizer(bits, rowwise))
         if act_bits and not isinstance(module, nn.Embedding):
             module.register_forward_pre_hook(lambda m, args: (quantize_activation(args[0], act_bits), *args[1:]))
@@ -145,7 +168,7 @@ def save_packed(model: nn.Module, path: str | Path) -> dict:
     tensors, meta, packed_bytes, fp32_bytes = {}, {}, 0, 0
     targets = quant_targets(model)
     for name, (module, rowwise) in targets.items():
-        w = module.weight.detach()  # the quantized values (parametrized)
+        w = quantized_weight(module).detach()
         groups = w if rowwise else w.reshape(1, -1)
         alpha = groups.abs().amax(-1)  # every non-zero entry of a group has magnitude alpha
         codes = (groups > 0).to(torch.uint8) if bits == 1 else (torch.sign(groups) + 1).to(torch.uint8)  # 0,1,2
@@ -154,8 +177,10 @@ def save_packed(model: nn.Module, path: str | Path) -> dict:
         meta[name] = list(w.shape)
         packed_bytes += tensors[f"{name}.codes"].numel() + 4 * alpha.numel()
         fp32_bytes += 4 * w.numel()
+    path_of = {id(m): p for p, m in model.named_modules()}
+    latent = {f"{path_of[id(m)]}.weight" for m, rowwise in targets.values() if rowwise}  # stored as codes above
     for key, value in model.state_dict().items():  # everything XTC leaves in full precision
-        if "parametrizations" not in key:
+        if "parametrizations" not in key and key not in latent:
             tensors[f"rest.{key}"] = value.detach().contiguous().clone()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +200,11 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
     rest = {k[len("rest."):]: v for k, v in tensors.items() if k.startswith("rest.")}
     model.load_state_dict({k: v for k, v in rest.items() if "parametrizations" not in k}, strict=False)
     targets = quant_targets(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for name, (module, rowwise) in targets.items():
+        if rowwise and head is not None and head.weight is module.weight:
+            # a tied output layer computed with the latent embeddings in training: it keeps them, untied
+            head.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
         shape = meta["shapes"][name]
         numel = int(torch.tensor(shape).prod())
         codes = _unpack_codes(tensors[f"{name}.codes"], 8 if bits == 1 else 4, numel).float()
