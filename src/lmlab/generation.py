@@ -1,11 +1,12 @@
 """Batched greedy generation and last-token features: the two loops most studies run over a dataset.
 
-Both take token-id lists (so spans computed on the prompt stay exact), batch them left-padded, and
-show a progress bar.
+Both take token-id lists (so spans computed on the prompt stay exact), batch them with the padding on
+the left (generation: between the batch's common prefix and each row's own tokens), and show a progress bar.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from rich.progress import Progress
 
 from lmlab.interventions import Capture, intervene
 from lmlab.models import LoadedModel
+from lmlab.models.load import check_context
 
 
 def _batches(n: int, size: int):
@@ -30,21 +32,91 @@ def _cut_at_newline(tokenizer, ids: list[int], eos: set[int]) -> list[int]:
     return out
 
 
+def shared_prefix_length(prompts: Sequence[list[int]], minimum: int = 16) -> int:
+    """Tokens every prompt starts with, leaving each prompt at least one token of its own (0 below `minimum`)."""
+    n = len(os.path.commonprefix([list(p) for p in prompts]))
+    n = min(n, min(len(p) for p in prompts) - 1)
+    return n if n >= minimum else 0
+
+
+def stop_tokens(lm: LoadedModel) -> set[int]:
+    """End of sequence as the tokenizer and the generation config name it, and padding."""
+    ids = {lm.tokenizer.eos_token_id, lm.tokenizer.pad_token_id}
+    config_eos = getattr(getattr(lm.model, "generation_config", None), "eos_token_id", None)
+    ids |= set(config_eos) if isinstance(config_eos, (list, tuple)) else {config_eos}
+    return {t for t in ids if t is not None}
+
+
+@torch.no_grad()
+def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, stop: set[int],
+                  share_prefix: bool) -> list[list[int]]:
+    """Greedy decoding of one batch with the KV cache, each row to its first stop token or the budget.
+
+    The prompts' common prefix (the system prompt and instruction a study puts before every problem) is run
+    once and its cache copied to every row; the rows' own tokens follow, right-aligned with the padding
+    between prefix and suffix, each with its true positions. Rows that stop leave the batch.
+    """
+    device, n = lm.device, len(prompts)
+    prefix = shared_prefix_length(prompts) if share_prefix and n > 1 else 0
+    cache = None
+    if prefix:
+        cache = lm.model(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device), use_cache=True).past_key_values
+        cache.batch_repeat_interleave(n)
+    own = [list(p[prefix:]) for p in prompts]
+    width = max(len(o) for o in own)
+    check_context(lm, prefix + width)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    mask = torch.zeros((n, prefix + width), dtype=torch.long)
+    mask[:, :prefix] = 1
+    positions = torch.zeros((n, width), dtype=torch.long)
+    for i, o in enumerate(own):
+        ids[i, width - len(o):] = torch.tensor(o)
+        mask[i, prefix + width - len(o):] = 1
+        positions[i, width - len(o):] = torch.arange(prefix, prefix + len(o))
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    following = torch.tensor([prefix + len(o) for o in own], device=device)
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
+    rows = torch.arange(n, device=device)  # the batch rows still generating, as indices into `prompts`
+    out: list[list[int]] = [[] for _ in range(n)]
+    for step in range(max_new_tokens):
+        result = lm.forward_last(dict(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                      past_key_values=cache, use_cache=True))
+        cache = result.past_key_values
+        token = result.logits[:, -1].argmax(-1)
+        for row, tok in zip(rows.tolist(), token.tolist()):
+            out[row].append(tok)
+        going = ~torch.isin(token, stop_ids)
+        if step == max_new_tokens - 1 or not going.any():
+            break
+        if not going.all():
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, token, mask, following = rows[keep], token[keep], mask[keep], following[keep]
+        ids = token[:, None]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = following[:, None].clone()
+        following = following + 1
+    return [o[:-1] if o and o[-1] in stop else o for o in out]
+
+
 @torch.no_grad()
 def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int = 8, batch_size: int = 16,
-                   stop_at_newline: bool = True, description: str = "generating") -> list[list[int]]:
-    """Greedy continuation of each prompt (token ids), cut at the first newline / end of sequence."""
-    eos = {t for t in (lm.tokenizer.eos_token_id, lm.tokenizer.pad_token_id) if t is not None}
+                   stop_at_newline: bool = True, description: str = "generating",
+                   share_prefix: bool = True) -> list[list[int]]:
+    """Greedy continuation of each prompt (token ids), up to its end-of-sequence token (not included) or the
+    budget, and cut at the first newline when `stop_at_newline`.
+
+    `share_prefix` runs a batch's common prefix once (the same logits as running every row whole, tested);
+    pass False under an intervention that draws random numbers per position (ARM), so rows draw their own.
+    """
+    stop = stop_tokens(lm)
     out: list[list[int]] = []
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(prompts))
         for a, b in _batches(len(prompts), batch_size):
-            batch = lm.pad_batch(list(prompts[a:b]))
-            batch.pop("position_ids", None)  # generate derives positions from the mask itself
-            gen = lm.model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                    pad_token_id=lm.tokenizer.pad_token_id)
-            new = gen[:, batch["input_ids"].shape[1]:].tolist()
-            out += [_cut_at_newline(lm.tokenizer, ids, eos) if stop_at_newline else ids for ids in new]
+            new = _greedy_batch(lm, prompts[a:b], max_new_tokens, stop, share_prefix)
+            out += [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
             bar.advance(task, b - a)
     return out
 

@@ -68,9 +68,14 @@ class LoadedModel:
     def last_logits(self, batch: dict) -> torch.Tensor:
         """(B, vocab) logits at the last position of a left-padded batch. Models whose forward takes
         `logits_to_keep` project only that position through the unembedding (a fifth of a small model's pass)."""
+        return self.forward_last(batch).logits[:, -1]
+
+    def forward_last(self, batch: dict):
+        """The model's output for `batch`, its logits computed at least at the last position (only there
+        where the forward takes `logits_to_keep`); the rest of the output (the cache) as usual."""
         if _takes_logits_to_keep(type(self.model)):
-            return self.model(**batch, logits_to_keep=1).logits[:, -1]
-        return self.model(**batch).logits[:, -1]
+            return self.model(**batch, logits_to_keep=1)
+        return self.model(**batch)
 
     def pad_batch(self, sequences: list[list[int]], padding_side: str = "left") -> dict[str, torch.Tensor]:
         """Pad token-id lists into a batch (with position_ids counted from each row's first real token)."""

@@ -126,7 +126,7 @@ def _evaluate(lm, run_dir, items, condition, config, filler=None, count=0, posit
             if arm is not None:
                 with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed, **arm)):
                     outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
-                                          stop_at_newline=False, description=desc)
+                                          stop_at_newline=False, description=desc, share_prefix=False)
             else:
                 outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
                                       stop_at_newline=False, description=desc)

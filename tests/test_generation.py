@@ -1,0 +1,69 @@
+"""Greedy generation with a shared prefix and rows leaving the batch, against `generate` on each prompt alone."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from lmlab.generation import _greedy_batch, greedy_answers, shared_prefix_length, stop_tokens
+
+
+@pytest.fixture(scope="module")
+def sharp(decoder):
+    """The tiny decoder with larger weights: at the default init its next token hardly depends on the context
+    or the positions, so a wrong position or mask would go unnoticed."""
+    model = copy.deepcopy(decoder.model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(p.numel()))
+    return dataclasses.replace(decoder, model=model)
+
+
+def _prompts(lm) -> list[list[int]]:
+    head = lm.tokenizer("Please reason step by step, and put the final answer in a box.",
+                        add_special_tokens=False)["input_ids"]
+    tails = ["\nWhat is 3 plus 4?", "\nHow many", "\nMary had 12 apples and gave 5 of them to John. How many", "\n7"]
+    return [head + lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in tails]
+
+
+def _alone(lm, prompt: list[int], new: int, stop: set[int]) -> list[int]:
+    """The independent reference: transformers' own generate on one unpadded prompt, cut at a stop token."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                do_sample=False, pad_token_id=lm.tokenizer.pad_token_id, eos_token_id=None)
+    gen = out[0, len(prompt):].tolist()
+    cut = next((i for i, t in enumerate(gen) if t in stop), len(gen))
+    return gen[:cut]
+
+
+def test_greedy_answers_equal_generating_each_prompt_alone(sharp):
+    prompts = _prompts(sharp)
+    assert shared_prefix_length(prompts) >= 16  # the shared path is the one exercised
+    expected = [_alone(sharp, p, 7, stop_tokens(sharp)) for p in prompts]
+    assert len({tuple(e) for e in expected}) == len(expected)  # the rows really differ
+    for share in (True, False):
+        got = greedy_answers(sharp, prompts, max_new_tokens=7, batch_size=3, stop_at_newline=False,
+                             share_prefix=share)
+        assert got == expected, share
+
+
+def test_a_row_that_stops_leaves_the_batch_and_the_others_go_on(sharp):
+    prompts = _prompts(sharp)
+    free = _greedy_batch(sharp, prompts, 8, stop=set(), share_prefix=True)  # nothing stops: 8 tokens each
+    assert all(len(row) == 8 for row in free)
+    token = free[0][2]  # row 0 stops at its third token; any row generating it earlier stops there too
+    got = _greedy_batch(sharp, prompts, 8, stop={token}, share_prefix=True)
+    for row, full in zip(got, free):
+        cut = full.index(token) if token in full else len(full)
+        assert row == full[:cut]
+    assert len(got[0]) <= 2
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_and_ignores_short_ones():
+    assert shared_prefix_length([[1] * 20, [1] * 20]) == 19
+    assert shared_prefix_length([[1] * 20 + [2], [1] * 20 + [3, 4]]) == 20
+    assert shared_prefix_length([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # below the minimum: not worth a pass
+    assert shared_prefix_length([[5] * 30, [6] * 30]) == 0
