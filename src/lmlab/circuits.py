@@ -63,7 +63,7 @@ def corrupted_z(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, mlps: 
     points = ("z", "mlp_out") if mlps else ("z",)
     for prompts in _batches(task, batch_size):
         with intervene(lm, Capture(*points)) as cap:
-            lm.model(**_encode(lm, prompts, corrupted=True))
+            lm.forward_last(_encode(lm, prompts, corrupted=True))
         ref = dict(cap.store["z"])
         if mlps:
             ref.update({("mlp", l): v for l, v in cap.store["mlp_out"].items()})

@@ -131,7 +131,7 @@ def last_token_features(lm: LoadedModel, sequences: Sequence[list[int]], layers:
         for a, b in _batches(len(sequences), batch_size):
             batch = lm.pad_batch(list(sequences[a:b]))  # left padding: the last column is every row's last token
             with intervene(lm, Capture(point, layers=layers)) as cap:
-                lm.model(**batch)
+                lm.forward_last(batch)  # the states are captured; no logits beyond the last position
             for j, layer in enumerate(layers):
                 feats[a:b, j] = cap[point, layer][:, -1].float().cpu().numpy()
             bar.advance(task, b - a)

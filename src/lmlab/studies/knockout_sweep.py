@@ -62,7 +62,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     keys, layer_mask, index = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
-    out = lm.model(input_ids=tokens[:, :prefix], use_cache=True)
+    out = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True))  # hidden states and cache only
     cache = out.past_key_values
     cache.batch_repeat_interleave(n_rows)
     suffix = tokens[:, prefix:].expand(n_rows, -1)
@@ -70,7 +70,8 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
     capture = Capture("resid_post", layers=sorted(set(layers)))
     with intervene(lm, Knockout(keys, layer_mask=layer_mask), capture):
-        lm.model(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True))
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
     result = SweepResult(clean={k: last[k][0] for k in layers},
                          eq={k: last[k][index[("eq", k)]] for k in layers},
