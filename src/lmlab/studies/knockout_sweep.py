@@ -91,6 +91,6 @@ def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list
     out = {}
     for k in layers:
         with intervene(lm, Knockout(keys, layers=range(k + 1)), Capture("resid_post", layers=k)) as (_, cap):
-            lm.model(input_ids=tokens)
+            lm.forward_last(dict(input_ids=tokens))  # as `sweep`: no logits beyond the last position
         out[k] = cap["resid_post", k][0, -1].float().cpu()
     return out
