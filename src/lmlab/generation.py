@@ -58,24 +58,18 @@ def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens:
     """
     device, n = lm.device, len(prompts)
     prefix = shared_prefix_length(prompts) if share_prefix and n > 1 else 0
+    own = lm.pad_batch([list(p[prefix:]) for p in prompts])  # left-padded, positions from each row's first token
+    check_context(lm, prefix + own["input_ids"].shape[1])
     cache = None
     if prefix:
-        cache = lm.model(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device), use_cache=True).past_key_values
+        cache = lm.forward_last(dict(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device),
+                                     use_cache=True)).past_key_values
         cache.batch_repeat_interleave(n)
-    own = [list(p[prefix:]) for p in prompts]
-    width = max(len(o) for o in own)
-    check_context(lm, prefix + width)
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    mask = torch.zeros((n, prefix + width), dtype=torch.long)
-    mask[:, :prefix] = 1
-    positions = torch.zeros((n, width), dtype=torch.long)
-    for i, o in enumerate(own):
-        ids[i, width - len(o):] = torch.tensor(o)
-        mask[i, prefix + width - len(o):] = 1
-        positions[i, width - len(o):] = torch.arange(prefix, prefix + len(o))
-    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
-    following = torch.tensor([prefix + len(o) for o in own], device=device)
+    ids = own["input_ids"]
+    mask = torch.cat([torch.ones((n, prefix), dtype=own["attention_mask"].dtype, device=device),
+                      own["attention_mask"]], dim=1)
+    positions = own["position_ids"] + prefix
+    following = positions[:, -1] + 1
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
     rows = torch.arange(n, device=device)  # the batch rows still generating, as indices into `prompts`
     out: list[list[int]] = [[] for _ in range(n)]
@@ -95,7 +89,7 @@ def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens:
             rows, token, mask, following = rows[keep], token[keep], mask[keep], following[keep]
         ids = token[:, None]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = following[:, None].clone()
+        positions = following[:, None]
         following = following + 1
     return [o[:-1] if o and o[-1] in stop else o for o in out]
 
