@@ -10,8 +10,9 @@ from lmlab.interventions import Capture, intervene
 from lmlab.interventions.arm import ActivationRedistribution, redistribute
 from lmlab.models import load_model
 from lmlab.studies import filler as s3
-from lmlab.studies.base import run_study
-from lmlab.studies.filler_analysis import attention_profile
+from lmlab.studies.filler import measure as s3m
+from lmlab.studies import run_study
+from lmlab.studies.filler.measure import attention_profile
 
 from helpers import interrupt_on_call
 
@@ -24,15 +25,15 @@ def lm():
 @pytest.mark.parametrize("position", ["before", "between", "after"])
 def test_insertion_lands_exactly_where_asked(lm, position):
     question = "What is 23 + 45?"
-    plain, none = s3.build_ids(lm, question)
-    ids, inserted = s3.build_ids(lm, question, " /", 55, position)
+    plain, none = s3m.build_ids(lm, question)
+    ids, inserted = s3m.build_ids(lm, question, " /", 55, position)
     slash = lm.tokenizer(" /", add_special_tokens=False)["input_ids"]
     assert len(slash) == 1 and none == []
     assert len(inserted) == 55 and inserted == list(range(inserted[0], inserted[0] + 55))
     assert [ids[p] for p in inserted] == slash * 55
     rest = [t for p, t in enumerate(ids) if p not in set(inserted)]
     assert rest == plain  # removing the inserted tokens gives the prompt without them, token for token
-    instr = lm.tokenizer(s3.INSTRUCTION, add_special_tokens=False)["input_ids"]
+    instr = lm.tokenizer(s3m.INSTRUCTION, add_special_tokens=False)["input_ids"]
     q = lm.tokenizer("\n" + question, add_special_tokens=False)["input_ids"]
     start = next(i for i in range(len(ids)) if ids[i:i + len(instr)] == instr)
     q_start = next(i for i in range(len(ids)) if ids[i:i + len(q)] == q)
@@ -43,7 +44,7 @@ def test_insertion_lands_exactly_where_asked(lm, position):
 
 @pytest.mark.embedded
 def test_chat_models_get_the_insertion_inside_the_user_turn(embedded_smollm):
-    ids, inserted = s3.build_ids(embedded_smollm, "What is 2 + 3?", " he", 10)
+    ids, inserted = s3m.build_ids(embedded_smollm, "What is 2 + 3?", " he", 10)
     text = embedded_smollm.tokenizer.decode(ids)
     user = text.index("<|im_start|>user")
     end = text.index("<|im_end|>", user)
@@ -52,7 +53,7 @@ def test_chat_models_get_the_insertion_inside_the_user_turn(embedded_smollm):
 
 
 def test_attention_profile_equals_a_hand_computation(lm):
-    ids, inserted = s3.build_ids(lm, "What is 3 + 4?", " /", 5)
+    ids, inserted = s3m.build_ids(lm, "What is 3 + 4?", " /", 5)
     enc = torch.tensor([ids])
     old = lm.model.config._attn_implementation
     lm.model.set_attn_implementation("eager")
@@ -107,7 +108,7 @@ def test_arm_edits_only_the_selected_layer(lm):
     ("so the answer is \\boxed{\\frac{3}{4}}", "0.75", 1), ("... = 1,234. Done", "1234", 1),
     ("-7 is it", "-7", 1), ("\\boxed{12} but later 13", "12", 1), ("no number", "3", 0)])
 def test_scoring_uses_the_last_box_then_the_last_number(text, gold, ok):
-    assert s3.score(text, gold)[0] == ok
+    assert s3m.score(text, gold)[0] == ok
 
 
 def test_generated_splits_are_disjoint_and_seeded():
@@ -137,15 +138,16 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
     config = s3.Config(model="tiny-llama", n_test_per_level=3, n_dev_per_level=2, sweep_problems=3,
                        profile_problems=2, max_new_tokens=6, sweep_lengths=[5])
     whole = run_study(s3.SPEC, config, tmp_path / "a")
-    t = whole.table
-    assert {"answer", "tuning", "profile", "mlp", "counts"} <= set(t.kind)
+    t = whole.long()
+    assert {"answer", "tuning", "profile", "mlp"} <= set(t.kind)
+    assert whole.info["max_new_tokens"] > 0  # the recipe's counts row became the metadata
     test = t[(t.kind == "answer") & (t.split == "test") & (t.sweep.fillna("") == "")]
     assert test.groupby("condition").size().to_dict() == {"ARM": 15, "Mful": 15, "Mless": 15, "w/o": 15}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
 
-    real = interrupt_on_call(monkeypatch, s3, "greedy_answers", 7)
+    real = interrupt_on_call(monkeypatch, s3m, "greedy_answers", 7)
     with pytest.raises(KeyboardInterrupt):
         run_study(s3.SPEC, config, tmp_path / "b")
-    monkeypatch.setattr(s3, "greedy_answers", real)
+    monkeypatch.setattr(s3m, "greedy_answers", real)
     resumed = run_study(s3.SPEC, config, tmp_path / "b")
-    pd.testing.assert_frame_equal(resumed.table, whole.table)
+    pd.testing.assert_frame_equal(resumed.long(), whole.long())

@@ -10,11 +10,13 @@ from lmlab.data.formats import read_qa
 from lmlab.data.generated.geo_qa import RELATIONS, generate
 from lmlab.data.qa import QAItem, build_prompt
 from lmlab.models import load_model
-from lmlab.probes import group_split
+from lmlab.studies.knockout.probes import group_split
 from lmlab.studies import knockout as s1
-from lmlab.studies.base import run_study
-from lmlab.studies.knockout_analysis import late_layers, verdict
-from lmlab.studies.knockout_sweep import naive_sweep, sweep
+from lmlab.studies.knockout import measure as s1m
+from lmlab.studies import run_study
+from lmlab.studies.knockout.analysis import late_layers, verdict
+from lmlab.studies.result import from_rows
+from lmlab.studies.knockout.measure import naive_sweep, sweep
 
 from helpers import interrupt_on_call
 
@@ -22,7 +24,7 @@ from helpers import interrupt_on_call
 def _assert_exact_alignment(lm, item):
     """The characters the E_Q tokens cover are exactly the E_Q spans' characters (white space aside:
     byte-level BPE folds a leading space into a token, WordPiece drops spaces)."""
-    enc = s1.encode_item(lm, item)
+    enc = s1m.encode_item(lm, item)
     prompt = build_prompt(item)
     offsets = lm.tokenizer(prompt.text, return_offsets_mapping=True)["offset_mapping"]
     covered = {c for p in enc["eq"] for c in range(*offsets[p])}
@@ -48,7 +50,7 @@ def test_eq_spans_align_exactly_on_smollm_tokenizer(embedded_smollm):
 def test_unalignable_subject_is_skipped_not_misaligned():
     lm = load_model("tiny-llama")
     item = QAItem(id="x", dataset="d", question="What is the capital of France?", aliases=["Paris"], subject="Spain")
-    assert s1.encode_item(lm, item) is None
+    assert s1m.encode_item(lm, item) is None
 
 
 def test_sweep_equals_one_forward_per_layer(decoder):
@@ -127,23 +129,24 @@ class Interrupt(Exception):
 def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkeypatch):
     """A tiny model with a labelling rule (so both classes exist): every stage runs, and a run killed
     in the sweep finishes with the same table as an uninterrupted one."""
-    monkeypatch.setattr(s1, "alias_match", lambda text, aliases: aliases[0][0] < "M")
+    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")
     config = s1.Config(model="tiny-llama", datasets=["geo-capital", "geo-continent"], per_dataset=30,
                        sweep_every=1, min_per_class=3)
     whole = run_study(s1.SPEC, config, tmp_path / "whole")
-    table = whole.table
-    assert {"answer", "probe", "knockout", "detection", "counts"} <= set(table.kind)
+    table = whole.long()
+    assert {"answer", "probe", "knockout", "detection"} <= set(table.kind)
+    assert whole.info["best_layer"] in set(table.layer.dropna())
     ko = table[table.kind == "knockout"]
     assert set(ko.condition) == {"eq", "control"} and set(ko.group) <= {"Q", "A"}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     assert (whole.path / "figure.png").stat().st_size > 1000
 
-    real = interrupt_on_call(monkeypatch, s1, "sweep", 20, Interrupt)
+    real = interrupt_on_call(monkeypatch, s1.recipe, "sweep", 20, Interrupt)
     with pytest.raises(Interrupt):
         run_study(s1.SPEC, config, tmp_path / "cut")
-    monkeypatch.setattr(s1, "sweep", real)
+    monkeypatch.setattr(s1.recipe, "sweep", real)
     resumed = run_study(s1.SPEC, config, tmp_path / "cut")
-    pd.testing.assert_frame_equal(resumed.table.reset_index(drop=True), table.reset_index(drop=True))
+    pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
 
 
 def test_verdict_leaves_out_the_best_layer_and_can_fail():
@@ -157,12 +160,12 @@ def test_verdict_leaves_out_the_best_layer_and_can_fail():
                 dp = rng.normal(0, 1) if (cond == "control" or grp == "A") else rng.normal(-30, 5)
                 rows.append(dict(kind="knockout", id=f"i{i}", dataset="d", layer=layer, condition=cond,
                                  group=grp, delta_p=dp))
-    good = verdict(pd.DataFrame(rows))
+    good = verdict(from_rows("knockout", rows))
     assert good.status == "reproduced" and good.evidence["layers_compared"] == [3]
     for r in rows[1:]:
         if r["condition"] == "eq" and r["group"] == "Q" and r["layer"] == 3:
             r["delta_p"] = rng.normal(0, 1)
-    assert verdict(pd.DataFrame(rows)).status == "not reproduced"
+    assert verdict(from_rows("knockout", rows)).status == "not reproduced"
 
 
 @pytest.mark.embedded
@@ -171,7 +174,7 @@ def test_embedded_model_answers_some_capitals_right_and_some_wrong(embedded_smol
     from lmlab.generation import greedy_answers
 
     items = generate("geo-capital", 30, seed=0)
-    prompts = [s1.encode_item(embedded_smollm, i)["ids"] for i in items]
+    prompts = [s1m.encode_item(embedded_smollm, i)["ids"] for i in items]
     answers = greedy_answers(embedded_smollm, prompts, max_new_tokens=6)
     right = sum(alias_match(embedded_smollm.tokenizer.decode(a), i.aliases) for a, i in zip(answers, items))
     assert 3 <= right <= 27  # both classes exist, so probes can be trained

@@ -7,12 +7,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lmlab import latent as L
+from lmlab.studies.latent import codes as L
 from lmlab.data.generated.reasoning import generate_problems
 from lmlab.errors import LmlabError
 from lmlab.studies import latent as study
-from lmlab.studies.base import run_study
-from lmlab.studies.latent_analysis import verdict
+from lmlab.studies import run_study
+from lmlab.studies.latent.analysis import verdict
+from lmlab.studies.result import from_rows
 
 from helpers import interrupt_on_call
 
@@ -91,41 +92,47 @@ def test_bad_settings_fail_before_training(tmp_path):
 
 
 def _metrics(result):
-    return result.table.drop(columns=["seconds_per_problem"])
+    return result.table("variant").drop(columns=["seconds_per_problem"])
 
 
 def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch):
     whole = run_study(study.SPEC, study.Config(**TINY), tmp_path / "a")
-    interrupt_on_call(monkeypatch, study, "evaluate", 3)  # killed while evaluating the first latent rate
+    interrupt_on_call(monkeypatch, study.recipe, "evaluate", 3)  # killed while evaluating the first latent rate
     with pytest.raises(KeyboardInterrupt):
         run_study(study.SPEC, study.Config(**TINY), tmp_path / "b")
     monkeypatch.undo()
     again = run_study(study.SPEC, study.Config(**TINY), tmp_path / "b")
     pd.testing.assert_frame_equal(_metrics(again), _metrics(whole), check_dtype=False)
-    assert list(whole.table["variant"]) == ["cot", "answer-only", "r4", "r16"]
+    assert list(whole.table("variant")["variant"]) == ["cot", "answer-only", "r4", "r16"]
     assert (whole.path / "figure.png").is_file()
 
 
 def _row(variant, rate, correct, tokens):
     c = np.array(correct, dtype=float)
     t = np.array(tokens, dtype=float)
-    return {"kind": "variant", "variant": variant, "rate": rate, "accuracy": c.mean(), "acc_lo": c.mean() - 0.05,
-            "acc_hi": c.mean() + 0.05, "tokens": t.mean(), "tok_lo": t.mean() - 1, "tok_hi": t.mean() + 1,
-            "correct": json.dumps(c.astype(int).tolist()), "latents": 0.0, "seconds_per_problem": 0.01}
+    return [{"kind": "variant", "variant": variant, "rate": rate, "accuracy": c.mean(), "acc_lo": c.mean() - 0.05,
+             "acc_hi": c.mean() + 0.05, "tokens": t.mean(), "tok_lo": t.mean() - 1, "tok_hi": t.mean() + 1,
+             "latents": 0.0, "seconds_per_problem": 0.01}] + [
+        {"kind": "problem", "variant": variant, "idx": i, "correct": int(x), "tokens": int(n), "latents": 0}
+        for i, (x, n) in enumerate(zip(c, t))]
+
+
+def _result(*rows):
+    return from_rows("latent", pd.DataFrame([r for part in rows for r in part]))
 
 
 def test_verdict_can_go_each_way():
     same = [1] * 150 + [0] * 50
     cot = _row("cot", 1, same, [40] * 200)
-    good = pd.DataFrame([cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, same, [25] * 200)])
+    good = _result(cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, same, [25] * 200))
     assert verdict(good).status == "reproduced"
-    no_saving = pd.DataFrame([cot, _row("r4", 4, same, [40] * 200), _row("r16", 16, same, [40] * 200)])
+    no_saving = _result(cot, _row("r4", 4, same, [40] * 200), _row("r16", 16, same, [40] * 200))
     assert verdict(no_saving).status == "not reproduced"
     worse = [1] * 100 + [0] * 100
-    accuracy_drop = pd.DataFrame([cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, worse, [25] * 200)])
+    accuracy_drop = _result(cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, worse, [25] * 200))
     assert verdict(accuracy_drop).status == "not reproduced"
     slightly = [1] * 146 + [0] * 54  # 2 points down, interval straddles -1
-    unclear = pd.DataFrame([cot, _row("r16", 16, slightly, [25] * 200)])
+    unclear = _result(cot, _row("r16", 16, slightly, [25] * 200))
     assert verdict(unclear).status == "inconclusive"
 
 
@@ -171,7 +178,7 @@ def test_gsm8k_reader_keeps_the_chain_and_names_bad_rows(tmp_path):
 def test_study_trains_on_a_gsm8k_file(tmp_path):
     path = _gsm8k_file(tmp_path / "g.jsonl", n=400)
     result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16], "data": f"gsm8k:{path}"}), tmp_path / "r")
-    table = result.table
+    table = result.table("variant")
     assert set(table["variant"]) == {"cot", "answer-only", "r16"}
     assert (table["n_test"] > 0).all()
 
@@ -196,7 +203,7 @@ def test_study_fine_tunes_smollm2(tmp_path, embedded_smollm):
     cfg = dict(model="smollm2-135m", rates=[16], n_train=40, n_test=3, base_steps=2, finetune_steps=1, vq_steps=4,
                batch_size=2, codebook=4, max_new=12)
     result = run_study(study.SPEC, study.Config(**cfg), tmp_path)
-    table = result.table
+    table = result.table("variant")
     assert set(table["variant"]) == {"cot", "answer-only", "r16"}
     assert (table["tokens"] <= 12).all()
 
@@ -208,7 +215,7 @@ def test_latent_bench_rebuilds_the_runs_models(tmp_path):
 
     result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16]}), tmp_path / "r")
     rows = {r["case"]: r for r in latent_bench(latent_run=str(result.path), rounds=1)}
-    table = result.table.set_index("variant")
+    table = result.table("variant").set_index("variant")
     assert rows["CoT: generated tokens per problem"]["value"] == pytest.approx(table.loc["cot", "tokens"], abs=0.01)
     assert rows["latent r=16: generated tokens per problem"]["value"] == pytest.approx(table.loc["r16", "tokens"],
                                                                                        abs=0.01)

@@ -10,8 +10,10 @@ from lmlab.data.formats import read_glue
 from lmlab.data.generated.nlu import TASKS, _split_entities, generate_task
 from lmlab.models import load_model
 from lmlab.studies import quantize as s2
-from lmlab.studies.base import run_study
-from lmlab.studies.quantize_analysis import metric_value, verdict
+from lmlab.studies import run_study
+from lmlab.evaluation import metric_value
+from lmlab.studies.quantize.analysis import verdict
+from lmlab.studies.result import from_rows
 from lmlab.train.kd import kd_loss
 
 from helpers import interrupt_on_call
@@ -26,7 +28,7 @@ def _assert_killed_run_resumes(monkeypatch, module, name: str, n: int, config, o
     monkeypatch.setattr(module, name, real)
     resumed = run_study(s2.SPEC, config, out)
     cols = ["task", "bits", "budget", "score"]
-    pd.testing.assert_frame_equal(resumed.table[resumed.table.kind == "score"][cols].reset_index(drop=True),
+    pd.testing.assert_frame_equal(resumed.long()[resumed.long().kind == "score"][cols].reset_index(drop=True),
                                   scores[cols].reset_index(drop=True))
     return resumed
 
@@ -91,12 +93,12 @@ def test_bad_options_are_refused(tmp_path):
 def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, monkeypatch):
     config = s2.Config(model="tiny-bert", tasks=["fact-cola", "fact-stsb"], n_train=32, n_eval=24, batch_size=16)
     whole = run_study(s2.SPEC, config, tmp_path / "a")
-    scores = whole.table[whole.table.kind == "score"]
+    scores = whole.long()[whole.long().kind == "score"]
     assert len(scores) == 2 * 5 and set(scores.budget) == {"teacher", "A", "C"}
     sizes = scores[scores.bits < 32]
     assert ((sizes.fp32_bytes / sizes.packed_bytes) > 13).all()
     assert len(list((whole.path / "packed").glob("*.safetensors"))) == 8
-    _assert_killed_run_resumes(monkeypatch, s2, "_run_unit", 4, config, tmp_path / "b", scores)
+    _assert_killed_run_resumes(monkeypatch, s2.recipe, "run_unit", 4, config, tmp_path / "b", scores)
 
 
 def _table(scores: dict[tuple[int, str], float]) -> pd.DataFrame:
@@ -113,9 +115,9 @@ def _table(scores: dict[tuple[int, str], float]) -> pd.DataFrame:
 
 
 def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
-    good = verdict(_table({(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.6, (1, "C"): 0.8}))
+    good = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.6, (1, "C"): 0.8})))
     assert good.status == "reproduced", good.summary
-    bad = verdict(_table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8, (1, "C"): 0.5}))
+    bad = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8, (1, "C"): 0.5})))
     assert bad.status == "not reproduced"
 
 
@@ -142,7 +144,7 @@ def test_study_with_layer_reduction_runs(tmp_path):
     config = s2.Config(model="tiny-bert", tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=16, bits=[1],
                        layer_reduction=True)
     result = run_study(s2.SPEC, config, tmp_path)
-    assert set(result.table[result.table.kind == "score"].budget) == {"teacher", "A", "C"}
+    assert set(result.long()[result.long().kind == "score"].budget) == {"teacher", "A", "C"}
 
 
 @pytest.mark.embedded
@@ -154,7 +156,7 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmlab.studies import quantize_decoder as dec
+    from lmlab.studies.quantize import decoder as dec
 
     def tiny_smol(spec, **kwargs):
         torch.manual_seed(0)
@@ -163,11 +165,11 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
                           max_position_embeddings=256, tie_word_embeddings=True)
         return dataclasses.replace(embedded_smollm, model=LlamaForCausalLM(cfg).eval(), name="tiny-smol")
 
-    monkeypatch.setattr(s2, "load_model", tiny_smol)
+    monkeypatch.setattr(s2.recipe, "load_model", tiny_smol)
     config = s2.Config(model="tiny-smol", tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"], n_text=8,
                        n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4)
     whole = run_study(s2.SPEC, config, tmp_path / "a")
-    t = whole.table
+    t = whole.long()
     lm = t[t.kind == "lm"]
     assert len(lm) == 5 and (lm.perplexity > 1).all()
     steps = dict(zip(lm.budget + lm.bits.astype(int).astype(str), lm.steps))
@@ -178,5 +180,5 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
     assert (ratio[scores.bits == 1] > ratio[scores.bits == 2].max()).all() and (ratio > 8).all()
     assert "perplexity" in whole.verdict.evidence
     resumed = _assert_killed_run_resumes(monkeypatch, dec, "_evaluate", 3, config, tmp_path / "b", scores)
-    lm2 = resumed.table[resumed.table.kind == "lm"]
+    lm2 = resumed.long()[resumed.long().kind == "lm"]
     assert np.allclose(lm.perplexity.to_numpy(), lm2.perplexity.to_numpy(), rtol=1e-5)

@@ -4,8 +4,11 @@ import pandas as pd
 import pytest
 
 from lmlab.report import build_report
+from lmlab.studies import load_result
 from lmlab.reproduce import reproduce
-from lmlab.studies import filler, quantize
+from lmlab.studies import filler as filler_study
+from lmlab.studies import quantize
+from lmlab.studies.filler import measure as filler
 
 from helpers import interrupt_on_call
 
@@ -18,7 +21,7 @@ SMALL = {"knockout": dict(datasets=["geo-capital"], per_dataset=12),
 
 
 def _tables(outcomes):
-    return {o.study: pd.read_csv(f"{o.path}/table.csv", low_memory=False) for o in outcomes}
+    return {o.study: load_result(o.path).long() for o in outcomes}
 
 
 def test_killed_reproduce_finishes_with_the_same_tables(tmp_path, monkeypatch):
@@ -44,6 +47,6 @@ def test_a_failing_study_does_not_stop_the_others_and_shows_in_the_report(tmp_pa
     summary = json.loads((tmp_path / "reproduce.json").read_text())
     assert [s["status"] for s in summary["studies"]] == ["failed", "ok", "ok"]  # knockout, quantize, filler
     page = build_report([tmp_path], tmp_path / "report.html").read_text()
-    assert "unknown model &#x27;no-such-model&#x27;" in page and page.count('class="v failed"') >= 2
+    assert "unknown model &#39;no-such-model&#39;" in page and page.count('class="v failed"') >= 2
     assert "data:image/png;base64," in page and "http" not in page.split("<body>")[1].split("data:image")[0]
-    assert quantize.SPEC.title in page and filler.SPEC.title in page
+    assert quantize.SPEC.title in page and filler_study.SPEC.title in page

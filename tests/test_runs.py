@@ -17,7 +17,7 @@ class Boom(Exception):
 
 
 def make_spec(calls, fail_after=None):
-    def run(config, run):
+    def run(config, run, lm=None):
         done = run.done("units")
         rows = [r for rs in done.values() for r in rs]
         for i in range(config.n):
@@ -28,19 +28,21 @@ def make_spec(calls, fail_after=None):
             calls.append(i)
             import torch
 
-            row = {"unit": i, "value": float(torch.rand(()).item() + i)}
+            row = {"kind": "units", "unit": i, "value": float(torch.rand(()).item() + i)}
             run.record("units", i, [row])
             rows.append(row)
         return pd.DataFrame(rows).sort_values("unit").reset_index(drop=True)
 
-    def figure(table):
-        import matplotlib.pyplot as plt
+    def figure(result, fig=None):
+        from lmlab.studies.base import canvas
 
-        fig, ax = plt.subplots()
+        table = result.table("units")
+        fig, ax = canvas(fig, (4, 3))
         ax.plot(table["unit"], table["value"])
         return fig
 
-    def verdict(table):
+    def verdict(result):
+        table = result.table("units")
         ok = bool((table["value"].diff().dropna() > 0).all())
         return Verdict(status="reproduced" if ok else "not reproduced", claim="values rise",
                        summary=f"{len(table)} units", evidence={"n": len(table)})
@@ -51,11 +53,12 @@ def make_spec(calls, fail_after=None):
 def test_same_seed_same_table_and_files(tmp_path):
     a = run_study(make_spec([]), ToyConfig(model="tiny-llama", seed=3), tmp_path / "a")
     b = run_study(make_spec([]), ToyConfig(model="tiny-llama", seed=3), tmp_path / "b")
-    pd.testing.assert_frame_equal(a.table, b.table)
+    pd.testing.assert_frame_equal(a.table("units"), b.table("units"))
     names = {p.name for p in a.path.iterdir()}
-    assert {"config.yaml", "table.csv", "table.parquet", "figure.png", "figure.svg", "verdict.json",
+    assert {"config.yaml", "tables", "meta.json", "figure.png", "figure.svg", "verdict.json",
             "log.txt", "manifest.json"} <= names
-    assert json.loads((a.path / "verdict.json").read_text())["status"] == "reproduced"
+    assert {p.name for p in (a.path / "tables").iterdir()} == {"units.csv", "units.parquet"}
+    assert json.loads((a.path / "verdict.json").read_text())["overall"]["status"] == "reproduced"
 
 
 def test_an_interrupted_run_resumes_without_redoing_finished_units(tmp_path):
@@ -65,7 +68,7 @@ def test_an_interrupted_run_resumes_without_redoing_finished_units(tmp_path):
     assert calls == [0, 1, 2]
     resumed = run_study(make_spec(calls), ToyConfig(model="tiny-llama"), tmp_path)
     assert calls == [0, 1, 2, 3, 4, 5]
-    assert list(resumed.table["unit"]) == list(range(6))
+    assert list(resumed.table("units")["unit"]) == list(range(6))
     again = run_study(make_spec(calls), ToyConfig(model="tiny-llama"), tmp_path)
     assert again.resumed and calls == [0, 1, 2, 3, 4, 5]
 
@@ -112,5 +115,5 @@ def test_report_names_a_study_with_a_dash_in_its_name(tmp_path):
     from lmlab.runs import RunDir
 
     run = RunDir.open(tmp_path, "sparse-circuits", "smollm2-135m", {"model": "smollm2-135m"})
-    row, html = _section(run.path)
-    assert row["study"] == "sparse-circuits" and "sparse-circuits: incomplete" in html
+    section = _section(run.path)
+    assert section["study"] == "sparse-circuits" and section["status"] == "incomplete"

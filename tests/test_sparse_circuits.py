@@ -8,14 +8,15 @@ import pandas as pd
 import pytest
 import torch
 
-from lmlab import circuits, toy
+from lmlab.studies.sparse_circuits import circuits, toy
 from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, make_task, task_metric
 from lmlab.errors import LmlabError
 from lmlab.interventions import Capture, SparseAttention, installed, intervene
 from lmlab.interventions.attention import gated_softmax
 from lmlab.models import load_model, save_model
 from lmlab.studies import sparse_circuits as study
-from lmlab.studies.sparse_circuits_analysis import verdict
+from lmlab.studies.sparse_circuits.analysis import verdict
+from lmlab.studies.result import from_rows
 from lmlab.train import TrainConfig
 from lmlab.train.geco import GECO
 from lmlab.train.sparse import sparse_post_train
@@ -267,7 +268,7 @@ def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
     cfg = TrainConfig(steps=6, batch_size=16, lr=1e-3, schedule="constant", checkpoint_every=2, progress=False)
 
     def fresh():
-        return toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2)
+        return toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2).model
 
     whole = sparse_post_train(fresh(), data.train[:200], toy.collate, toy.answer_loss, 2.0, cfg, tmp_path / "a")
     interrupt_on_call(monkeypatch, loop, "save_checkpoint", 2)  # killed while writing the step-4 checkpoint
@@ -318,13 +319,13 @@ def _table(mults, kept, ce_hi):
 
 def test_verdict_can_go_each_way():
     good = {t: (2.0, 1.3, 3.0) for t in TASKS}
-    assert verdict(_table(good, 0.01, 0.05)).status == "reproduced"
-    assert verdict(_table(good, 0.30, 0.05)).status == "not reproduced"  # edges not sparse
-    assert verdict(_table(good, 0.01, 0.50)).status == "not reproduced"  # loss not held
+    assert verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.05))).status == "reproduced"
+    assert verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05))).status == "not reproduced"  # edges not sparse
+    assert verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.50))).status == "not reproduced"  # loss not held
     worse = {t: (0.5, 0.3, 0.8) for t in TASKS}
-    assert verdict(_table(worse, 0.01, 0.05)).status == "not reproduced"
+    assert verdict(from_rows("sparse-circuits", _table(worse, 0.01, 0.05))).status == "not reproduced"
     mixed = {t: (1.1, 0.7, 1.6) for t in TASKS}
-    assert verdict(_table(mixed, 0.01, 0.05)).status == "inconclusive"
+    assert verdict(from_rows("sparse-circuits", _table(mixed, 0.01, 0.05))).status == "inconclusive"
 
 
 def test_derive_builds_multiplier_from_per_prompt_rows():
@@ -336,7 +337,7 @@ def test_derive_builds_multiplier_from_per_prompt_rows():
         for n, v in zip(grid, values):
             rows.append({"kind": "per_prompt", "variant": variant, "task": "ioi", "n_heads": n,
                          "values": json.dumps(v.tolist())})
-    table = study.derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=50)
+    table = study.analysis.derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=50)
     m = table[table["kind"] == "multiplier"].iloc[0]
     assert m["dense_heads"] == 4 and m["sparse_heads"] == 2 and m["value"] == pytest.approx(2.0)
     assert not math.isnan(m["lo"])
@@ -352,7 +353,7 @@ TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstri
 def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smollm):
     from helpers import interrupt_on_call
 
-    from lmlab.studies.base import run_study
+    from lmlab.studies import run_study
 
     config = study.Config(model="smollm2-135m", **TINY_RUN)
     interrupt_on_call(monkeypatch, circuits, "effect_curve", 6)  # killed in the sparse model's discovery
@@ -360,7 +361,7 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smoll
         run_study(study.SPEC, config, tmp_path)
     monkeypatch.undo()
     result = run_study(study.SPEC, config, tmp_path)
-    table = result.table
+    table = result.long()
     assert set(table[table["kind"] == "multiplier"]["task"]) == set(TASKS)
     assert (result.path / "figure.png").is_file() and (result.path / "toy_figure.png").is_file()
     sparse = table[(table["kind"] == "sparsity") & (table["variant"] == "sparse")].iloc[0]

@@ -83,7 +83,7 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
           out_dir: Optional[Path] = typer.Option(None, "--out", help="also write trace.csv here")):
     """Knock out attention from a span to later tokens in layers 0..k, for every k; print p(target)."""
     from lmlab.models import load_model
-    from lmlab.runs import atomic_write
+    from lmlab.files import atomic_write
     from lmlab.trace import knockout_trace
 
     lm = load_model(model)
@@ -108,7 +108,7 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
                                                       "run or reuse the quick study under --out)")):
     """Run the benchmarks and print one table of ratios, measured side by side."""
     from lmlab.benchmarks import load_all
-    from lmlab.runs import atomic_write
+    from lmlab.files import atomic_write
 
     registry = load_all()
     names = only or list(registry)

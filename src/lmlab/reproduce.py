@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from lmlab.errors import LmlabError
-from lmlab.runs import atomic_write
+from lmlab.files import atomic_write
 from lmlab.studies import STUDIES, run_study
 
 
@@ -42,7 +42,9 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
     outcomes = []
     for i, name in enumerate(names, 1):
         spec = STUDIES[name]
-        model = (models or {}).get(name, spec.default_model)
+        # the full profile runs the decoder studies on every embedded decoder (one figure, a row per model)
+        default = ",".join(spec.full_models) if profile == "full" and spec.full_models else spec.default_model
+        model = (models or {}).get(name, default)
         say(f"[{i}/{len(names)}] {spec.title} on {model} ({profile})")
         t0 = time.perf_counter()
         try:

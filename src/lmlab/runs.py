@@ -2,8 +2,8 @@
 
     runs/knockout-smollm2-135m-3f2a9c1b7d/
         config.yaml   the full config (its hash names the folder)
-        table.csv     one row per measurement (+ table.parquet)
-        figure.png / figure.svg, verdict.json, log.txt, manifest.json
+        tables/NAME.csv, tables/NAME.parquet   the named tidy tables (studies/result.py)
+        meta.json, verdict.json, figure.png / figure.svg, log.txt, manifest.json
         partial/*.jsonl   results of finished work units, appended as they finish
 
 A study asks `run.done(part)` for the units already finished and `run.record(part, key, rows)` after
@@ -18,16 +18,15 @@ import io
 import json
 import os
 import re
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-import pandas as pd
 import yaml
 
 from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
 
 
 def config_hash(config: dict) -> str:
@@ -39,25 +38,6 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are meant to be shared like any file
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 class RunDir:
     """The folder of one study run. `RunDir.open(root, study, model, config_dict)`."""
 
@@ -66,9 +46,10 @@ class RunDir:
         self._t0 = time.perf_counter()
 
     @classmethod
-    def open(cls, root: str | Path, study: str, model: str, config: dict) -> "RunDir":
+    def open(cls, root: str | Path, study: str, model: str, config: dict, tag: str | None = None) -> "RunDir":
+        """`tag` (e.g. the weights' fingerprint of a model passed in) joins the folder's hash, not the config."""
         root = Path(root).expanduser()
-        path = root / f"{study}-{slug(model)}-{config_hash(config)}"
+        path = root / f"{study}-{slug(model)}-{config_hash(config if tag is None else {**config, '_weights': tag})}"
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / ".write-test"
@@ -114,15 +95,6 @@ class RunDir:
             os.fsync(fh.fileno())
 
     # --- final artefacts
-    def write_table(self, table: pd.DataFrame, name: str = "table") -> Path:
-        buf = io.StringIO()
-        table.to_csv(buf, index=False)
-        atomic_write(self.path / f"{name}.csv", buf.getvalue())
-        pq = io.BytesIO()
-        table.to_parquet(pq, index=False)
-        atomic_write(self.path / f"{name}.parquet", pq.getvalue())
-        return self.path / f"{name}.csv"
-
     def write_figure(self, figure, name: str = "figure") -> Path:
         for ext in ("png", "svg"):
             buf = io.BytesIO()

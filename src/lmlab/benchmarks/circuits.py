@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from lmlab import circuits
+from lmlab.studies.sparse_circuits import circuits
 from lmlab.benchmarks import benchmark
 from lmlab.data.generated.circuits import make_task
 from lmlab.models import load_model

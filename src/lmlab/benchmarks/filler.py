@@ -15,7 +15,7 @@ from lmlab.generation import greedy_answers
 from lmlab.interventions import intervene
 from lmlab.interventions.arm import ActivationRedistribution
 from lmlab.models import load_model
-from lmlab.studies.filler import FILLERS, build_ids
+from lmlab.studies.filler.measure import FILLERS, build_ids
 
 
 @benchmark("filler-generation")

@@ -11,8 +11,7 @@ import time
 from lmlab.benchmarks import benchmark
 from lmlab.data.generated.geo_qa import generate
 from lmlab.models import load_model
-from lmlab.studies.knockout import encode_item, sweep_layers
-from lmlab.studies.knockout_sweep import naive_sweep, sweep
+from lmlab.studies.knockout.measure import encode_item, naive_sweep, sweep, sweep_layers
 
 
 @benchmark("knockout-sweep")

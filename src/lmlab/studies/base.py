@@ -1,20 +1,19 @@
-"""The shape every study shares, and the registry the CLI reads.
+"""The shape every study shares, and the registry the CLI and the API read.
 
-A study module defines
-    class Config(StudyConfig)                      every knob with its default; profile quick|full
-    def run(config, run: RunDir) -> DataFrame      one row per measurement; resumable via run.done/record
-    def figure(table) -> matplotlib Figure         the seed's figure
-    def verdict(table) -> Verdict                  the seed's claim as a check that can fail
-and registers itself with `register(StudySpec(...))`. `run_study` does the rest: run folder, seeds,
-resume, table/figure/verdict files, manifest.
+A study is a package `studies/NAME/` with the same few files:
+    config.py     class Config(StudyConfig): every knob with its default; PROFILES (quick|full)
+    recipe.py     run(config, run_dir, lm=None) -> DataFrame: the run as a short sequence of named phases
+                  (resumable via run_dir.done/record); rows carry a `kind` that names their table
+    measure.py    (and similar) the measurements that drive the model, through lmlab.interventions only
+    analysis.py   figure(result, fig=None) and verdict(result) on the result's named tables
+and `__init__.py` registers a `StudySpec`. `lmlab.studies.runner.run_study` does the rest: run folder,
+seeds, resume, tables/figure/verdict files, manifest, several models per result.
 """
 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Literal
 
 import numpy as np
@@ -23,7 +22,6 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from lmlab.errors import LmlabError
-from lmlab.runs import RunDir
 
 Status = Literal["reproduced", "not reproduced", "inconclusive"]
 
@@ -52,12 +50,14 @@ class StudySpec:
     paper: str
     seed_file: str  # the seed figure description in shared/seeds
     config: type[StudyConfig]
-    run: Callable[[StudyConfig, RunDir], pd.DataFrame]
-    figure: Callable[[pd.DataFrame], Any]
-    verdict: Callable[[pd.DataFrame], Verdict]
+    run: Callable[..., pd.DataFrame]  # run(config, run_dir, lm=None)
+    figure: Callable[..., Any]  # figure(result, fig=None) -> matplotlib Figure (or the SubFigure it drew on)
+    verdict: Callable[[Any], Verdict]  # verdict(result) -> Verdict, on one model's result
     default_model: str
     seed_summary: str = ""  # the paper's figure and numbers, in our words, shown beside ours in the report
-    summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None  # the table's key rows for the report
+    summary: Callable[[Any], pd.DataFrame] | None = None  # one model's key rows for the report
+    full_models: tuple[str, ...] = ()  # `lmlab reproduce --profile full` runs these (default: default_model)
+    loads_model: bool = True  # False: the study builds its own model in the run (it takes no LoadedModel)
 
 
 STUDIES: dict[str, StudySpec] = {}
@@ -82,41 +82,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@dataclass
-class StudyResult:
-    path: Path
-    table: pd.DataFrame
-    verdict: Verdict
-    seconds: float
-    resumed: bool
+def canvas(fig, size: tuple[float, float], *grid, **kwargs):
+    """(figure, axes) for a study's figure: a new Figure of `size`, or the SubFigure the caller gave (one
+    model's panel row in a several-model figure). `grid` and `kwargs` go to `subplots`."""
+    if fig is None:
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=size)
+    return fig, fig.subplots(*grid, **kwargs)
 
 
-def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs") -> StudyResult:
-    """Run (or finish, or just re-read) one study; every artefact lands in its run folder."""
-    run = RunDir.open(out, spec.name, config.model, config.model_dump())
-    if run.complete:
-        table = pd.read_csv(run.path / "table.csv")
-        verdict = Verdict.model_validate_json((run.path / "verdict.json").read_text())
-        return StudyResult(run.path, table, verdict, 0.0, resumed=True)
-    t0 = time.perf_counter()
-    run.log(f"start {spec.name} model={config.model} profile={config.profile} seed={config.seed}")
-    seed_everything(config.seed)
-    table = spec.run(config, run)
-    run.write_table(table)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig = spec.figure(table)
-    run.write_figure(fig)
-    plt.close(fig)
-    verdict = spec.verdict(table)
-    run.write_json("verdict.json", verdict.model_dump())
-    seconds = time.perf_counter() - t0
-    run.log(f"done in {seconds:.1f}s: {verdict.status}")
-    # every session of a resumed run counts (the log's timestamps have 1-s resolution)
-    total = max(seconds, run.logged_seconds())
-    run.finish(model=config.model, verdict=verdict.status, run_seconds=round(total, 1),
-               session_seconds=round(seconds, 1))
-    return StudyResult(run.path, table, verdict, seconds, resumed=False)
+def finish(fig):
+    """Tight layout on a whole figure (a SubFigure takes its parent's layout)."""
+    if hasattr(fig, "tight_layout"):
+        fig.tight_layout()
+    return fig

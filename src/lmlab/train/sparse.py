@@ -11,14 +11,13 @@ resumes; a NaN loss stops with the last good checkpoint named.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from lmlab.interventions import SparseAttention, installed, intervene
+from lmlab.interventions import SparseAttention, intervene
 from lmlab.train.geco import GECO
 from lmlab.train.loop import TrainConfig, TrainResult, train
 
@@ -50,23 +49,3 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
     with intervene(model, gate):
         result = train(model, dataset, collate, loss_fn, config, out_dir, state=geco)
     return SparseTraining(result, geco, history)
-
-
-@torch.no_grad()
-def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
-    """Per-sequence mean next-token CE (and the edge fraction kept, if a gate is among `interventions`)."""
-    per_seq: list[float] = []
-    gates = [iv for iv in (*interventions, *installed(model)) if isinstance(iv, SparseAttention)]
-    for gate in gates:
-        gate.reset()
-    with intervene(model, *interventions) if interventions else nullcontext():
-        for batch in batches:
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                           position_ids=batch.get("position_ids")).logits[:, :-1].float()
-            labels = batch["labels"][:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100,
-                                                     reduction="none")
-            counts = (labels != -100).sum(-1).clamp_min(1)
-            per_seq.extend((loss.sum(-1) / counts).tolist())
-    kept = gates[0].kept_fraction if gates else 1.0
-    return per_seq, kept

@@ -1,106 +1,24 @@
-"""S1 analysis: token patching, detection AUROC (probe vs mixture of probes), the figure, the verdict."""
+"""S1 figure, verdict and the report's key rows, read from the result's tables alone."""
 
 from __future__ import annotations
 
-import dataclasses
-import random
-
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import LogisticRegression
 
-from lmlab.generation import last_token_features
-from lmlab.probes import auroc, make_probe
-from lmlab.stats import Interval, bootstrap, bootstrap_diff, wilson
-from lmlab.studies.base import Verdict
+from lmlab.stats import bootstrap, bootstrap_diff, wilson
+from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.knockout.probes import MIN_GROUP
 
 CLAIM = ("Q-Anchored ΔP falls far below A-Anchored ΔP in middle and late layers, on every dataset; "
          "random-token knockout stays near 0")
 FAR = -10.0  # "far below": a Q - A gap of at least 10 pp (point estimate) whose 95% interval excludes 0
 NEAR = 5.0  # "near 0": the control's mean within ±5 pp, its interval within ±10 pp
-MIN_GROUP = 5
 
 
-def patching_rows(lm, answered, answers, correct, group, probe, config, encode_item, clean_feats) -> list[dict]:
-    """Replace the subject of each correctly answered question by another subject of its set; keep the answer."""
-    rng = random.Random(config.seed + 1)
-    by_set: dict[str, list] = {}
-    for item in answered:
-        if item.subject:
-            by_set.setdefault(item.dataset, []).append(item)
-    jobs = []
-    for n, item in enumerate(answered):
-        donors = [d for d in by_set.get(item.dataset, []) if d.subject != item.subject]
-        if not correct[n] or not item.subject or not donors:
-            continue
-        donor = rng.choice(donors)
-        swapped = dataclasses.replace(item, question=item.question.replace(item.subject, donor.subject),
-                                      subject=donor.subject)
-        enc = encode_item(lm, swapped)
-        if enc is not None:
-            jobs.append((n, item, enc["ids"] + answers[item.id]))
-    if not jobs:
-        return []
-    best = probe.layer
-    feats = last_token_features(lm, [seq for _, _, seq in jobs], [best], config.batch_size, description="token patching")
-    rows = []
-    for (n, item, _), f in zip(jobs, feats[:, 0]):
-        before = probe.p_true(clean_feats[n])[0] >= 0.5
-        after = probe.p_true(f)[0] >= 0.5
-        rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],
-                         flipped=int(before != after)))
-    return rows
-
-
-def _auroc_interval(y, score, seed) -> Interval:
-    y, score = np.asarray(y), np.asarray(score)
-    rng = np.random.default_rng(seed)
-    stats = []
-    for _ in range(1000):
-        idx = rng.integers(0, len(y), len(y))
-        if len(set(y[idx].tolist())) == 2:
-            stats.append(auroc(y[idx], score[idx]))
-    low, high = np.quantile(stats, [0.025, 0.975]) if stats else (float("nan"), float("nan"))
-    return Interval(auroc(y, score), float(low), float(high), len(y))
-
-
-def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
-    """Hallucination detection on the test split: the single probe vs the gated mixture of two probes."""
-    groups = np.array(groups)
-    rows = []
-    single = _auroc_interval(y[test], probe.p_true(x[test]), seed)
-    rows.append(dict(kind="detection", method="probe", layer=best, auroc=single.estimate, low=single.low,
-                     high=single.high, n_test=len(test)))
-    fits = {}
-    for g in ("Q", "A"):
-        idx = train[groups[train] == g]
-        if len(idx) >= 2 * MIN_GROUP and len(set(y[idx].tolist())) == 2:
-            fits[g] = make_probe(seed).fit(x[idx], y[idx])
-    is_q = (groups[train] == "Q").astype(int)
-    if len(fits) < 2 or len(set(is_q.tolist())) < 2:
-        rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=float("nan"),
-                         n_test=len(test), note="too few Q- or A-Anchored training samples of both classes"))
-        return rows
-    gate = make_probe(seed).set_params(logisticregression=LogisticRegression(C=0.05, max_iter=3000)).fit(x[train], is_q)
-    g = gate.predict_proba(x[test])[:, 1]
-    mix = g * fits["Q"].predict_proba(x[test])[:, 1] + (1 - g) * fits["A"].predict_proba(x[test])[:, 1]
-    mop = _auroc_interval(y[test], mix, seed)
-    rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=mop.estimate, low=mop.low,
-                     high=mop.high, n_test=len(test)))
-    return rows
-
-
-def _meta(table: pd.DataFrame) -> dict:
-    counts = table[table.kind == "counts"]
-    return counts.iloc[0].dropna().to_dict() if len(counts) else {}
-
-
-def figure(table: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    meta = _meta(table)
-    ko = table[table.kind == "knockout"].dropna(axis=1, how="all")
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+def figure(result, fig=None):
+    meta = result.info
+    ko = result.table("knockout")
+    fig, ax = canvas(fig, (7.5, 5))
     if ko.empty:
         ax.text(0.5, 0.5, "no knockout results (see verdict)", ha="center", transform=ax.transAxes)
         return fig
@@ -119,8 +37,7 @@ def figure(table: pd.DataFrame):
     ax.set_ylabel("ΔP")
     ax.set_title(str(meta.get("model", "")))
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def _line(ax, rows, label, color, style):
@@ -136,12 +53,12 @@ def late_layers(layers: list[int], n_layers: int, best: int | None) -> list[int]
     return late or [max(layers)]
 
 
-def verdict(table: pd.DataFrame) -> Verdict:
+def verdict(result) -> Verdict:
     """Per dataset: each sample's mean ΔP over the middle-to-last sweep layers except the best layer;
     the Q - A gap of those means must be at least 10 pp, with its 95% interval below 0. The control's mean
     over the same layers must stay within ±5 pp (interval within ±10 pp)."""
-    meta = _meta(table)
-    ko = table[table.kind == "knockout"].dropna(axis=1, how="all")
+    meta = result.info
+    ko = result.table("knockout")
     if ko.empty:
         n_c, n_i = int(meta.get("correct", 0)), int(meta.get("incorrect", 0))
         return Verdict(status="inconclusive", claim=CLAIM, evidence=meta,
@@ -173,14 +90,14 @@ def verdict(table: pd.DataFrame) -> Verdict:
     evidence["control"] = iv.as_dict()
     control_ok = abs(iv.estimate) < NEAR and iv.low > -2 * NEAR and iv.high < 2 * NEAR
     ok &= control_ok
-    probes = table[table.kind == "probe"]
+    probes = result.table("probe")
     if len(probes) and "best" in probes:
         evidence["probe_auroc_best_layer"] = float(probes[probes.best == 1].test_auroc.iloc[0])
-    patch = table[table.kind == "patching"]
+    patch = result.table("patching")
     for grp in ("Q", "A") if "flipped" in patch else ():
         flips = patch[patch.group == grp].flipped
         evidence[f"patching_flip_rate_{grp}"] = wilson(int(flips.sum()), len(flips)).as_dict()
-    for row in table[table.kind == "detection"].itertuples():
+    for row in result.table("detection").itertuples():
         evidence[f"detection_auroc_{row.method.replace(' ', '_')}"] = {
             "auroc": row.auroc, "low": getattr(row, "low", None), "high": getattr(row, "high", None)}
     evidence["caveat"] = ("Q/A-Anchored is defined by the knockout flipping the best-layer probe, so the gap at that "
@@ -207,3 +124,12 @@ def _why_not(evidence: dict, control_ok: bool) -> str:
         c = evidence["control"]
         parts.append(f"control: {c['estimate']:.1f} pp [{c['low']:.1f}, {c['high']:.1f}]")
     return "; ".join(parts) or "criteria not met"
+
+
+def key_rows(result) -> pd.DataFrame:
+    """Mean ΔP (pp) per set and group at the sweep layers, for the report."""
+    ko = result.table("knockout")
+    if ko.empty:
+        return pd.DataFrame([result.info])
+    ko = ko.assign(line=np.where(ko.condition == "control", "control", ko.dataset + " " + ko.group.fillna("")))
+    return ko.pivot_table(index="line", columns="layer", values="delta_p", aggfunc="mean").round(1).reset_index()

@@ -4,33 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import pearsonr
-from sklearn.metrics import f1_score, matthews_corrcoef
 
+from lmlab.evaluation import metric_value
 from lmlab.stats import Interval
+from lmlab.studies.base import Verdict, canvas, finish
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
 NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (paper: 83.95 vs ~84.0 at 2 bits)
-
-
-def metric_value(metric: str, labels: np.ndarray, preds: np.ndarray) -> float:
-    if metric == "pearson":
-        return float(pearsonr(preds, labels)[0]) if np.std(preds) > 0 else 0.0
-    if metric == "matthews":
-        return float(matthews_corrcoef(labels.astype(int), preds.astype(int)))
-    if metric == "f1":
-        return float(f1_score(labels.astype(int), preds.astype(int)))
-    return float((labels == preds).mean())
 
 
 def _configs(scores: pd.DataFrame) -> list[tuple[int, str]]:
     return sorted({(int(r.bits), r.budget) for r in scores.itertuples()}, key=lambda c: (-c[0], c[1]))
 
 
-def _resampled_averages(table: pd.DataFrame, n: int = 400, seed: int = 0) -> dict[tuple[int, str], np.ndarray]:
+def _resampled_averages(result, n: int = 400, seed: int = 0) -> dict[tuple[int, str], np.ndarray]:
     """Average score over tasks for each configuration, under joint bootstrap resamples of each task's test set."""
-    preds = table[table.kind == "pred"]
-    scores = table[table.kind == "score"]
+    preds = result.table("pred")
+    scores = result.table("score")
     metric = dict(zip(scores.task, scores.metric))
     rng = np.random.default_rng(seed)
     out: dict[tuple[int, str], list] = {c: [] for c in _configs(scores)}
@@ -54,12 +44,11 @@ def _interval(point: float, samples: np.ndarray) -> dict:
     return Interval(float(point), float(low), float(high), len(samples)).as_dict()
 
 
-def verdict(table: pd.DataFrame):
-    from lmlab.studies.base import Verdict
+def verdict(result) -> Verdict:
 
-    scores = table[table.kind == "score"]
+    scores = result.table("score")
     avg = scores.groupby(["bits", "budget"]).score.mean()
-    boot = _resampled_averages(table)
+    boot = _resampled_averages(result)
     teacher = float(avg.loc[(32, "teacher")])
     get = lambda b, g: float(avg.loc[(b, g)])  # noqa: E731
     sample = lambda b, g: boot[(b, g)]  # noqa: E731
@@ -98,7 +87,7 @@ def verdict(table: pd.DataFrame):
         status = "inconclusive"
     parts = [f"teacher {teacher:.1f}"] + [f"{b}-bit {g} {get(b, g):.1f}" for b, g in _configs(scores) if b < 32]
     summary = "average " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in checks.items())
-    lm = table[table.kind == "lm"] if "kind" in table else table.iloc[:0]
+    lm = result.table("lm")
     if len(lm):  # the decoder option: perplexity on held-out self-sampled text
         evidence["perplexity"] = {f"{int(r.bits)}-bit {r.budget}" if r.bits < 32 else "teacher": round(r.perplexity, 3)
                                   for r in lm.itertuples()}
@@ -111,14 +100,12 @@ def _sign_check(point: float, samples: np.ndarray) -> str:
     return "yes" if low > 0 else ("no" if point <= 0 else "unclear")
 
 
-def figure(table: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    scores = table[table.kind == "score"]
+def figure(result, fig=None):
+    scores = result.table("score")
     tasks = list(dict.fromkeys(scores.task))
-    lm = table[table.kind == "lm"]
+    lm = result.table("lm")
     panels = tasks + ["Ave."] + (["Perplexity"] if len(lm) else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.2), squeeze=False)
+    fig, axes = canvas(fig, (3.0 * len(panels), 3.2), 1, len(panels), squeeze=False)
     x = {32: 0, 2: 1, 1: 2}
     for ax, name in zip(axes[0], panels):
         if name == "Perplexity":
@@ -141,5 +128,10 @@ def figure(table: pd.DataFrame):
         ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson",
                        "perplexity": "perplexity (log)"}.get(metric, "score"))
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
+
+
+def key_rows(result) -> pd.DataFrame:
+    """Score per task and configuration, for the report."""
+    s = result.table("score").assign(config=lambda d: d.bits.astype(int).astype(str) + "-bit " + d.budget)
+    return s.pivot_table(index="task", columns="config", values="score").round(1).reset_index()

@@ -27,40 +27,19 @@ import random
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
 from rich.progress import Progress
 
 from lmlab.data.formats import READERS, read_qa
 from lmlab.data.generated import geo_qa
-from lmlab.data.qa import QAItem, build_prompt
+from lmlab.data.qa import QAItem
 from lmlab.data.scoring import alias_match
-from lmlab.data.spans import token_positions
 from lmlab.errors import LmlabError
 from lmlab.generation import greedy_answers, last_token_features
 from lmlab.models import LoadedModel, load_model
-from lmlab.probes import fit_layer_probes, group_split
 from lmlab.runs import RunDir
-from lmlab.studies.base import StudyConfig, StudySpec, register
-from lmlab.studies.knockout_analysis import detection_rows, figure, patching_rows, verdict
-from lmlab.studies.knockout_sweep import sweep
-
-PROFILES = {"quick": dict(per_dataset=64, sweep_every=4), "full": dict(per_dataset=1000, sweep_every=1)}
-
-
-class Config(StudyConfig):
-    datasets: list[str] = Field(default_factory=lambda: list(geo_qa.RELATIONS),
-                                description="generated set names, or FORMAT:PATH for real files")
-    per_dataset: int | None = Field(None, description="questions per dataset (quick 64, full 1000)")
-    sweep_every: int | None = Field(None, description="knock out every n-th layer (quick 4, full 1)")
-    max_new_tokens: int = 8
-    batch_size: int = 16
-    test_fraction: float = 0.3
-    min_per_class: int = 10
-
-    def sizes(self) -> dict:
-        base = dict(PROFILES[self.profile])
-        base.update({k: v for k, v in (("per_dataset", self.per_dataset), ("sweep_every", self.sweep_every)) if v})
-        return base
+from lmlab.studies.knockout.config import Config
+from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers
+from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
 
 def load_items(config: Config) -> list[QAItem]:
@@ -79,23 +58,8 @@ def load_items(config: Config) -> list[QAItem]:
     return items
 
 
-def encode_item(lm: LoadedModel, item: QAItem) -> dict | None:
-    """Prompt ids, E_Q and question token positions; None when E_Q cannot be aligned (counted)."""
-    prompt = build_prompt(item)
-    if not prompt.eq_spans:
-        return None
-    ids = lm.tokenizer(prompt.text)["input_ids"]
-    eq = sorted({p for s, e in prompt.eq_spans for p in token_positions(lm.tokenizer, prompt.text, s, e)})
-    question = token_positions(lm.tokenizer, prompt.text, *prompt.question_span)
-    return dict(ids=ids, eq=eq, question=question, eq_source=prompt.eq_source)
-
-
-def sweep_layers(n_layers: int, every: int, best: int) -> list[int]:
-    return sorted(set(range(0, n_layers, every)) | {n_layers // 2, n_layers - 1, best})
-
-
-def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
-    lm = load_model(config.model)
+def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    lm = lm or load_model(config.model)
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
     items = load_items(config)
@@ -191,26 +155,8 @@ def run(config: Config, run_dir: RunDir) -> pd.DataFrame:
         row["group"] = group.get(row["id"])
 
     # 6-7. token patching and detection
-    extra = patching_rows(lm, answered, answers, correct, group, probes[best], config, encode_item, feats[:, best])
+    extra = patching_rows(lm, answered, answers, correct, group, probes[best], config, feats[:, best])
     extra += detection_rows(feats[:, best], correct, train, test, [group[i.id] for i in answered], probes[best],
                             best, config.seed)
     meta = [dict(kind="counts", **counts, best_layer=best, n_layers=lm.layout.n_layers, model=lm.name)]
     return pd.DataFrame(base + probe_rows + ko_rows + extra + meta)
-
-
-SPEC = register(StudySpec(name="knockout", title="S1 · Attention knockout: two pathways to truthfulness",
-                   paper="Luo et al., arXiv 2601.07422", seed_file="001_d74166a5ea5d8370.txt", config=Config,
-                   run=run, figure=figure, verdict=verdict, default_model="smollm2-135m",
-                   seed_summary=("ΔP vs layer for Llama-3.2-1B and -3B. Q-Anchored lines (PopQA, TriviaQA, HotpotQA, "
-                                 "NQ) fall from about 0 at layer 0 to about −50 to −80 pp in middle and late layers; "
-                                 "A-Anchored lines stay well above them (about −20 to −60 pp)."),
-                   summary=lambda t: key_rows(t)))
-
-
-def key_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """Mean ΔP (pp) per set and group at the sweep layers, for the report."""
-    ko = table[table.kind == "knockout"]
-    if ko.empty:
-        return table[table.kind == "counts"].dropna(axis=1, how="all")
-    ko = ko.assign(line=np.where(ko.condition == "control", "control", ko.dataset + " " + ko.group.fillna("")))
-    return ko.pivot_table(index="line", columns="layer", values="delta_p", aggfunc="mean").round(1).reset_index()

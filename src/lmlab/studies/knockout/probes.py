@@ -1,4 +1,4 @@
-"""Linear probes on hidden states: one logistic regression per layer, class-balanced, with AUROC.
+"""S1 probes: one logistic regression per layer, class-balanced, with AUROC; detection with a mixture of probes.
 
 The split is by group (question subject), so no question (or subject) is on both sides. The best
 layer is chosen by cross-validated AUROC on the training split, never by the test split.
@@ -14,6 +14,10 @@ from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import GroupShuffleSplit, StratifiedKFold, cross_val_predict
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
+
+from lmlab.stats import Interval
+
+MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its own, a verdict on the set)
 
 
 def group_split(groups: list[str], test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,3 +59,41 @@ def fit_layer_probes(features: np.ndarray, y: np.ndarray, train: np.ndarray, tes
         model = make_probe(seed).fit(x[train], y[train])
         probes.append(LayerProbe(layer, model, auroc(y[train], cv_scores), auroc(y[test], model.predict_proba(x[test])[:, 1])))
     return probes
+
+
+def _auroc_interval(y, score, seed) -> Interval:
+    y, score = np.asarray(y), np.asarray(score)
+    rng = np.random.default_rng(seed)
+    stats = []
+    for _ in range(1000):
+        idx = rng.integers(0, len(y), len(y))
+        if len(set(y[idx].tolist())) == 2:
+            stats.append(auroc(y[idx], score[idx]))
+    low, high = np.quantile(stats, [0.025, 0.975]) if stats else (float("nan"), float("nan"))
+    return Interval(auroc(y, score), float(low), float(high), len(y))
+
+
+def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
+    """Hallucination detection on the test split: the single probe vs the gated mixture of two probes."""
+    groups = np.array(groups)
+    rows = []
+    single = _auroc_interval(y[test], probe.p_true(x[test]), seed)
+    rows.append(dict(kind="detection", method="probe", layer=best, auroc=single.estimate, low=single.low,
+                     high=single.high, n_test=len(test)))
+    fits = {}
+    for g in ("Q", "A"):
+        idx = train[groups[train] == g]
+        if len(idx) >= 2 * MIN_GROUP and len(set(y[idx].tolist())) == 2:
+            fits[g] = make_probe(seed).fit(x[idx], y[idx])
+    is_q = (groups[train] == "Q").astype(int)
+    if len(fits) < 2 or len(set(is_q.tolist())) < 2:
+        rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=float("nan"),
+                         n_test=len(test), note="too few Q- or A-Anchored training samples of both classes"))
+        return rows
+    gate = make_probe(seed).set_params(logisticregression=LogisticRegression(C=0.05, max_iter=3000)).fit(x[train], is_q)
+    g = gate.predict_proba(x[test])[:, 1]
+    mix = g * fits["Q"].predict_proba(x[test])[:, 1] + (1 - g) * fits["A"].predict_proba(x[test])[:, 1]
+    mop = _auroc_interval(y[test], mix, seed)
+    rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=mop.estimate, low=mop.low,
+                     high=mop.high, n_test=len(test)))
+    return rows

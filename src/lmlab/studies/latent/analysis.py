@@ -1,34 +1,30 @@
-"""S0 figure and verdict, read from the table alone."""
+"""S0 figure, verdict and the report's key rows, read from the result's tables alone."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pandas as pd
 
 from lmlab.stats import bootstrap
-from lmlab.studies.base import Verdict
+from lmlab.studies.base import Verdict, canvas, finish
 
 POINT = 0.01  # "within about one point" of accuracy
 
 
-def _variants(table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["kind"] == "variant"]
+def _variants(result) -> pd.DataFrame:
+    return result.table("variant")
 
 
-def _rates(table: pd.DataFrame) -> pd.DataFrame:
-    v = _variants(table)
+def _rates(result) -> pd.DataFrame:
+    v = _variants(result)
     return v[v["variant"].str.startswith("r")].sort_values("rate")
 
 
-def figure(table: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    v = _variants(table)
+def figure(result, fig=None):
+    v = _variants(result)
     cot = v[v["variant"] == "cot"]
-    points = pd.concat([cot, _rates(table)]).sort_values("rate")
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    points = pd.concat([cot, _rates(result)]).sort_values("rate")
+    fig, ax = canvas(fig, (6.4, 4.2))
     acc = 100 * points["accuracy"]
     ax.errorbar(points["rate"], acc, yerr=[(acc - 100 * points["acc_lo"]).clip(lower=0),
                                            (100 * points["acc_hi"] - acc).clip(lower=0)],
@@ -50,25 +46,26 @@ def figure(table: pd.DataFrame):
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower left", fontsize=8)
     ax.set_title("Accuracy and tokens vs latent compression rate")
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
-def _correct(row) -> np.ndarray:
-    return np.array(json.loads(row["correct"]), dtype=float)
+def _correct(result, variant: str) -> np.ndarray:
+    """0/1 per test problem, in test order (the same problems for every variant: paired)."""
+    rows = result.table("problem")
+    return rows[rows["variant"] == variant].sort_values("idx")["correct"].to_numpy(dtype=float)
 
 
-def verdict(table: pd.DataFrame) -> Verdict:
+def verdict(result) -> Verdict:
     claim = "Token count falls steadily as r rises, while accuracy stays within about one point of CoT."
-    v = _variants(table)
+    v = _variants(result)
     cot = v[v["variant"] == "cot"]
-    rates = _rates(table)
+    rates = _rates(result)
     if cot.empty or rates.empty:
         return Verdict(status="inconclusive", claim=claim, summary="the table has no CoT or latent rows")
     c = cot.iloc[0]
     diffs = {}
     for _, r in rates.iterrows():
-        d = bootstrap(_correct(r) - _correct(c))  # paired: the same test problems
+        d = bootstrap(_correct(result, r["variant"]) - _correct(result, c["variant"]))  # paired: the same test problems
         diffs[int(r["rate"])] = d
     top = rates.iloc[-1]
     fewer = float(top["tok_hi"]) < float(c["tok_lo"])  # the highest rate uses clearly fewer tokens than CoT
@@ -95,8 +92,8 @@ def verdict(table: pd.DataFrame) -> Verdict:
     return Verdict(status=status, claim=claim, summary=text, evidence=evidence)
 
 
-def summary(table: pd.DataFrame) -> pd.DataFrame:
-    v = _variants(table)
+def summary(result) -> pd.DataFrame:
+    v = _variants(result)
     rows = []
     for _, r in v.iterrows():
         row = {"variant": r["variant"], "rate": r["rate"],

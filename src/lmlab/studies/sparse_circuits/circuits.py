@@ -22,37 +22,17 @@ Everything touches the model only through `lmlab.interventions` (Capture, Ablate
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from lmlab.data.generated.circuits import CircuitTask, task_metric
+from lmlab.evaluation import circuit_batches as _batches
+from lmlab.evaluation import encode_pairs as _encode
+from lmlab.evaluation import metric_values
 from lmlab.interventions import AblateHeads, Capture, PatchOutput, intervene
 from lmlab.models.load import LoadedModel
-
-
-def _batches(task: CircuitTask, batch_size: int):
-    for start in range(0, len(task), batch_size):
-        yield task.prompts[start:start + batch_size]
-
-
-def _encode(lm: LoadedModel, prompts, corrupted: bool) -> dict:
-    return lm.pad_batch([list(p.corrupted if corrupted else p.clean) for p in prompts])
-
-
-@torch.no_grad()
-def metric_values(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, corrupted: bool = False,
-                  interventions_for=None) -> np.ndarray:
-    """Per-prompt metric; `interventions_for(prompts, start)` may return interventions for that batch."""
-    out = []
-    for i, prompts in enumerate(_batches(task, batch_size)):
-        batch = _encode(lm, prompts, corrupted)
-        extra = interventions_for(i) if interventions_for else ()
-        with intervene(lm, *extra) if extra else nullcontext():
-            out.append(task_metric(lm.last_logits(batch), prompts, task.metric).float().cpu())
-    return torch.cat(out).numpy()
 
 
 @torch.no_grad()

@@ -26,16 +26,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lmlab.circuits import metric_values
 from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
 from lmlab.data.generated.circuits import make_task
 from lmlab.data.generated.selftext import sample_text
 from lmlab.errors import LmlabError
+from lmlab.evaluation import causal_lm_ce, metric_values
 from lmlab.interventions.quant import quantize_model, save_packed
-from lmlab.runs import RunDir, atomic_write
+from lmlab.files import atomic_write
+from lmlab.runs import RunDir
+from lmlab.studies.quantize.config import MULTIPLIER
+from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
-from lmlab.train.sparse import causal_lm_ce
 
 DECODER_PROFILES = {
     "quick": dict(n_text=96, n_eval_text=32, text_tokens=40, n_prompts=48, epochs_a=1, budgets=["A"], batch_size=8),
@@ -81,7 +83,7 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
         [dict(task=name, correct=c) for name, c in correct.items()]
 
 
-def run_decoder(config, run_dir: RunDir, lm, multiplier: dict, seed_unit) -> pd.DataFrame:
+def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     if "tasks" in config.model_fields_set:
         bad = [t for t in config.tasks if t not in CIRCUIT_TASKS]
         if bad:
@@ -90,7 +92,7 @@ def run_decoder(config, run_dir: RunDir, lm, multiplier: dict, seed_unit) -> pd.
     else:
         names = list(CIRCUIT_TASKS)
     budgets = config.budgets or _size(config, "budgets")
-    bad = [b for b in budgets if b not in multiplier]
+    bad = [b for b in budgets if b not in MULTIPLIER]
     if bad:
         raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
     tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
@@ -114,7 +116,7 @@ def run_decoder(config, run_dir: RunDir, lm, multiplier: dict, seed_unit) -> pd.
                 for p in model.parameters():
                     p.requires_grad_(True)
                 quantize_model(model, bits)
-                steps = _size(config, "epochs_a") * multiplier[budget] * per_epoch
+                steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
                 tc = TrainConfig(steps=steps, batch_size=batch_size, lr=config.student_lr, schedule="linear",
                                  warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD")
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)

@@ -1,4 +1,6 @@
-"""The S1 knockout sweep for one sample, re-running only what it must.
+"""S1 measurements that drive the model: prompt encoding, the knockout sweep, token patching.
+
+The S1 knockout sweep for one sample, re-running only what it must.
 
 For probe layers k1 < k2 < ..., row i blocks the keys (E_Q, or the random control tokens) from every
 later position in layers 0..k_i. All rows, plus one clean row, go through one batched forward pass
@@ -12,12 +14,32 @@ give the same hidden states, and `lmlab bench` times them side by side.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from dataclasses import dataclass
 
 import torch
 
+from lmlab.data.qa import QAItem, build_prompt
+from lmlab.data.spans import token_positions
+from lmlab.generation import last_token_features
 from lmlab.interventions import Capture, Knockout, intervene
 from lmlab.models import LoadedModel
+
+
+def encode_item(lm: LoadedModel, item: QAItem) -> dict | None:
+    """Prompt ids, E_Q and question token positions; None when E_Q cannot be aligned (counted)."""
+    prompt = build_prompt(item)
+    if not prompt.eq_spans:
+        return None
+    ids = lm.tokenizer(prompt.text)["input_ids"]
+    eq = sorted({p for s, e in prompt.eq_spans for p in token_positions(lm.tokenizer, prompt.text, s, e)})
+    question = token_positions(lm.tokenizer, prompt.text, *prompt.question_span)
+    return dict(ids=ids, eq=eq, question=question, eq_source=prompt.eq_source)
+
+
+def sweep_layers(n_layers: int, every: int, best: int) -> list[int]:
+    return sorted(set(range(0, n_layers, every)) | {n_layers // 2, n_layers - 1, best})
 
 
 @dataclass
@@ -94,3 +116,34 @@ def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list
             lm.forward_last(dict(input_ids=tokens))  # as `sweep`: no logits beyond the last position
         out[k] = cap["resid_post", k][0, -1].float().cpu()
     return out
+
+
+def patching_rows(lm, answered, answers, correct, group, probe, config, clean_feats) -> list[dict]:
+    """Replace the subject of each correctly answered question by another subject of its set; keep the answer."""
+    rng = random.Random(config.seed + 1)
+    by_set: dict[str, list] = {}
+    for item in answered:
+        if item.subject:
+            by_set.setdefault(item.dataset, []).append(item)
+    jobs = []
+    for n, item in enumerate(answered):
+        donors = [d for d in by_set.get(item.dataset, []) if d.subject != item.subject]
+        if not correct[n] or not item.subject or not donors:
+            continue
+        donor = rng.choice(donors)
+        swapped = dataclasses.replace(item, question=item.question.replace(item.subject, donor.subject),
+                                      subject=donor.subject)
+        enc = encode_item(lm, swapped)
+        if enc is not None:
+            jobs.append((n, item, enc["ids"] + answers[item.id]))
+    if not jobs:
+        return []
+    best = probe.layer
+    feats = last_token_features(lm, [seq for _, _, seq in jobs], [best], config.batch_size, description="token patching")
+    rows = []
+    for (n, item, _), f in zip(jobs, feats[:, 0]):
+        before = probe.p_true(clean_feats[n])[0] >= 0.5
+        after = probe.p_true(f)[0] >= 0.5
+        rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],
+                         flipped=int(before != after)))
+    return rows

@@ -1,28 +1,27 @@
-"""S4 figures and verdict, read from the table alone."""
+"""S4 figures, verdict and the report's key rows, read from the result's tables alone; `derive` turns the
+per-prompt curves into explained effect with intervals, heads needed and the multiplier."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pandas as pd
 
-from lmlab.studies.base import Verdict
+from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.sparse_circuits import circuits
+from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
 
 PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
 EDGES_LIMIT = 0.05  # "a few per cent of edges or fewer"
 
 
-def _rows(table: pd.DataFrame, kind: str) -> pd.DataFrame:
-    return table[table["kind"] == kind]
-
-
-def figure(table: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    curves = _rows(table, "curve")
+def figure(result, fig=None):
+    curves = result.table("curve")
     tasks = list(dict.fromkeys(curves["task"]))
-    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.6), squeeze=False)
-    mult = _rows(table, "multiplier").set_index("task")
-    task_rows = _rows(table, "task")
+    fig, axes = canvas(fig, (4.2 * max(len(tasks), 1), 3.6), 1, max(len(tasks), 1), squeeze=False)
+    mult = result.table("multiplier").set_index("task")
+    task_rows = result.table("task")
     mixed = "components" in task_rows and (task_rows["components"] == "heads+mlps").any()
     for ax, name in zip(axes[0], tasks):
         for variant, color, label in (("dense", "tab:blue", "Dense"), ("sparse", "tab:orange", "Sparse")):
@@ -43,15 +42,13 @@ def figure(table: pd.DataFrame):
         ax.legend(loc="upper left", fontsize=8)
     fig.suptitle("Explained effect vs heads kept (multiplier = dense heads / sparse heads at 0.9; "
                  "> 1: the sparse model needs fewer)", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
 
 
 def toy_figure(dense: np.ndarray, sparse: np.ndarray):
     """Attention edges per layer of the addition toy: dense above, sparse below (widths = mean weight)."""
     import matplotlib.pyplot as plt
 
-    from lmlab.toy import POSITION_NAMES
 
     n_layers = dense.shape[0]
     fig, axes = plt.subplots(2, n_layers, figsize=(3.2 * n_layers, 5.6), squeeze=False)
@@ -80,11 +77,11 @@ def toy_figure(dense: np.ndarray, sparse: np.ndarray):
     return fig
 
 
-def verdict(table: pd.DataFrame) -> Verdict:
+def verdict(result) -> Verdict:
     claim = ("At equal explained effect the sparse model needs fewer heads (multiplier > 1) on most tasks, and "
              "its attention keeps a few per cent of edges or fewer at unchanged loss.")
-    mult = _rows(table, "multiplier")
-    sparsity = _rows(table, "sparsity")
+    mult = result.table("multiplier")
+    sparsity = result.table("sparsity")
     sparse = sparsity[sparsity["variant"] == "sparse"]
     if mult.empty or sparse.empty:
         return Verdict(status="inconclusive", claim=claim, summary="the table has no multiplier or sparsity rows")
@@ -112,11 +109,11 @@ def verdict(table: pd.DataFrame) -> Verdict:
     return Verdict(status=status, claim=claim, summary=text, evidence=evidence)
 
 
-def summary(table: pd.DataFrame) -> pd.DataFrame:
+def summary(result) -> pd.DataFrame:
     rows = []
-    tasks = _rows(table, "task")
-    needed = _rows(table, "heads_needed")
-    mult = _rows(table, "multiplier").set_index("task")
+    tasks = result.table("task")
+    needed = result.table("heads_needed")
+    mult = result.table("multiplier").set_index("task")
     for name in dict.fromkeys(tasks["task"]):
         row = {"task": name}
         for variant in ("dense", "sparse"):
@@ -131,10 +128,56 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
             m = mult.loc[name]
             row["multiplier"] = f"{m['value']:.2f}x [{m['lo']:.2f}, {m['hi']:.2f}]"
         rows.append(row)
-    for r in _rows(table, "sparsity").itertuples():
+    for r in result.table("sparsity").itertuples():
         rows.append({"task": f"held-out text ({r.variant})", "dense metric": None,
                      "multiplier": f"edges kept {100 * r.value:.2f}%, CE {r.ce:.3f}"})
-    for r in _rows(table, "toy").itertuples():
+    for r in result.table("toy").itertuples():
         rows.append({"task": f"addition toy ({r.variant})",
                      "multiplier": f"exact match {100 * r.value:.1f}%, edges kept {100 * r.kept:.1f}%"})
     return pd.DataFrame(rows)
+
+
+def derive(table: pd.DataFrame, threshold: float, seed: int, n_boot: int = 1000) -> pd.DataFrame:
+    """Add curve rows (EE with intervals), heads needed, and the multiplier per task with its interval."""
+    rows = []
+    per = table[table["kind"] == "per_prompt"]
+    rng = np.random.default_rng(seed)
+    for name in per["task"].unique():
+        curves = {}
+        for variant in ("dense", "sparse"):
+            sub = per[(per["task"] == name) & (per["variant"] == variant)].sort_values("n_heads")
+            if sub.empty:
+                continue
+            values = np.array([json.loads(v) for v in sub["values"]])
+            curves[variant] = circuits.EffectCurve([int(n) for n in sub["n_heads"]], values, values[-1], values[0])
+        n_prompts = next(iter(curves.values())).values.shape[1]
+        boots = [rng.integers(0, n_prompts, n_prompts) for _ in range(n_boot)]
+        needed = {}
+        for variant, curve in curves.items():
+            ee = curve.explained()
+            ee_boot = np.array([curve.explained(idx) for idx in boots])
+            lo, hi = np.nanpercentile(ee_boot, [2.5, 97.5], axis=0)
+            for n, e, l, h in zip(curve.grid, ee, lo, hi):
+                rows.append({"kind": "curve", "variant": variant, "task": name, "n_heads": n, "value": e,
+                             "lo": l, "hi": h})
+            total = curve.grid[-1]
+            n90 = curve.heads_needed(threshold)
+            boot = np.array([_or(curve.heads_needed(threshold, idx), total) for idx in boots], dtype=float)
+            needed[variant] = (n90, boot)
+            rows.append({"kind": "heads_needed", "variant": variant, "task": name, "value": n90 if n90 else np.nan,
+                         "lo": float(np.percentile(boot, 2.5)), "hi": float(np.percentile(boot, 97.5)),
+                         "total_heads": total})
+        if len(needed) == 2:
+            (nd, bd), (ns, bs) = needed["dense"], needed["sparse"]
+            total = curves["dense"].grid[-1]
+            ratio = bd.clip(min=1) / bs.clip(min=1)
+            value = max(_or(nd, total), 1) / max(_or(ns, total), 1)
+            rows.append({"kind": "multiplier", "task": name, "value": value,
+                         "lo": float(np.percentile(ratio, 2.5)), "hi": float(np.percentile(ratio, 97.5)),
+                         "dense_heads": nd, "sparse_heads": ns})
+    keep = table[table["kind"] != "per_prompt"]
+    return pd.concat([keep, pd.DataFrame(rows)], ignore_index=True)
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -43,14 +43,12 @@ def addition_data(n_test: int = 1000, seed: int = 0) -> AdditionData:
 
 
 def build_toy(seed: int = 0, d_model: int = 128, n_layers: int = 4, n_heads: int = 4):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The toy as a `LoadedModel` (through `load_model("scratch")`), fp32 for training."""
+    from lmlab.models import ScratchSpec, load_model
 
-    config = LlamaConfig(vocab_size=len(VOCAB), hidden_size=d_model, intermediate_size=4 * d_model,
-                         num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
-                         max_position_embeddings=32, bos_token_id=BOS, eos_token_id=PAD, pad_token_id=PAD,
-                         tie_word_embeddings=False, attn_implementation="sdpa")
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).float().eval()
+    spec = ScratchSpec(vocab_size=len(VOCAB), d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_positions=32,
+                       bos=BOS, eos=PAD, pad=PAD, tie_embeddings=False, seed=seed)
+    return load_model("scratch", scratch=spec, dtype=torch.float32, device="cpu")
 
 
 def collate(seqs: list[list[int]]) -> dict:

@@ -1,68 +1,16 @@
-"""S3 analysis: attention profiles, the MLP mechanism check, the figure and the verdict."""
+"""S3 figure, verdict and the report's key rows, read from the result's tables alone."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import torch
 
-from lmlab.interventions import Capture, intervene
 from lmlab.stats import bootstrap, wilson
+from lmlab.studies.base import Verdict, canvas, finish
 
 CLAIM = ("Mless and Mful both raise accuracy over w/o; inserted tokens attenuate peak attention on the original "
          "tokens; ARM recovers a gain without inserting tokens")
-NEAR_ZERO = 0.01
 CONDITIONS = ("w/o", "Mless", "Mful", "ARM")
 LABELS = {"w/o": "w/o", "Mless": "w/ Mless", "Mful": "w/ Mful", "ARM": "ARM (no insertion)"}
-
-
-def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:
-    """pattern (heads, T, T) -> (heads, len(keep) - 1): for each kept key j (sink = keep[0] excluded), the
-    mean over kept queries i > j of A[i, j]."""
-    idx = torch.tensor(keep)
-    a = pattern[:, idx][:, :, idx]
-    n = len(keep)
-    later = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)  # query i > key j
-    sums = (a * later).sum(1)
-    counts = later.sum(0).clamp_min(1)
-    return (sums / counts)[:, 1:]
-
-
-@torch.no_grad()
-def _layer_reads(lm, prompts, layer):
-    """For each condition and prompt: (aligned profiles, long profiles, layer-0 activations at original tokens)."""
-    out = {}
-    for cond, items in prompts.items():
-        reads = []
-        for ids, inserted in items:
-            with intervene(lm, Capture("pattern", layers=layer), Capture("mlp_act", layers=0)) as (pat, act):
-                lm.model(input_ids=torch.tensor([ids], device=lm.device))
-            pattern = pat["pattern", layer][0].float().cpu()
-            original = [p for p in range(len(ids)) if p not in set(inserted)]
-            reads.append((attention_profile(pattern, original), attention_profile(pattern, list(range(len(ids)))),
-                          act["mlp_act", 0][0, original].float().cpu()))
-        out[cond] = reads
-    return out
-
-
-def profile_and_mechanism_rows(lm, prompts: dict, layer: int, head: int | None) -> list[dict]:
-    """Attention-profile rows (one head) and layer-0 MLP near-zero rows, from the same forward passes."""
-    reads = _layer_reads(lm, prompts, layer)
-    if head is None:  # the head whose aligned profile moves most when Mless is inserted
-        change = sum((m[0] - n[0]).abs().sum(-1) for m, n in zip(reads["Mless"], reads["None"]))
-        head = int(change.argmax())
-    rows = []
-    for cond, items in reads.items():
-        for p, (aligned, long, act) in enumerate(items):
-            rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j + 1, head=head,
-                          layer=layer, attention=float(v)) for j, v in enumerate(aligned[head])]
-            if cond != "None":
-                rows += [dict(kind="profile", view="long", condition=cond, problem=p, position=j + 1, head=head,
-                              layer=layer, attention=float(v)) for j, v in enumerate(long[head])]
-            rows.append(dict(kind="mlp", condition=cond, problem=p,
-                             near_zero_share=float((act.abs() < NEAR_ZERO).float().mean()),
-                             mean_abs=float(act.abs().mean())))
-    return rows
 
 
 def _paired_diff(test: pd.DataFrame, a: str, b: str = "w/o"):
@@ -72,17 +20,17 @@ def _paired_diff(test: pd.DataFrame, a: str, b: str = "w/o"):
     return bootstrap((pa[common] - pb[common]).to_numpy(dtype=float))
 
 
-def _peaks(table: pd.DataFrame) -> pd.DataFrame:
-    prof = table[(table.kind == "profile") & (table.view == "aligned")]
+def _peaks(result) -> pd.DataFrame:
+    prof = result.table("profile")
+    prof = prof[prof.view == "aligned"]
     return prof.groupby(["condition", "problem"]).attention.max().unstack(0)
 
 
-def verdict(table: pd.DataFrame):
-    from lmlab.studies.base import Verdict
+def verdict(result) -> Verdict:
 
-    answers = table[table.kind == "answer"]
+    answers = result.table("answer")
     test = answers[(answers.split == "test") & (answers.sweep.fillna("") == "")]
-    meta = table[table.kind == "counts"].iloc[0].dropna().to_dict()
+    meta = result.info
     evidence: dict = {"counts": meta, "accuracy": {}, "gain_over_w/o": {}}
     for cond in CONDITIONS:
         part = test[test.condition == cond]
@@ -93,12 +41,12 @@ def verdict(table: pd.DataFrame):
         diff = _paired_diff(test, cond)
         evidence["gain_over_w/o"][cond] = diff.as_dict()
         results[f"{cond} raises accuracy"] = "yes" if diff.low > 0 else ("no" if diff.estimate <= 0 else "unclear")
-    peaks = _peaks(table)
+    peaks = _peaks(result)
     for cond in ("Mless", "Mful"):
         diff = bootstrap((peaks[cond] - peaks["None"]).to_numpy())
         evidence[f"peak_attention_change_{cond}"] = diff.as_dict()
         results[f"{cond} attenuates peak attention"] = "yes" if diff.high < 0 else ("no" if diff.estimate >= 0 else "unclear")
-    mlp = table[table.kind == "mlp"]
+    mlp = result.table("mlp")
     evidence["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean()) for c in ("None", "Mless", "Mful")}
     evidence["by_level"] = {f"{c}": test[test.condition == c].groupby("level").correct.mean().round(3).to_dict() for c in CONDITIONS}
     evidence["checks"] = results
@@ -116,13 +64,11 @@ def verdict(table: pd.DataFrame):
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
 
 
-def figure(table: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    meta = table[table.kind == "counts"].iloc[0].dropna().to_dict()
-    answers = table[table.kind == "answer"]
+def figure(result, fig=None):
+    meta = result.info
+    answers = result.table("answer")
     test = answers[(answers.split == "test") & (answers.sweep.fillna("") == "")]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = canvas(fig, (12, 8), 2, 2)
     ax = axes[0, 0]
     colors = {"w/o": "#6a3d9a", "Mless": "#1b9e77", "Mful": "#a6cee3", "ARM": "#fdbf6f"}
     for i, cond in enumerate(CONDITIONS):
@@ -134,7 +80,7 @@ def figure(table: pd.DataFrame):
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"Results on generated arithmetic ({len(test) // len(CONDITIONS)} problems)")
     ax.legend(fontsize=8)
-    prof = table[table.kind == "profile"]
+    prof = result.table("profile")
     head = int(prof["head"].iloc[0]) if len(prof) else 0
     for ax, view, conds in ((axes[0, 1], "aligned", ("None", "Mless", "Mful")), (axes[1, 0], "long", ("Mless", "Mful"))):
         for cond in conds:
@@ -164,5 +110,14 @@ def figure(table: pd.DataFrame):
     ax.set_ylabel("accuracy (%)")
     ax.set_title(f"Length and position sweeps ({len(ids)} problems)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    return finish(fig)
+
+
+def key_rows(result) -> pd.DataFrame:
+    """Accuracy per condition (test split), for the report."""
+    a = result.table("answer")
+    a = a[(a.split == "test") & (a.sweep.fillna("") == "")]
+    out = a.groupby("condition").agg(problems=("correct", "size"), accuracy=("correct", "mean"),
+                                     hit_budget=("hit_budget", "mean")).reset_index()
+    out["accuracy"] = (100 * out.accuracy).round(1)
+    return out

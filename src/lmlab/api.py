@@ -1,0 +1,56 @@
+"""The Python API: the studies as functions, for a notebook or a script.
+
+    import lmlab
+    lm = lmlab.load_model("smollm2-135m")              # or any hub id / folder / .gguf; edit it as you like
+    result = lmlab.run("knockout", model=lm, profile="quick", per_dataset=32)
+    result.verdict.status, result.table("knockout"), result.figure
+    again = lmlab.load_result(result.path)             # the same tables, verdicts and figure, from disk
+
+`model` is a name or a `LoadedModel`; `models=[...]` (names or LoadedModels) runs the study on each into
+one result with a row of panels per model. Other keyword arguments are the study's config fields.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import ValidationError
+
+import lmlab.interventions  # noqa: F401  (registers how a saved sparse-attention folder is restored)
+from lmlab.errors import LmlabError
+from lmlab.models import LoadedModel
+from lmlab.models import load_model as _load_model
+from lmlab.studies import STUDIES, StudyResult, get_study, load_result, run_study
+
+__all__ = ["load_model", "load_result", "run", "studies"]
+
+
+def studies() -> list[str]:
+    """The registered study names, in the order `lmlab reproduce` runs them."""
+    return list(STUDIES)
+
+
+def load_model(spec: str, **kwargs) -> LoadedModel:
+    """`lmlab.models.load_model`, with every saved lmlab extra (e.g. a sparse-attention gate) restored."""
+    return _load_model(spec, **kwargs)
+
+
+def run(study: str, model: str | LoadedModel | None = None, *, models: Sequence[str | LoadedModel] | None = None,
+        profile: str = "quick", seed: int = 0, out: str | Path = "runs", **overrides: Any) -> StudyResult:
+    """Run `study` (e.g. "knockout") on `model` (or each of `models`) and return its `StudyResult`."""
+    spec = get_study(study)
+    chosen = list(models) if models is not None else [model if model is not None else spec.default_model]
+    if not chosen:
+        raise LmlabError("models=[] names no model")
+    loaded = [m for m in chosen if isinstance(m, LoadedModel)]
+    if loaded and len(loaded) != len(chosen):
+        chosen = [m if isinstance(m, LoadedModel) else _load_model(m) for m in chosen]
+        loaded = chosen
+    names = ",".join(m.name if isinstance(m, LoadedModel) else str(m) for m in chosen)
+    try:
+        config = spec.config(model=names, profile=profile, seed=seed, **overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise LmlabError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return run_study(spec, config, out, lm=loaded or None)

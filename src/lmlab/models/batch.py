@@ -1,0 +1,35 @@
+"""The one padding function: token-id lists -> a batch on the model's device."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from lmlab.errors import LmlabError
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: str = "left", device=None,
+                  position_ids: bool = False, label_from: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+    """`input_ids` and `attention_mask` padded on `side`; `position_ids` counted from each row's first real
+    token when asked; `labels` (padding and each row's first `label_from[i]` tokens at -100) when
+    `label_from` is given. Every tensor goes to `device` (the model's)."""
+    if not sequences:
+        raise LmlabError("no sequences were given")
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    labels = torch.full((len(sequences), width), -100, dtype=torch.long) if label_from is not None else None
+    for i, seq in enumerate(sequences):
+        start = width - len(seq) if side == "left" else 0
+        ids[i, start:start + len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[i, start:start + len(seq)] = 1
+        if labels is not None:
+            skip = label_from[i]
+            labels[i, start + skip:start + len(seq)] = ids[i, start + skip:start + len(seq)]
+    batch = {"input_ids": ids, "attention_mask": mask}
+    if position_ids:
+        batch["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
+    if labels is not None:
+        batch["labels"] = labels
+    return {k: v.to(device) for k, v in batch.items()} if device is not None else batch

@@ -1,0 +1,129 @@
+"""S3 measurements that drive the model: prompts assembled from token ids, generation and scoring of one
+condition (resumable), attention profiles and the layer-0 MLP mechanism check."""
+
+from __future__ import annotations
+
+import torch
+
+from lmlab.data.scoring import last_boxed, last_number, math_equal
+from lmlab.errors import LmlabError
+from lmlab.generation import greedy_answers
+from lmlab.interventions import Capture, intervene
+from lmlab.interventions.arm import ActivationRedistribution
+from lmlab.models import LoadedModel
+
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+FILLERS = {"Mless": " /", "Mful": " he"}
+NEAR_ZERO = 0.01  # |a| below this counts as a near-zero MLP activation
+
+
+def build_ids(lm: LoadedModel, question: str, filler: str | None = None, count: int = 55,
+              position: str = "between") -> tuple[list[int], list[int]]:
+    """Prompt token ids and the positions of the inserted tokens (token-level assembly)."""
+    if position not in ("before", "between", "after"):
+        raise LmlabError(f"insertion position must be before, between or after, not '{position}'")
+    tok = lm.tokenizer
+    if tok.chat_template:
+        rendered = tok.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False,
+                                           add_generation_prompt=True)
+        head, tail = rendered.split("\x00")
+    else:
+        head, tail = "", "\nAnswer:"
+    fill = tok(filler, add_special_tokens=False)["input_ids"] * count if filler and count else []
+    parts = [head, "FILL" if position == "before" else None, INSTRUCTION, "FILL" if position == "between" else None,
+             "\n" + question, "FILL" if position == "after" else None, tail]
+    ids: list[int] = [] if tok.chat_template else tok("", add_special_tokens=True)["input_ids"]
+    inserted: list[int] = []
+    for part in parts:
+        if part == "FILL":
+            inserted = list(range(len(ids), len(ids) + len(fill)))
+            ids += fill
+        elif part:
+            ids += tok(part, add_special_tokens=False)["input_ids"]
+    return ids, inserted
+
+
+def score(text: str, answer: str) -> tuple[int, str | None]:
+    pred = last_boxed(text) or last_number(text)
+    return int(math_equal(pred, answer)), pred
+
+
+def evaluate(lm, run_dir, items, condition, config, filler=None, count=0, position="between", arm=None,
+              split="test", sweep="") -> list[dict]:
+    """Generate and score one condition, resumable in chunks of 64 problems."""
+    key_base = f"{split}|{condition}|{sweep}"
+    done = run_dir.done("answers")
+    rows = []
+    for start in range(0, len(items), 64):
+        key = f"{key_base}|{start}"
+        if key not in done:
+            chunk = items[start:start + 64]
+            prompts = [build_ids(lm, item.question, filler, count, position)[0] for item in chunk]
+            desc = f"{split} {condition} {sweep} {start + len(chunk)}/{len(items)}"
+            if arm is not None:
+                with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed, **arm)):
+                    outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
+                                          stop_at_newline=False, description=desc, share_prefix=False)
+            else:
+                outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
+                                      stop_at_newline=False, description=desc)
+            new = []
+            for item, out in zip(chunk, outs):
+                text = lm.tokenizer.decode(out, skip_special_tokens=True)
+                correct, pred = score(text, item.answer)
+                new.append(dict(kind="answer", split=split, condition=condition, sweep=sweep, id=item.id,
+                                level=item.level, correct=correct, pred=pred, gold=item.answer,
+                                new_tokens=len(out), hit_budget=int(len(out) >= config.size("max_new_tokens"))))
+            run_dir.record("answers", key, new)
+            done[key] = new
+        rows += done[key]
+    return rows
+
+
+def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """pattern (heads, T, T) -> (heads, len(keep) - 1): for each kept key j (sink = keep[0] excluded), the
+    mean over kept queries i > j of A[i, j]."""
+    idx = torch.tensor(keep)
+    a = pattern[:, idx][:, :, idx]
+    n = len(keep)
+    later = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)  # query i > key j
+    sums = (a * later).sum(1)
+    counts = later.sum(0).clamp_min(1)
+    return (sums / counts)[:, 1:]
+
+
+@torch.no_grad()
+def _layer_reads(lm, prompts, layer):
+    """For each condition and prompt: (aligned profiles, long profiles, layer-0 activations at original tokens)."""
+    out = {}
+    for cond, items in prompts.items():
+        reads = []
+        for ids, inserted in items:
+            with intervene(lm, Capture("pattern", layers=layer), Capture("mlp_act", layers=0)) as (pat, act):
+                lm.model(input_ids=torch.tensor([ids], device=lm.device))
+            pattern = pat["pattern", layer][0].float().cpu()
+            original = [p for p in range(len(ids)) if p not in set(inserted)]
+            reads.append((attention_profile(pattern, original), attention_profile(pattern, list(range(len(ids)))),
+                          act["mlp_act", 0][0, original].float().cpu()))
+        out[cond] = reads
+    return out
+
+
+def profile_and_mechanism_rows(lm, prompts: dict, layer: int, head: int | None) -> list[dict]:
+    """Attention-profile rows (one head) and layer-0 MLP near-zero rows, from the same forward passes."""
+    reads = _layer_reads(lm, prompts, layer)
+    if head is None:  # the head whose aligned profile moves most when Mless is inserted
+        change = sum((m[0] - n[0]).abs().sum(-1) for m, n in zip(reads["Mless"], reads["None"]))
+        head = int(change.argmax())
+    rows = []
+    for cond, items in reads.items():
+        for p, (aligned, long, act) in enumerate(items):
+            rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j + 1, head=head,
+                          layer=layer, attention=float(v)) for j, v in enumerate(aligned[head])]
+            if cond != "None":
+                rows += [dict(kind="profile", view="long", condition=cond, problem=p, position=j + 1, head=head,
+                              layer=layer, attention=float(v)) for j, v in enumerate(long[head])]
+            rows.append(dict(kind="mlp", condition=cond, problem=p,
+                             near_zero_share=float((act.abs() < NEAR_ZERO).float().mean()),
+                             mean_abs=float(act.abs().mean())))
+    return rows

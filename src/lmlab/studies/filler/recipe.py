@@ -1,0 +1,94 @@
+"""S3 · Meaningless tokens and the Activation Redistribution Module (Shi et al., arXiv 2510.01032), seed 003.
+
+Recipe (METHODS.md S3):
+ - prompt = instruction ("Please reason step by step, and put your final answer within \\boxed{}.")
+   + inserted tokens + problem; Mless = 55 x " /", Mful = 55 x " he", between the instruction and the
+   problem by default, inside the user turn for chat-template models. Prompts are assembled from token
+   ids, so each inserted token lands exactly where asked (and is exactly one token);
+ - greedy decoding with a token budget (quick 48 new tokens, full 384: DECISION, to fit CPU minutes;
+   the table records how often an answer ran into the budget, because brevity is a confound);
+ - scoring: the last \\boxed{} of the output, else its last number, normalised, against the gold answer;
+ - sweeps on a subset: insertion length (0 to 70) and position (before / between / after);
+ - attention profile of one layer-0 head (default: the head whose profile changes most between None
+   and Mless), mean attention each key receives from later queries, sink excluded; inserted positions
+   removed for the aligned None/Mless/Mful plot, kept for the long Mless/Mful plot;
+ - mechanism check: share of near-zero layer-0 MLP activations (|a| < 0.01) on the original tokens;
+ - ARM in layer 0, (c, p1) tuned on a disjoint dev split, reported on the test split.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+
+from lmlab.data.math import MathItem, read_math_file, split_arithmetic
+from lmlab.errors import LmlabError
+from lmlab.models import LoadedModel, load_model
+from lmlab.runs import RunDir
+from lmlab.studies.filler.config import Config
+from lmlab.studies.filler.measure import FILLERS, build_ids, evaluate, profile_and_mechanism_rows
+
+
+def spread(items: list[MathItem], n: int) -> list[MathItem]:
+    """n items taken evenly through the list (the test split is ordered by level, so all levels appear)."""
+    step = max(1, len(items) // max(n, 1))
+    return items[::step][:n]
+
+
+def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
+    if config.benchmark == "arithmetic":
+        dev, test = split_arithmetic(config.size("n_dev_per_level"), config.size("n_test_per_level"), config.seed)
+        return dev, test, 0
+    kind, _, path = config.benchmark.partition(":")
+    if not path:
+        raise LmlabError(f"unknown benchmark '{config.benchmark}'; use arithmetic, gsm8k:PATH or math500:PATH")
+    items, skipped = read_math_file(kind, path)
+    random.Random(config.seed).shuffle(items)
+    n_dev = min(len(items) // 5, 5 * config.size("n_dev_per_level"))
+    return items[:n_dev], items[n_dev:n_dev + 5 * config.size("n_test_per_level")], skipped
+
+
+def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    lm = lm or load_model(config.model)
+    if not lm.layout.causal:
+        raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
+    dev, test, skipped = load_problems(config)
+    run_dir.log(f"{len(dev)} dev and {len(test)} test problems; {skipped} rows skipped")
+    n = config.insert_count
+    rows: list[dict] = []
+
+    # ARM: tune (c, p1) on dev
+    tuning = []
+    for c in config.arm_c:
+        for p1 in config.arm_p1:
+            got = evaluate(lm, run_dir, dev, "ARM", config, arm=dict(c=c, p1=p1), split="dev", sweep=f"c={c},p1={p1}")
+            tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=sum(r["correct"] for r in got) / len(got)))
+    best = max(tuning, key=lambda r: r["dev_accuracy"])
+    for row in tuning:
+        row["chosen"] = int(row is best)
+    rows += tuning + evaluate(lm, run_dir, dev, "w/o", config, split="dev")
+
+    # the four test conditions
+    rows += evaluate(lm, run_dir, test, "w/o", config)
+    for name, filler in FILLERS.items():
+        rows += evaluate(lm, run_dir, test, name, config, filler, n)
+    rows += evaluate(lm, run_dir, test, "ARM", config, arm=dict(c=best["c"], p1=best["p1"]))
+
+    # sweeps on a subset (length 0 and 55-between reuse the main conditions)
+    subset = spread(test, config.size("sweep_problems"))
+    for length in config.sweep_lengths:
+        rows += evaluate(lm, run_dir, subset, "Mless", config, FILLERS["Mless"], length, sweep=f"length={length}")
+    for name, filler in FILLERS.items():
+        for position in ("before", "after"):
+            rows += evaluate(lm, run_dir, subset, name, config, filler, n, position, sweep=f"position={position}")
+
+    # attention profiles and the mechanism check
+    probe = spread(test, config.profile_problems)
+    prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
+               for cond in ("None", "Mless", "Mful")}
+    rows += profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
+    rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), skipped_rows=skipped,
+                     max_new_tokens=config.size("max_new_tokens"), insert_count=n,
+                     arm_c=best["c"], arm_p1=best["p1"]))
+    return pd.DataFrame(rows)

@@ -1,0 +1,67 @@
+"""S0 configuration: every knob with its default, the quick/full sizes (scratch and pretrained), and the
+checks that fail before any training."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from lmlab.errors import LmlabError
+from lmlab.studies.base import StudyConfig
+
+PROFILES = {
+    "quick": dict(rates=[4, 16], n_train=3000, n_test=100, base_steps=1200, finetune_steps=300, vq_steps=500,
+                  d_model=128, n_layers=3, batch_size=32),
+    "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=6000, finetune_steps=2000,
+                 vq_steps=3000, d_model=256, n_layers=6, batch_size=64),
+}
+# the pretrained option: fewer, smaller steps at a fine-tuning learning rate (d_model / n_layers unused)
+PRETRAINED_PROFILES = {
+    "quick": dict(rates=[4, 16], n_train=3000, n_test=60, base_steps=60, finetune_steps=25, vq_steps=1200,
+                  batch_size=8, lr=3e-4),
+    "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=2000, finetune_steps=600,
+                 vq_steps=3000, batch_size=32, lr=1e-4),
+}
+PRETRAINED = {"smollm2-135m"}
+
+
+class Config(StudyConfig):
+    rates: list[int] | None = Field(None, description="compression rates r (quick: 4,16; full: 2,4,8,16)")
+    chunk: int = Field(16, description="chunk length L (chain tokens per VQ-VAE chunk)")
+    codebook: int = Field(64, description="codebook size K")
+    n_train: int | None = None
+    n_test: int | None = None
+    base_steps: int | None = None
+    finetune_steps: int | None = None
+    vq_steps: int | None = None
+    d_model: int | None = None
+    n_layers: int | None = None
+    batch_size: int | None = None
+    lr: float | None = Field(None, description="learning rate (scratch 2e-3; smollm2-135m 3e-4 quick, 1e-4 full)")
+    max_steps_per_problem: int = Field(4, description="reasoning steps per generated problem (2..this)")
+    data: str = Field("generated", description="generated, or gsm8k:PATH (a GSM8K jsonl file)")
+    max_new: int | None = Field(None, description="generated tokens per test problem (default: the longest "
+                                                  "training chain + answer, plus 16)")
+
+    def size(self, name: str):
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        table = PRETRAINED_PROFILES if self.model in PRETRAINED else PROFILES
+        return table[self.profile].get(name, PROFILES[self.profile].get(name, 2e-3 if name == "lr" else None))
+
+
+def check_config(config: Config) -> None:
+    """Every bad setting fails here, before any training."""
+    rates = config.size("rates")
+    bad = [r for r in rates if r < 1 or config.chunk % r]
+    if bad:
+        raise LmlabError(f"rate {bad[0]} does not divide the chunk length {config.chunk}")
+    if not rates:
+        raise LmlabError("give at least one compression rate")
+    if config.codebook < 2:
+        raise LmlabError("the codebook needs at least 2 codes")
+    if config.model not in ("scratch", *sorted(PRETRAINED)):
+        raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
+                         f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
+    if config.data != "generated" and not config.data.startswith("gsm8k:"):
+        raise LmlabError(f"unknown --data '{config.data}'; use generated or gsm8k:PATH")

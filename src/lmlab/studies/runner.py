@@ -1,0 +1,106 @@
+"""`run_study`: one study on one model or several, into a run folder, resumable, as a `StudyResult`.
+
+A model is a name (embedded, hub id, folder, .gguf) or a `LoadedModel` already in memory. A model passed
+in is fingerprinted by its weights, so an edited model never reuses the run folder of the unedited one.
+Several models: each runs as its own single-model run (reused and resumed like any other), and a parent
+folder holds the combined result: the tables stacked (every row carries `model`), a verdict per model and
+an overall one, and a figure with one row of panels per model.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from lmlab.errors import LmlabError
+from lmlab.models import LoadedModel, weights_fingerprint
+from lmlab.runs import RunDir
+from lmlab.studies.base import StudyConfig, StudySpec, Verdict, seed_everything
+from lmlab.studies.result import StudyResult, draw, load_result, overall_verdict, split_tables
+
+
+def model_names(model: str) -> list[str]:
+    """`--model a,b` -> ["a", "b"] (hub ids, paths and embedded names never hold a comma)."""
+    names = [m.strip() for m in str(model).split(",") if m.strip()]
+    if not names:
+        raise LmlabError("give a model: an embedded name, a hub id, a local directory or a .gguf file")
+    if len(set(names)) != len(names):
+        raise LmlabError(f"a model is named twice in '{model}'")
+    return names
+
+
+def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs",
+              lm: LoadedModel | Sequence[LoadedModel] | None = None) -> StudyResult:
+    """Run (or finish, or just re-read) `spec` with `config` on its model(s); every artefact lands in a run folder."""
+    lms = list(lm) if isinstance(lm, (list, tuple)) else ([lm] if lm is not None else [])
+    names = [m.name for m in lms] if lms else model_names(config.model)
+    if lms and len({m.name for m in lms}) != len(lms):
+        raise LmlabError("two models passed in share a name; give each LoadedModel its own .name")
+    children = [_run_one(spec, config.model_copy(update={"model": name}), out, lms[i] if lms else None)
+                for i, name in enumerate(names)]
+    if len(children) == 1:
+        return children[0]
+    return _combine(spec, config.model_copy(update={"model": ",".join(names)}), out, children, lms)
+
+
+def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) -> StudyResult:
+    tag = weights_fingerprint(lm) if lm is not None else None
+    run = RunDir.open(out, spec.name, config.model, config.model_dump(), tag=tag)
+    if run.complete:
+        return _with_spec(load_result(run.path), spec)
+    t0 = time.perf_counter()
+    run.log(f"start {spec.name} model={config.model} profile={config.profile} seed={config.seed}"
+            + (f" weights={tag}" if tag else ""))
+    seed_everything(config.seed)
+    frame = spec.run(config, run, lm)
+    tables, meta = split_tables(frame, config.model)
+    result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
+                         config.model_dump(), run.path, _spec=spec)
+    result.verdict = spec.verdict(result)
+    result.verdicts = {config.model: result.verdict}
+    _write(run, result)
+    result.seconds = time.perf_counter() - t0
+    run.log(f"done in {result.seconds:.1f}s: {result.verdict.status}")
+    total = max(result.seconds, run.logged_seconds())  # every session of a resumed run counts
+    run.finish(model=config.model, models=[config.model], verdict=result.verdict.status,
+               run_seconds=round(total, 1), session_seconds=round(result.seconds, 1),
+               **({"weights": tag} if tag else {}))
+    return result
+
+
+def _combine(spec: StudySpec, config: StudyConfig, out, children: list[StudyResult], lms) -> StudyResult:
+    tag = "+".join(weights_fingerprint(m) for m in lms) if lms else None
+    run = RunDir.open(out, spec.name, config.model.replace(",", "+"), config.model_dump(), tag=tag)
+    names = [c.models[0] for c in children]
+    tables: dict[str, pd.DataFrame] = {}
+    for name in dict.fromkeys(k for c in children for k in c.tables):
+        tables[name] = pd.concat([c.tables[name] for c in children if name in c.tables], ignore_index=True)
+    verdicts = {c.models[0]: c.verdict for c in children}
+    result = StudyResult(spec.name, names, tables, {c.models[0]: c.meta.get(c.models[0], {}) for c in children},
+                         verdicts, overall_verdict(verdicts), config.model_dump(), run.path,
+                         sum(c.seconds for c in children), all(c.resumed for c in children), _spec=spec)
+    _write(run, result)
+    run.finish(model=config.model, models=names, verdict=result.verdict.status,
+               run_seconds=round(sum(c.seconds for c in children), 1),
+               children=[str(c.path) for c in children])
+    return result
+
+
+def _write(run: RunDir, result: StudyResult) -> None:
+    import matplotlib.pyplot as plt
+
+    result.save(run.path)
+    fig = draw(result)
+    run.write_figure(fig)
+    plt.close(fig)
+
+
+def _with_spec(result: StudyResult, spec: StudySpec) -> StudyResult:
+    result._spec = spec
+    return result
+
+
+_PENDING = Verdict(status="inconclusive", claim="", summary="not judged yet")

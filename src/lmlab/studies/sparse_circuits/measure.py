@@ -1,0 +1,77 @@
+"""S4 measurements that drive the model: text batches, circuit discovery per task (ranking and explained-effect
+curve, resumable) and the attribution-vs-activation check."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from lmlab.data.generated.circuits import make_task
+from lmlab.runs import RunDir
+from lmlab.studies.sparse_circuits import circuits
+from lmlab.studies.sparse_circuits.config import Config
+
+
+def text_batches(lm, seqs: list[list[int]], batch_size: int):
+    for start in range(0, len(seqs), batch_size):
+        yield lm_batch(lm, seqs[start:start + batch_size])
+
+
+def lm_batch(lm, seqs: list[list[int]]) -> dict:
+    batch = lm.pad_batch(seqs, padding_side="right")
+    labels = batch["input_ids"].clone()
+    labels[batch["attention_mask"] == 0] = -100
+    batch["labels"] = labels
+    return batch
+
+
+def discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
+    """Clean metric, ranking and explained-effect curve per task, recorded per task (resumable)."""
+    done = run_dir.done(f"discovery-{variant}")
+    for name in config.tasks:
+        if name in done:
+            continue
+        task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
+        z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
+        corrupted = circuits.metric_values(lm, task, config.batch_size, corrupted=True)
+        scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
+        order = circuits.ranking(scores)
+        grid = circuits.heads_grid(len(order), fine=config.size("fine_grid"))
+        curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=config.batch_size, z_corr=z_corr)
+        clean = curve.clean  # every head kept: the unpatched run
+        rows = [{"kind": "task", "variant": variant, "task": name, "clean_metric": float(clean.mean()),
+                 "accuracy": float((clean > 0).mean()), "corrupted_metric": float(corrupted.mean()),
+                 "metric": task.metric, "total_heads": len(order),
+                 "components": "heads+mlps" if config.mlps else "heads"}]
+        for n, values in zip(curve.grid, curve.values):
+            rows.append({"kind": "per_prompt", "variant": variant, "task": name, "n_heads": n,
+                         "values": json.dumps([round(float(v), 6) for v in values])})
+        rows += [{"kind": "ranking", "variant": variant, "task": name, "rank": rank, "layer": l, "index": h,
+                  "score": round(float(scores[l, h]), 6)} for rank, (l, h) in enumerate(order[:40], 1)]
+        run_dir.record(f"discovery-{variant}", name, rows)
+        run_dir.log(f"{variant} {name}: clean {clean.mean():.3f}, corrupted {corrupted.mean():.3f}, "
+                    f"N@{config.threshold} = {curve.heads_needed(config.threshold)}")
+
+
+def verify(lm, config: Config, run_dir: RunDir) -> None:
+    """Attribution vs activation patching on `verify_heads` heads (the top half plus random ones)."""
+    if run_dir.done("verify"):
+        return
+    from scipy.stats import spearmanr
+
+    task = make_task(config.tasks[0], lm.tokenizer, config.size("n_prompts"), config.seed)
+    z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
+    attr = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
+    order = circuits.ranking(attr)
+    k = min(config.size("verify_heads"), len(order))
+    rng = np.random.default_rng(config.seed)
+    rest = order[k // 2:]
+    picked = order[: k // 2] + [rest[i] for i in rng.choice(len(rest), size=k - k // 2, replace=False)]
+    act = circuits.activation_scores(lm, task, config.batch_size, z_corr=z_corr, heads=picked)
+    a = np.array([attr[l, h] for l, h in picked])
+    b = np.array([act[l, h] for l, h in picked])
+    rho = float(spearmanr(a, b)[0])
+    run_dir.record("verify", "verify", [{"kind": "verify", "task": task.name, "n_heads": k, "value": rho}] + [
+        {"kind": "verify_component", "task": task.name, "layer": l, "index": h, "attribution": float(x),
+         "activation": float(y)} for (l, h), x, y in zip(picked, a, b)])
