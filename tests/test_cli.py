@@ -14,7 +14,7 @@ def invoke(*args):
 def test_unknown_model_is_one_line_and_exit_2():
     result = invoke("trace", "--model", "nope")
     assert result.exit_code == 2
-    assert "unknown model 'nope'; embedded models: smollm2-135m, minilm-l6" in result.output
+    assert "unknown model 'nope'; embedded models: smollm2-135m, gemma3-270m, minilm-l6" in result.output
     assert "Traceback" not in result.output
 
 
