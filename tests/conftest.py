@@ -30,13 +30,18 @@ def tiny_llama():
     return load_model("tiny-llama")
 
 
+def load_embedded(name: str):
+    """An embedded model; a missing package fails loudly (CI must not skip)."""
+    try:
+        return load_model(name)
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"embedded model unavailable: {exc}")
+
+
 @pytest.fixture(scope="session")
 def embedded_smollm():
     """SmolLM2-135M, loaded once per test session (cached safetensors after the first time)."""
-    try:
-        return load_model("smollm2-135m")
-    except Exception as exc:  # noqa: BLE001 - a missing package must fail loudly in CI, not skip
-        pytest.fail(f"embedded model unavailable: {exc}")
+    return load_embedded("smollm2-135m")
 
 
 @pytest.fixture

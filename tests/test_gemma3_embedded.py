@@ -4,18 +4,14 @@ from its chunked GGUF, listed, and its interventions checked against eager atten
 import pytest
 
 import test_interventions as checks
-from conftest import PROMPTS
-from lmlab.models import load_model
+from conftest import PROMPTS, load_embedded
 
 pytestmark = pytest.mark.embedded
 
 
 @pytest.fixture(scope="module")
 def gemma():
-    try:
-        return load_model("gemma3-270m")
-    except Exception as exc:  # noqa: BLE001 - a missing package must fail loudly in CI, not skip
-        pytest.fail(f"embedded model unavailable: {exc}")
+    return load_embedded("gemma3-270m")
 
 
 @pytest.fixture(scope="module")
