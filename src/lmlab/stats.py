@@ -1,7 +1,10 @@
-"""95% intervals: Wilson for proportions, percentile bootstrap for anything else.
+"""95% intervals: Wilson for proportions, percentile bootstrap for anything else, both from scipy.
 
 Every verdict carries intervals from here. The bootstrap is seeded, so the same table gives the same
-interval.
+interval. `percentile_interval` is for the studies that resample several statistics with shared
+indices (a paired comparison across configurations, a curve and the heads it needs): scipy's
+`bootstrap` draws its own indices per call, so those studies draw theirs once and take the percentile
+interval of each statistic here.
 """
 
 from __future__ import annotations
@@ -31,33 +34,33 @@ class Interval:
 
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
-    """Wilson score interval for a proportion; defined (0 to 1) even for n = 0."""
+    """Wilson score interval for a proportion (scipy's binomtest); defined (0 to 1) even for n = 0."""
     if n == 0:
         return Interval(float("nan"), 0.0, 1.0, 0)
-    z = _st.norm.ppf(0.5 + confidence / 2)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), n)
+    ci = _st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return Interval(successes / n, float(ci.low), float(ci.high), n)
+
+
+def _percentile_bootstrap(samples: tuple, statistic, n_resamples: int, confidence: float, seed: int):
+    def stat(*xs, axis=-1):
+        return np.apply_along_axis(statistic, axis, xs[0]) if len(xs) == 1 else statistic(*xs, axis=axis)
+    res = _st.bootstrap(samples, stat, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
+                        rng=np.random.default_rng(seed), vectorized=True)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float] = np.mean,
               n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Interval:
-    """Percentile bootstrap interval of `statistic` over the rows of `values`."""
+    """Percentile bootstrap interval of `statistic` over the rows of `values` (scipy.stats.bootstrap)."""
     data = np.asarray(values, dtype=float)
     n = len(data)
     if n == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
     estimate = float(statistic(data))
-    if n == 1:
-        return Interval(estimate, estimate, estimate, 1)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    resampled = np.array([statistic(data[i]) for i in idx])
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(resampled, [alpha, 1 - alpha])
-    return Interval(estimate, float(low), float(high), n)
+    if n == 1 or np.all(data == data[0]):
+        return Interval(estimate, estimate, estimate, n)
+    low, high = _percentile_bootstrap((data,), statistic, n_resamples, confidence, seed)
+    return Interval(estimate, low, high, n)
 
 
 def bootstrap_diff(a: Sequence[float], b: Sequence[float], statistic: Callable[[np.ndarray], float] = np.mean,
@@ -66,9 +69,22 @@ def bootstrap_diff(a: Sequence[float], b: Sequence[float], statistic: Callable[[
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if len(a) == 0 or len(b) == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
-    rng = np.random.default_rng(seed)
-    diffs = np.array([statistic(a[rng.integers(0, len(a), len(a))]) - statistic(b[rng.integers(0, len(b), len(b))])
-                      for _ in range(n_resamples)])
-    alpha = (1 - confidence) / 2
-    low, high = np.quantile(diffs, [alpha, 1 - alpha])
-    return Interval(float(statistic(a) - statistic(b)), float(low), float(high), len(a) + len(b))
+    estimate = float(statistic(a) - statistic(b))
+    if len(a) == 1 and len(b) == 1:
+        return Interval(estimate, estimate, estimate, 2)
+
+    def diff(x, y, axis=-1):
+        return np.apply_along_axis(statistic, axis, x) - np.apply_along_axis(statistic, axis, y)
+    res = _st.bootstrap((a, b), diff, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
+                        rng=np.random.default_rng(seed), vectorized=True, paired=False)
+    return Interval(estimate, float(res.confidence_interval.low), float(res.confidence_interval.high), len(a) + len(b))
+
+
+def percentile_interval(estimate: float, samples: np.ndarray, confidence: float = 0.95) -> Interval:
+    """The percentile interval of bootstrap `samples` drawn by the caller (NaN samples are left out)."""
+    samples = np.asarray(samples, dtype=float)
+    alpha = 100 * (1 - confidence) / 2
+    if not np.isfinite(samples).any():
+        return Interval(float(estimate), float("nan"), float("nan"), len(samples))
+    low, high = np.nanpercentile(samples, [alpha, 100 - alpha], axis=0)
+    return Interval(float(estimate), float(low), float(high), len(samples))

@@ -6,7 +6,9 @@ Generated levels (seeded; problems never repeat across splits):
     3 two-digit difference  What is 81 - 36?
     4 three terms           What is 23 + 45 - 17?
     5 word problem          Tom has 12 apples. He buys 7 more and then gives 5 away. How many ...?
-Readers skip a row with a missing field or an unparsable answer and count it; they never score it.
+Real files, one rule for both formats: a row that is not JSON, lacks a field, or has an answer we cannot
+read is an error naming the file and line (never silently skipped, never scored). `read_gsm8k` is the one
+GSM8K parser: S3 takes its final answers, S0 its reasoning lines too.
 """
 
 from __future__ import annotations
@@ -77,35 +79,68 @@ def split_arithmetic(n_dev_per_level: int, n_test_per_level: int, seed: int = 0)
     return dev, test
 
 
-def _rows(path: Path):
+_CALC = re.compile(r"<<[^>]*>>")
+
+
+@dataclass(frozen=True)
+class GsmRow:
+    line: int
+    question: str
+    steps: tuple[str, ...]  # the reasoning lines, calculator annotations <<48/2=24>> removed
+    answer: str  # the integer after "####", commas removed
+
+
+def _rows(path: Path, kind: str):
+    if not path.is_file():
+        raise LmlabError(f"no {kind} file at {path}")
     with open(path, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    yield n, json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError:
-                    yield n, None
+                    raise LmlabError(f"{path}:{n}: not a JSON object") from None
+                if not isinstance(row, dict):
+                    raise LmlabError(f"{path}:{n}: not a JSON object")
+                yield n, row
 
 
-def read_math_file(kind: str, path: str | Path) -> tuple[list[MathItem], int]:
-    """(items, skipped) from a GSM8K or MATH-500 jsonl file; an empty file is an error."""
+def read_gsm8k(path: str | Path) -> list[GsmRow]:
+    """Every row of a GSM8K jsonl file (question, answer = reasoning lines then "#### N")."""
     path = Path(path).expanduser()
-    if kind not in ("gsm8k", "math500"):
+    out = []
+    for n, row in _rows(path, "GSM8K"):
+        question, answer = row.get("question"), row.get("answer")
+        if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or "####" not in answer:
+            raise LmlabError(f"{path}:{n}: a GSM8K row needs 'question' and an 'answer' ending in '#### N'")
+        reasoning, final = answer.rsplit("####", 1)
+        final = final.strip().replace(",", "")
+        if not re.fullmatch(r"-?\d+", final):
+            raise LmlabError(f"{path}:{n}: the final answer {final!r} is not an integer")
+        steps = tuple(x for x in (_CALC.sub("", line).strip() for line in reasoning.splitlines()) if x)
+        if not steps:
+            raise LmlabError(f"{path}:{n}: the answer has no reasoning lines before '####'")
+        out.append(GsmRow(n, question.strip(), steps, str(int(final))))
+    if not out:
+        raise LmlabError(f"{path} holds no problems")
+    return out
+
+
+def read_math_file(kind: str, path: str | Path) -> list[MathItem]:
+    """The items of a GSM8K or MATH-500 jsonl file; a malformed row or an empty file is an error."""
+    path = Path(path).expanduser()
+    if kind == "gsm8k":
+        return [MathItem(f"gsm8k-{r.line:05d}", kind, 0, r.question, r.answer) for r in read_gsm8k(path)]
+    if kind != "math500":
         raise LmlabError(f"unknown math file format '{kind}'; known: gsm8k, math500")
-    if not path.is_file():
-        raise LmlabError(f"no {kind} file at {path}")
-    items, skipped = [], 0
-    for n, row in _rows(path):
-        question = row.get("question" if kind == "gsm8k" else "problem") if isinstance(row, dict) else None
-        raw = row.get("answer") if isinstance(row, dict) else None
-        if kind == "gsm8k" and isinstance(raw, str):
-            raw = raw.split("####")[-1] if "####" in raw else None
+    items = []
+    for n, row in _rows(path, kind):
+        question, raw = row.get("problem"), row.get("answer")
         answer = normalize_number(str(raw)) if raw not in (None, "") else None
-        if not question or not answer or (kind == "gsm8k" and not re.fullmatch(r"-?\d+(/\d+)?", answer)):
-            skipped += 1
-            continue
+        if not isinstance(question, str) or not question.strip() or not answer:
+            raise LmlabError(f"{path}:{n}: a MATH-500 row needs 'problem' and a non-empty 'answer'")
         level = int(row.get("level", 0)) if str(row.get("level", "0")).isdigit() else 0
         items.append(MathItem(f"{kind}-{n:05d}", kind, level, question, answer))
     if not items:
-        raise LmlabError(f"{path} holds no usable problems ({skipped} rows skipped)")
-    return items, skipped
+        raise LmlabError(f"{path} holds no problems")
+    return items

@@ -14,13 +14,12 @@ Real data: `read_gsm8k_problems` reads a GSM8K jsonl file (question, answer = re
 
 from __future__ import annotations
 
-import json
 import random
-import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmlab.data.math import read_gsm8k
 from lmlab.errors import LmlabError
 
 NAMES = ["Emma", "Liam", "Olivia", "Noah", "Ava", "Lucas", "Mia", "Leo", "Zoe", "Sam", "Nina", "Omar"]
@@ -90,40 +89,9 @@ def generate_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, min_
     return out
 
 
-_CALC = re.compile(r"<<[^>]*>>")
-
-
 def read_gsm8k_problems(path: str | Path) -> list[Problem]:
-    """GSM8K jsonl -> Problems with their reasoning chains. A row that is not JSON, lacks the question or
-    the "#### N" answer line, or has a non-integer answer is an error naming the file and line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise LmlabError(f"no GSM8K file at {path}")
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise LmlabError(f"{path}:{n}: not a JSON object") from None
-            question = row.get("question") if isinstance(row, dict) else None
-            answer = row.get("answer") if isinstance(row, dict) else None
-            if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) \
-                    or "####" not in answer:
-                raise LmlabError(f"{path}:{n}: a GSM8K row needs 'question' and an 'answer' ending in '#### N'")
-            reasoning, final = answer.rsplit("####", 1)
-            final = final.strip().replace(",", "")
-            if not re.fullmatch(r"-?\d+", final):
-                raise LmlabError(f"{path}:{n}: the final answer {final!r} is not an integer")
-            steps = tuple(s for s in (_CALC.sub("", x).strip() for x in reasoning.splitlines()) if s)
-            if not steps:
-                raise LmlabError(f"{path}:{n}: the answer has no reasoning lines before '####'")
-            out.append(Problem(question.strip(), steps, int(final), (question.strip(),)))
-    if not out:
-        raise LmlabError(f"{path} holds no problems")
-    return out
+    """GSM8K jsonl -> Problems with their reasoning chains (`lmlab.data.math.read_gsm8k` parses the file)."""
+    return [Problem(r.question, r.steps, int(r.answer), (r.question,)) for r in read_gsm8k(path)]
 
 
 def split_problems(problems: list[Problem], seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> dict[str, list[Problem]]:

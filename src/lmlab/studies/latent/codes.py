@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lmlab.errors import LmlabError
+from lmlab.models.batch import pad_sequences
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<cot>", "<ans>"]
 LATENT_MARKS = ["<boLatent>", "<eoLatent>"]
@@ -261,10 +262,6 @@ class ChunkVQVAE(nn.Module):
 
 
 def pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, width - len(s):] = True
-    return ids, mask
+    """Left-padded ids and a boolean mask of the real tokens."""
+    batch = pad_sequences(seqs, pad, side="left")
+    return batch["input_ids"], batch["attention_mask"].bool()

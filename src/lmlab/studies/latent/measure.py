@@ -7,24 +7,16 @@ import time
 
 import torch
 
+from lmlab.models import pad_sequences
+from lmlab.runs import RunDir
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import Config
 from lmlab.train import TrainConfig, train
-from lmlab.runs import RunDir
 
 
 def collate_for(pad: int):
-    def collate(items: list[tuple[list[int], list[int]]]) -> dict:
-        width = max(len(p) + len(t) for p, t in items)
-        ids = torch.full((len(items), width), pad, dtype=torch.long)
-        labels = torch.full((len(items), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(items), width), dtype=torch.long)
-        for i, (prompt, target) in enumerate(items):
-            seq = prompt + target
-            ids[i, :len(seq)] = torch.tensor(seq)
-            labels[i, len(prompt):len(seq)] = torch.tensor(target)
-            mask[i, :len(seq)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    def collate(items: list[tuple[list[int], list[int]]]) -> dict:  # right-padded; loss on the target only
+        return pad_sequences([p + t for p, t in items], pad, side="right", label_from=[len(p) for p, _ in items])
     return collate
 
 

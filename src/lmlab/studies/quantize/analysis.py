@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.evaluation import metric_value
-from lmlab.stats import Interval
+from lmlab.stats import percentile_interval
 from lmlab.studies.base import Verdict, canvas, finish
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
@@ -40,8 +40,7 @@ def _resampled_averages(result, n: int = 400, seed: int = 0) -> dict[tuple[int, 
 
 
 def _interval(point: float, samples: np.ndarray) -> dict:
-    low, high = np.quantile(samples, [0.025, 0.975])
-    return Interval(float(point), float(low), float(high), len(samples)).as_dict()
+    return percentile_interval(point, samples).as_dict()
 
 
 def verdict(result) -> Verdict:
@@ -74,7 +73,7 @@ def verdict(result) -> Verdict:
             d = sample(b, "C") - sample(b, "A")
             gaps[b] = (get(b, "C") - get(b, "A"), d)
             evidence[f"C_minus_A_{b}bit"] = _interval(*gaps[b])
-            low, high = np.quantile(d, [0.025, 0.975])
+            high = percentile_interval(gaps[b][0], d).high
             checks[f"Budget-C >= Budget-A at {b} bit"] = "yes" if gaps[b][0] >= 0 else ("no" if high < 0 else "unclear")
     if 1 in gaps and 2 in gaps:
         checks["C-A gap largest at 1 bit"] = _sign_check(gaps[1][0] - gaps[2][0], gaps[1][1] - gaps[2][1])
@@ -96,7 +95,7 @@ def verdict(result) -> Verdict:
 
 
 def _sign_check(point: float, samples: np.ndarray) -> str:
-    low = np.quantile(samples, 0.025)
+    low = percentile_interval(point, samples).low
     return "yes" if low > 0 else ("no" if point <= 0 else "unclear")
 
 

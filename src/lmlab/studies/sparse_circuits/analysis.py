@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from lmlab.stats import percentile_interval
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
@@ -156,7 +157,7 @@ def derive(table: pd.DataFrame, threshold: float, seed: int, n_boot: int = 1000)
         for variant, curve in curves.items():
             ee = curve.explained()
             ee_boot = np.array([curve.explained(idx) for idx in boots])
-            lo, hi = np.nanpercentile(ee_boot, [2.5, 97.5], axis=0)
+            lo, hi = np.nanpercentile(ee_boot, [2.5, 97.5], axis=0)  # a curve: one interval per point
             for n, e, l, h in zip(curve.grid, ee, lo, hi):
                 rows.append({"kind": "curve", "variant": variant, "task": name, "n_heads": n, "value": e,
                              "lo": l, "hi": h})
@@ -164,16 +165,16 @@ def derive(table: pd.DataFrame, threshold: float, seed: int, n_boot: int = 1000)
             n90 = curve.heads_needed(threshold)
             boot = np.array([_or(curve.heads_needed(threshold, idx), total) for idx in boots], dtype=float)
             needed[variant] = (n90, boot)
-            rows.append({"kind": "heads_needed", "variant": variant, "task": name, "value": n90 if n90 else np.nan,
-                         "lo": float(np.percentile(boot, 2.5)), "hi": float(np.percentile(boot, 97.5)),
-                         "total_heads": total})
+            iv = percentile_interval(n90 if n90 else np.nan, boot)
+            rows.append({"kind": "heads_needed", "variant": variant, "task": name, "value": iv.estimate,
+                         "lo": iv.low, "hi": iv.high, "total_heads": total})
         if len(needed) == 2:
             (nd, bd), (ns, bs) = needed["dense"], needed["sparse"]
             total = curves["dense"].grid[-1]
             ratio = bd.clip(min=1) / bs.clip(min=1)
             value = max(_or(nd, total), 1) / max(_or(ns, total), 1)
-            rows.append({"kind": "multiplier", "task": name, "value": value,
-                         "lo": float(np.percentile(ratio, 2.5)), "hi": float(np.percentile(ratio, 97.5)),
+            iv = percentile_interval(value, ratio)
+            rows.append({"kind": "multiplier", "task": name, "value": value, "lo": iv.low, "hi": iv.high,
                          "dense_heads": nd, "sparse_heads": ns})
     keep = table[table["kind"] != "per_prompt"]
     return pd.concat([keep, pd.DataFrame(rows)], ignore_index=True)
