@@ -69,23 +69,50 @@ def test_attention_profile_equals_a_hand_computation(lm):
             assert got[h, jj - 1].item() == pytest.approx(expected, abs=1e-6)
 
 
-def test_arm_changes_exactly_the_selected_fraction_per_token():
+def _arm_reference(a, c, p1, p_min=0.02):
+    """numpy, one group (the whole tensor): what the edit must do, apart from the random magnitudes."""
+    import numpy as np
+
+    x = a.double().numpy().ravel()
+    mag = np.abs(x)
+    med = np.sort(mag)[(len(mag) - 1) // 2]  # torch's median is the lower one
+    mad = np.sort(np.abs(mag - med))[(len(mag) - 1) // 2]
+    frac = min(max((mag < 1.4826 * mad * c).mean(), p_min), 0.25)
+    k = max(1, round(frac * len(x)))
+    chosen = np.zeros(len(x), bool)
+    chosen[np.argsort(mag, kind="stable")[:k]] = True
+    return chosen, np.percentile(x, p1), -x[x < 0].min()
+
+
+@pytest.mark.parametrize("p_min", [0.02, 0.2])
+def test_arm_over_the_whole_call_matches_a_numpy_reference(p_min):
     torch.manual_seed(0)
     a = torch.nn.functional.silu(torch.randn(3, 7, 200))
-    out = redistribute(a, c=0.3, p1=90.0, generator=torch.Generator().manual_seed(1))
-    mag = a.abs()
-    med = mag.median(-1, keepdim=True).values
-    eps = 1.4826 * (mag - med).abs().median(-1, keepdim=True).values * 0.3
-    frac = (mag < eps).float().mean(-1).clamp(0.02, 0.25)
-    changed = out != a
-    assert torch.equal(changed.sum(-1), (frac * 200).round().long())
-    smallest = mag.argsort(-1)[..., :1]
-    assert changed.gather(-1, smallest).all()  # the smallest |a| is always among the edited
-    assert (torch.sign(out[changed]) == torch.where(a[changed] < 0, -1.0, 1.0)).all()
-    r_neg = (-a.min(-1, keepdim=True).values).expand_as(a)
-    assert (out[changed & (a < 0)].abs() <= r_neg[changed & (a < 0)] + 1e-6).all()
-    again = redistribute(a, c=0.3, p1=90.0, generator=torch.Generator().manual_seed(1))
+    out = redistribute(a, c=0.3, p1=90.0, generator=torch.Generator().manual_seed(1), p_min=p_min)
+    chosen, r_pos, r_neg = _arm_reference(a, 0.3, 90.0, p_min)
+    changed = (out != a).numpy().ravel()
+    assert (changed <= chosen).all() and changed.sum() >= chosen.sum() - 2  # u = exact old value: vanishingly rare
+    new, old = out.numpy().ravel()[chosen], a.numpy().ravel()[chosen]
+    assert ((new >= 0) == (old >= 0)).all()  # signs kept, 0 counts as positive
+    assert (new[old >= 0] <= r_pos + 1e-6).all() and (-new[old < 0] <= r_neg + 1e-6).all()
+    assert new[old >= 0].max() > 0.5 * r_pos  # magnitudes spread over (0, R)
+    again = redistribute(a, c=0.3, p1=90.0, generator=torch.Generator().manual_seed(1), p_min=p_min)
     assert torch.equal(out, again)  # seeded
+
+
+def test_arm_scopes_group_the_statistics_as_named():
+    torch.manual_seed(0)
+    a = torch.nn.functional.silu(torch.randn(2, 5, 64))
+    g = torch.Generator().manual_seed(3)
+    rows = redistribute(a, 0.3, 90.0, generator=g, scope="row")
+    for b in range(2):  # row scope: each sequence as a call of its own
+        chosen, _, _ = _arm_reference(a[b], 0.3, 90.0)
+        assert ((rows[b] != a[b]).numpy().ravel() <= chosen).all()
+    tokens = redistribute(a, 0.3, 90.0, generator=torch.Generator().manual_seed(3), scope="token")
+    counts = (tokens != a).sum(-1)
+    assert (counts >= round(0.02 * 64)).all() and (counts <= round(0.25 * 64)).all()
+    with pytest.raises(LmlabError, match="unknown ARM scope"):
+        redistribute(a, 0.3, 90.0, scope="batch")
 
 
 def test_arm_edits_only_the_selected_layer(lm):
@@ -98,17 +125,23 @@ def test_arm_edits_only_the_selected_layer(lm):
     assert torch.equal(clean["resid_post", 0], edited["resid_post", 0])
     assert torch.equal(clean["mlp_act", 0], edited["mlp_act", 0])
     before, after = clean["mlp_act", 1], edited["mlp_act", 1]
-    changed = (before != after).sum(-1)
-    d = before.shape[-1]
-    assert ((changed >= round(0.02 * d)) & (changed <= round(0.25 * d))).all()
+    share = (before != after).float().mean()  # the whole call: one share over all its entries
+    assert 0.02 * 0.9 <= share <= 0.25 + 1e-6
     assert not torch.equal(clean["resid_post", 2], edited["resid_post", 2])
 
 
-@pytest.mark.parametrize("text,gold,ok", [
-    ("so the answer is \\boxed{\\frac{3}{4}}", "0.75", 1), ("... = 1,234. Done", "1234", 1),
-    ("-7 is it", "-7", 1), ("\\boxed{12} but later 13", "12", 1), ("no number", "3", 0)])
-def test_scoring_uses_the_last_box_then_the_last_number(text, gold, ok):
-    assert s3m.score(text, gold)[0] == ok
+@pytest.mark.parametrize("text,gold,boxed,fallback", [
+    ("so the answer is \\boxed{\\frac{3}{4}}", "0.75", (1, "boxed"), (1, "boxed")),
+    ("... = 1,234. Done", "1234", (0, "none"), (1, "last_number")),
+    ("-7 is it", "-7", (0, "none"), (1, "last_number")),
+    ("\\boxed{12} but later 13", "12", (1, "boxed"), (1, "boxed")),
+    ("\\boxed{5} then \\boxed{6}", "6", (1, "boxed"), (1, "boxed")),
+    ("no number", "3", (0, "none"), (0, "none"))])
+def test_scoring_reads_the_last_box_and_falls_back_only_when_asked(text, gold, boxed, fallback):
+    correct, _, source = s3m.score(text, gold)
+    assert (correct, source) == boxed
+    correct, _, source = s3m.score(text, gold, "boxed_or_last_number")
+    assert (correct, source) == fallback
 
 
 def test_generated_splits_are_disjoint_and_seeded():
@@ -119,18 +152,25 @@ def test_generated_splits_are_disjoint_and_seeded():
     assert all(str(eval(i.question[8:-1])) == i.answer for i in test if i.level < 5)
 
 
-def test_bad_rows_are_skipped_and_counted_and_empty_files_refused(tmp_path):
-    rows = [{"question": "q1", "answer": "steps #### 72"}, {"question": "q2", "answer": "no marker"},
-            {"answer": "#### 3"}, {"question": "q4", "answer": "#### 1,000"}]
+def test_real_files_share_one_rule_a_bad_row_is_an_error_naming_its_line(tmp_path):
     path = tmp_path / "gsm8k.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{not json\n")
-    items, skipped = read_math_file("gsm8k", path)
-    assert [i.answer for i in items] == ["72", "1000"] and skipped == 3
+    good = [{"question": "q1", "answer": "6 * 12 = <<6*12=72>>72\n#### 72"}, {"question": "q4", "answer": "so\n#### 1,000"}]
+    path.write_text("\n".join(json.dumps(r) for r in good) + "\n")
+    items = read_math_file("gsm8k", path)
+    assert [i.answer for i in items] == ["72", "1000"]
+    for n, bad in enumerate(['{"question": "q2", "answer": "no marker"}', '{"answer": "x\\n#### 3"}', "{not json",
+                             '{"question": "q", "answer": "x\\n#### 2.5"}', '{"question": "q", "answer": "#### 3"}']):
+        path.write_text("\n".join(json.dumps(r) for r in good) + "\n" + bad + "\n")
+        with pytest.raises(LmlabError, match=r"gsm8k.jsonl:3: "):
+            read_math_file("gsm8k", path)
     (tmp_path / "m.jsonl").write_text(json.dumps({"problem": "p", "answer": "\\frac{1}{2}", "level": 3}) + "\n")
-    items, _ = read_math_file("math500", tmp_path / "m.jsonl")
+    items = read_math_file("math500", tmp_path / "m.jsonl")
     assert items[0].answer == "1/2" and items[0].level == 3
+    (tmp_path / "m.jsonl").write_text(json.dumps({"problem": "p"}) + "\n")
+    with pytest.raises(LmlabError, match=r"m.jsonl:1: a MATH-500 row needs"):
+        read_math_file("math500", tmp_path / "m.jsonl")
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(LmlabError, match="holds no usable problems"):
+    with pytest.raises(LmlabError, match="holds no problems"):
         read_math_file("math500", tmp_path / "empty.jsonl")
 
 
@@ -151,3 +191,68 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
     monkeypatch.setattr(s3m, "greedy_answers", real)
     resumed = run_study(s3.SPEC, config, tmp_path / "b")
     pd.testing.assert_frame_equal(resumed.long(), whole.long())
+
+
+def _filler_rows(gain: dict, n=100, base=0.5, noise=0.1, seed=0):
+    """Answer rows of n paired test problems: w/o right with probability `base`; every other condition
+    changes a `noise` share of answers both ways, plus wrong->right (gain > 0) or right->wrong (gain < 0)
+    flips worth `gain` in expectation."""
+    import numpy as np
+
+    from lmlab.studies.result import from_rows
+
+    rng = np.random.default_rng(seed)
+    rows = [dict(kind="counts", model="m", max_new_tokens=512)]
+    wo = rng.random(n) < base
+    for cond in ("w/o", "Mless", "Mful", "ARM"):
+        g = gain.get(cond, 0.0)
+        right = wo ^ (rng.random(n) < noise)
+        if g > 0:
+            right = right | (~right & (rng.random(n) < g / (1 - base)))
+        elif g < 0:
+            right = right & ~(rng.random(n) < -g / base)
+        if cond == "w/o":
+            right = wo
+        for i in range(n):
+            rows.append(dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
+                             hit_budget=0, level=1))
+    for i in range(20):  # inserted tokens attenuate peak attention, clearly
+        for cond, peak in (("None", 0.8), ("Mless", 0.5), ("Mful", 0.55)):
+            rows.append(dict(kind="profile", view="aligned", condition=cond, problem=i, position=0,
+                             attention=peak + 0.01 * rng.normal()))
+    rows += [dict(kind="mlp", condition=c, near_zero_share=0.1) for c in ("None", "Mless", "Mful")]
+    return from_rows("filler", rows)
+
+
+def test_power_rule_no_gain_is_inconclusive_and_a_clear_loss_is_not_reproduced():
+    from lmlab.studies.filler.analysis import gain_check, verdict
+
+    none = verdict(_filler_rows({"Mless": 0.0, "Mful": 0.0, "ARM": 0.0}))
+    assert none.status == "inconclusive", none.summary
+    assert "smallest gain this run detects" in none.summary
+    mde = none.evidence["gain_over_w/o"]["Mless"]["min_detectable_effect"]
+    assert 0.01 < mde < 0.2
+    loss = verdict(_filler_rows({"Mless": -0.3, "Mful": 0.0, "ARM": 0.0}))
+    assert loss.status == "not reproduced" and loss.evidence["checks"]["Mless raises accuracy"] == "no"
+    gain = verdict(_filler_rows({"Mless": 0.3, "Mful": 0.3, "ARM": 0.3}))
+    assert gain.status == "reproduced", gain.summary
+    assert gain_check([0.0] * 100)[0] == "unclear"  # 100 identical answers cannot exclude a 1 pp gain
+    assert gain_check([0.0] * 1000)[0] == "no"
+
+
+def test_sampled_runs_are_rows_of_their_own_and_averaged_per_problem(tmp_path):
+    from lmlab.runs import RunDir
+    from lmlab.studies.filler.analysis import accuracy
+
+    lm = load_model("tiny-llama")
+    config = s3.Config(model="tiny-llama", samples=3, max_new_tokens=4, temperature=1.0)
+    items = generate_arithmetic(2, seed=0)[:4]
+    run_dir = RunDir.open(tmp_path, "s3", "tiny-llama", config.model_dump())
+    rows = s3m.evaluate(lm, run_dir, items, "w/o", config)
+    table = pd.DataFrame(rows)
+    assert sorted(table.groupby("id")["sample"].nunique().unique()) == [3]
+    again = pd.DataFrame(s3m.evaluate(lm, RunDir.open(tmp_path / "b", "s3", "tiny-llama", config.model_dump()), items,
+                                      "w/o", config))
+    assert table.new_tokens.tolist() == again.new_tokens.tolist()  # seeded
+    iv = accuracy(table)
+    assert iv.n == len(items)  # the interval is over problems, not problem-runs

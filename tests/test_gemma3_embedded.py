@@ -35,7 +35,7 @@ REAL_ATOL = 2e-4
 
 
 def test_gemma3_knockout_matches_hand_masked_eager(gemma, gemma_batch):
-    checks.test_knockout_matches_hand_masked_eager(gemma, gemma_batch, atol=REAL_ATOL)
+    checks.test_knockout_matches_hand_masked_eager(gemma, gemma_batch, "each", atol=REAL_ATOL)
 
 
 def test_gemma3_head_knockout_matches_hand_masked_eager(gemma, gemma_batch):

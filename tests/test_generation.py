@@ -67,3 +67,16 @@ def test_shared_prefix_leaves_every_prompt_a_token_and_ignores_short_ones():
     assert shared_prefix_length([[1] * 20 + [2], [1] * 20 + [3, 4]]) == 20
     assert shared_prefix_length([[1] * 10 + [2], [1] * 10 + [3]]) == 0  # below the minimum: not worth a pass
     assert shared_prefix_length([[5] * 30, [6] * 30]) == 0
+
+
+def test_sampling_is_seeded_and_stays_in_the_nucleus():
+    from lmlab.generation import next_token
+
+    logits = torch.tensor([[4.0, 3.9, 0.0, -2.0]] * 2000)
+    greedy = next_token(logits)
+    assert (greedy == 0).all()
+    a = next_token(logits, 1.0, 1.0, torch.Generator().manual_seed(5))
+    b = next_token(logits, 1.0, 1.0, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and set(a.tolist()) >= {0, 1, 2}
+    nucleus = next_token(logits, 1.0, 0.9, torch.Generator().manual_seed(5))
+    assert set(nucleus.tolist()) == {0, 1}  # p(0) + p(1) = 0.96 >= 0.9: the tail is never drawn

@@ -113,11 +113,14 @@ def _hand_block_run(lm, enc, layers, block):
             attn[l].__dict__.pop("_test_block", None)
 
 
-def test_knockout_matches_hand_masked_eager(decoder, batch, atol=1e-5):
-    """Block the keys of tokens 2-3 of each prompt from every later query, in layers 0..1."""
+@pytest.mark.parametrize("scope", ["each", "span"])
+def test_knockout_matches_hand_masked_eager(decoder, batch, scope, atol=1e-5):
+    """Block the keys of tokens 2-3 of each prompt in layers 0..1: 'each' blocks every key e from every
+    query q > e (the paper's knockout; token 3 no longer reads token 2), 'span' blocks both keys from the
+    queries after the last one."""
     lengths = batch["attention_mask"].sum(1).tolist()
     keys = [[2, 3] for _ in lengths]
-    ko = Knockout.spans(batch["attention_mask"], keys, layers=[0, 1])
+    ko = Knockout.spans(batch["attention_mask"], keys, layers=[0, 1], scope=scope)
     with intervene(decoder, ko):
         got = logits(decoder, batch)
     # the hand reference: the same (query, key) pairs, built directly from the padded indices
@@ -125,14 +128,18 @@ def test_knockout_matches_hand_masked_eager(decoder, batch, atol=1e-5):
     pad = [seq - n for n in lengths]  # left padding
     block = torch.zeros(len(lengths), 1, seq, seq, dtype=torch.bool)
     for b, p in enumerate(pad):
-        block[b, 0, p + 4:, p + 2:p + 4] = True
+        for e in (p + 2, p + 3):
+            block[b, 0, (e + 1 if scope == "each" else p + 4):, e] = True
     expected = _hand_block_run(decoder, batch, [0, 1], block)
     clean = logits(decoder, batch)
     rows = real_rows(batch)
     assert torch.allclose(got[rows], expected[rows], atol=atol), (got[rows] - expected[rows]).abs().max()
     assert not torch.allclose(got[rows], clean[rows], atol=1e-3)  # the knockout did something
-    for b, p in enumerate(pad):  # positions before the first blocked query are unchanged
-        assert torch.allclose(got[b, p:p + 4], clean[b, p:p + 4], atol=1e-6 if atol <= 1e-5 else atol)
+    first = 3 if scope == "each" else 4  # positions before the first blocked query are unchanged
+    for b, p in enumerate(pad):
+        assert torch.allclose(got[b, p:p + first], clean[b, p:p + first], atol=1e-6 if atol <= 1e-5 else atol)
+        changed = not torch.allclose(got[b, p + 3], clean[b, p + 3], atol=1e-4)
+        assert changed == (scope == "each")  # token 3 loses token 2 in "each" only
 
 
 def test_knockout_on_some_heads_matches_hand_masked_eager(decoder, batch, atol=1e-5):

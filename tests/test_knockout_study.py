@@ -67,13 +67,13 @@ def test_positions_before_the_first_blocked_query_are_bit_identical(decoder):
     ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
     eq, ctrl = [5, 7], [2, 3]
     res = sweep(decoder, ids, eq, ctrl, [0, 2], keep_positions=True)
-    assert res.prefix_len == 4  # after the control's last key (3): everything before is the shared clean prefix
+    assert res.prefix_len == 3  # after the control's first key (2): everything before is the shared clean prefix
     for k, hidden in res.all_positions.items():
         clean = hidden[0]
-        eq_rows = [1, 2]  # rows 1-2: E_Q cut-offs; its first blocked query is 8 = suffix index 4
+        eq_rows = [1, 2]  # rows 1-2: E_Q cut-offs; its first blocked query is 6 (after key 5)
         for row in eq_rows:
-            assert torch.equal(hidden[row, :8 - res.prefix_len], clean[:8 - res.prefix_len])
-            assert not torch.equal(hidden[row, 8 - res.prefix_len:], clean[8 - res.prefix_len:]) or k == 0
+            assert torch.equal(hidden[row, :6 - res.prefix_len], clean[:6 - res.prefix_len])
+            assert not torch.equal(hidden[row, 6 - res.prefix_len:], clean[6 - res.prefix_len:])
 
 
 def test_delta_p_is_zero_when_the_blocked_span_is_empty(decoder):
@@ -135,9 +135,13 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     whole = run_study(s1.SPEC, config, tmp_path / "whole")
     table = whole.long()
     assert {"answer", "probe", "knockout", "detection"} <= set(table.kind)
-    assert whole.info["best_layer"] in set(table.layer.dropna())
+    probes = whole.table("probe")
+    assert set(probes.probe_set) <= {"geo-capital", "geo-continent"}  # one probe per dataset and layer
     ko = table[table.kind == "knockout"]
     assert set(ko.condition) == {"eq", "control"} and set(ko.group) <= {"Q", "A"}
+    assert (ko.group == np.where(ko.flipped == 1, "Q", "A")).all()  # the split is each layer's own flip
+    eq = ko[ko.condition == "eq"]
+    assert eq.groupby("id").group.nunique().max() >= 1 and set(eq.group_best) <= {"Q", "A"}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     assert (whole.path / "figure.png").stat().st_size > 1000
 
@@ -149,23 +153,73 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
 
 
-def test_verdict_leaves_out_the_best_layer_and_can_fail():
-    assert late_layers([0, 3, 15, 18, 29], 30, best=15) == [18, 29]
-    rows = [dict(kind="counts", n_layers=4, best_layer=2, model="m")]
-    rng = np.random.default_rng(0)
-    for i in range(40):
-        grp = "Q" if i < 20 else "A"
-        for layer in (0, 2, 3):
-            for cond in ("eq", "control"):
-                dp = rng.normal(0, 1) if (cond == "control" or grp == "A") else rng.normal(-30, 5)
-                rows.append(dict(kind="knockout", id=f"i{i}", dataset="d", layer=layer, condition=cond,
-                                 group=grp, delta_p=dp))
-    good = verdict(from_rows("knockout", rows))
-    assert good.status == "reproduced" and good.evidence["layers_compared"] == [3]
-    for r in rows[1:]:
-        if r["condition"] == "eq" and r["group"] == "Q" and r["layer"] == 3:
-            r["delta_p"] = rng.normal(0, 1)
-    assert verdict(from_rows("knockout", rows)).status == "not reproduced"
+def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",)):
+    """Knockout rows with a planted effect: at each layer a sample's E_Q knockout flips its probe with
+    probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the control flips with ctrl_flip."""
+    rows = [dict(kind="counts", n_layers=8, model="m")]
+    rng = np.random.default_rng(seed)
+    for d in datasets:
+        for i in range(n):
+            for layer in (0, 2, 4, 6, 7):
+                for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)):
+                    flip = int(rng.random() < p_flip)
+                    dp = rng.normal(q_drop, 5) if flip else rng.normal(0, 3)
+                    rows.append(dict(kind="knockout", id=f"{d}{i}", dataset=d, layer=layer, condition=cond,
+                                     flipped=flip, group="Q" if flip else "A", delta_p=dp))
+    return rows
+
+
+def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
+    assert late_layers([0, 3, 15, 18, 29], 30) == [15, 18, 29]
+    good = verdict(from_rows("knockout", _planted(datasets=("a", "b"))))
+    assert good.status == "reproduced", good.summary
+    assert good.evidence["layers_compared"] == [4, 6, 7]
+    # the gap is built in by the split, but the control flips as often: not the paper's finding
+    same = verdict(from_rows("knockout", _planted(n=100, eq_flip=0.3, ctrl_flip=0.3)))
+    assert same.status == "not reproduced", same.summary
+    assert same.evidence["datasets"]["d"]["checks"]["E_Q flips more than control"] == "no"
+    # flips without a drop: the gap's interval excludes -10 pp
+    flat = verdict(from_rows("knockout", _planted(q_drop=-3.0)))
+    assert flat.status == "not reproduced" and flat.evidence["datasets"]["d"]["checks"]["Q-A gap <= -10 pp"] == "no"
+    # too few samples to split: inconclusive, naming the counts, never "reproduced"
+    thin = verdict(from_rows("knockout", _planted(n=6)))
+    assert thin.status == "inconclusive" and "too few samples" in thin.summary
+    # one set without probes leaves the verdict inconclusive, with its counts
+    rows = _planted() + [dict(kind="probe_skipped", probe_set="e", correct_train=3, incorrect_train=40, needed=10)]
+    skipped = verdict(from_rows("knockout", rows))
+    assert skipped.status == "inconclusive" and "e: no probes (3 correct / 40 incorrect" in skipped.summary
+
+
+def test_sweep_equals_hand_masked_eager_that_blocks_each_key_from_later_queries(decoder):
+    """The fast sweep (shared prefix, batched cut-offs) against an independent eager attention that sets
+    scores (q, e) to -inf for every E_Q key e and every query q > e, in layers 0..k."""
+    from test_interventions import HAND, using
+
+    ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+    eq = [3, 5, 6]
+    res = sweep(decoder, ids, eq, None, [0, 1, 2])
+    n = len(ids)
+    block = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    for e in eq:
+        block[0, 0, e + 1:, e] = True
+    attn = [decoder.layout.attn(l) for l in range(decoder.layout.n_layers)]
+    for k in (0, 1, 2):
+        seen = {}
+        handle = decoder.layout.block(k).register_forward_hook(
+            lambda m, a, out: seen.setdefault("h", out[0] if isinstance(out, tuple) else out))
+        for l in range(k + 1):
+            attn[l]._test_block = block
+        try:
+            with using(decoder.model, HAND), torch.no_grad():
+                decoder.model(input_ids=torch.tensor([ids]))
+        finally:
+            handle.remove()
+            for l in range(k + 1):
+                attn[l].__dict__.pop("_test_block", None)
+        hand = seen["h"][0, -1].float()
+        assert torch.allclose(res.eq[k], hand, atol=1e-4), (k, (res.eq[k] - hand).abs().max())
+    span = sweep(decoder, ids, eq, None, [2], scope="span")
+    assert not torch.allclose(span.eq[2], res.eq[2], atol=1e-4)  # token 6 still reads 5 and 3 under "span"
 
 
 @pytest.mark.embedded

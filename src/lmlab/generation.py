@@ -47,9 +47,25 @@ def stop_tokens(lm: LoadedModel) -> set[int]:
     return {t for t in ids if t is not None}
 
 
+def next_token(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.0,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """(rows, vocab) logits -> (rows,) tokens: argmax at temperature 0, else a draw from the softmax at
+    `temperature`, restricted to the smallest set of tokens whose probability reaches `top_p` (nucleus)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p >= top_p  # tokens after the nucleus is full
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
 @torch.no_grad()
 def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, stop: set[int],
-                  share_prefix: bool) -> list[list[int]]:
+                  share_prefix: bool, temperature: float = 0.0, top_p: float = 1.0,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
     """Greedy decoding of one batch with the KV cache, each row to its first stop token or the budget.
 
     The prompts' common prefix (the system prompt and instruction a study puts before every problem) is run
@@ -77,7 +93,7 @@ def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens:
         result = lm.forward_last(dict(input_ids=ids, attention_mask=mask, position_ids=positions,
                                       past_key_values=cache, use_cache=True))
         cache = result.past_key_values
-        token = result.logits[:, -1].argmax(-1)
+        token = next_token(result.logits[:, -1], temperature, top_p, generator)
         for row, tok in zip(rows.tolist(), token.tolist()):
             out[row].append(tok)
         going = ~torch.isin(token, stop_ids)
@@ -97,9 +113,12 @@ def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens:
 @torch.no_grad()
 def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int = 8, batch_size: int = 16,
                    stop_at_newline: bool = True, description: str = "generating",
-                   share_prefix: bool = True) -> list[list[int]]:
+                   share_prefix: bool = True, temperature: float = 0.0, top_p: float = 1.0,
+                   seed: int = 0) -> list[list[int]]:
     """Greedy continuation of each prompt (token ids), up to its end-of-sequence token (not included) or the
-    budget, and cut at the first newline when `stop_at_newline`.
+    budget, and cut at the first newline when `stop_at_newline`. With `temperature` > 0 the tokens are
+    sampled instead (nucleus `top_p`), seeded by `seed` and the batch's place, so a resumed run draws the
+    same tokens.
 
     `share_prefix` runs a batch's common prefix once (the same logits as running every row whole, tested);
     pass False under an intervention that draws random numbers per position (ARM), so rows draw their own.
@@ -109,7 +128,10 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(prompts))
         for a, b in _batches(len(prompts), batch_size):
-            new = _greedy_batch(lm, prompts[a:b], max_new_tokens, stop, share_prefix)
+            generator = None
+            if temperature > 0:
+                generator = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003 + a)
+            new = _greedy_batch(lm, prompts[a:b], max_new_tokens, stop, share_prefix, temperature, top_p, generator)
             out += [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
             bar.advance(task, b - a)
     return out

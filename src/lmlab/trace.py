@@ -1,6 +1,7 @@
 """Knockout trace of one prompt: how much does the answer depend on a span, layer by layer?
 
-For each k, attention from the span's tokens to every later position is blocked in layers 0..k
+For each k, attention from each of the span's tokens to every later position (the span's own later
+tokens included) is blocked in layers 0..k
 (cumulative, as in Luo et al.), and p(target) at the last position is compared with the clean run.
 All k run in one batched forward pass: each batch row carries its own layer set (`layer_mask`).
 """

@@ -30,8 +30,14 @@ class Knockout(Intervention):
     """Block attention from key positions to query positions (-inf before the softmax).
 
     keys     (batch, seq) bool: the key positions to cut off.
-    queries  (batch, seq) bool: the queries that may no longer read them. Default: every position
-             after the last blocked key of that example, including positions generated later.
+    queries  (batch, seq) bool: the queries that may no longer read any of them. Default: `scope`.
+    scope    with no `queries`, which later positions lose each key:
+             'each' (default; the paper's knockout, arXiv 2601.07422): every key e is blocked from every
+                 query q > e, so the keys cannot read each other either ("Burk|ina| F|aso" cannot
+                 compose the subject);
+             'span': every position after the *last* blocked key loses all keys (the keys still read
+                 each other, and a token between two blocked keys reads the earlier one).
+             Both also block positions generated later.
     layers   the layers where the edges are cut (default all); `layer_mask` (batch, n_layers) bool
              instead gives each example its own set (one batched pass for several layer cut-offs).
     heads    the heads (default all).
@@ -39,19 +45,26 @@ class Knockout(Intervention):
     each unpadded prompt and checks them.
     """
 
-    def __init__(self, keys: torch.Tensor, queries: torch.Tensor | None = None, *,
+    SCOPES = ("each", "span")
+
+    def __init__(self, keys: torch.Tensor, queries: torch.Tensor | None = None, *, scope: str = "each",
                  layers: Iterable[int] | int | None = None, heads: Iterable[int] | None = None,
                  layer_mask: torch.Tensor | None = None):
         super().__init__(layers)
+        if scope not in self.SCOPES:
+            raise LmlabError(f"unknown knockout scope '{scope}'; use one of {', '.join(self.SCOPES)}")
         self.keys = keys.bool()
+        self.scope = scope if queries is None else "queries"
+        self.query_after = None
         if queries is None:
             seq = keys.shape[1]
             idx = torch.arange(seq, device=keys.device)
             last = torch.where(self.keys, idx, torch.full_like(idx, -1)).amax(1, keepdim=True)
-            queries = (idx[None, :] > last) & (last >= 0)
-            self.query_after = last  # queries beyond seq (generated later) are blocked too
-        else:
-            self.query_after = None
+            first = torch.where(self.keys, idx, torch.full_like(idx, seq)).amin(1, keepdim=True)
+            # the queries that lose at least one key (positions generated later are handled in `block`)
+            after = last if scope == "span" else first
+            queries = (idx[None, :] > after) & (last >= 0)
+            self.query_after = after.masked_fill(last < 0, -1)
         self.queries = queries.bool()
         self.heads = None if heads is None else sorted(set(heads))
         self.layer_mask = layer_mask
@@ -104,7 +117,11 @@ class Knockout(Intervention):
             queries |= (q_pos[None, :] >= seq) & (self.query_after.to(ctx.device) >= 0)
         if self.layer_mask is not None:
             queries &= self.layer_mask[:, layer].to(ctx.device)[:, None]
-        blocked = (queries[:, :, None] & keys[:, None, :])[:, None]  # (B, 1, Q, K)
+        blocked = queries[:, :, None] & keys[:, None, :]  # (B, Q, K)
+        if self.scope == "each":  # key e only from queries q > e
+            later = q_pos[:, None] > torch.arange(ctx.kv_len, device=ctx.device)[None, :]
+            blocked = blocked & later[None]
+        blocked = blocked[:, None]  # (B, 1, Q, K)
         if self.heads is not None:
             head_sel = torch.zeros(ctx.n_heads, dtype=torch.bool, device=ctx.device)
             head_sel[self.heads] = True

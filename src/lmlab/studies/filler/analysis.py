@@ -1,7 +1,15 @@
-"""S3 figure, verdict and the report's key rows, read from the result's tables alone."""
+"""S3 figure, verdict and the report's key rows, read from the result's tables alone.
+
+The verdict knows its power: a gain is "yes" when its paired 95% interval lies above 0, "no" only when
+the interval's upper end is below +1 pp (the run could have seen a gain of 1 pp and did not), and
+otherwise "unclear", with the run's minimum detectable effect (80% power, two-sided 5%) printed: at
+n = 100 paired problems it is several points, so a small run without a gain is inconclusive, not a
+failure to reproduce.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from lmlab.stats import bootstrap, wilson
@@ -13,11 +21,48 @@ CONDITIONS = ("w/o", "Mless", "Mful", "ARM")
 LABELS = {"w/o": "w/o", "Mless": "w/ Mless", "Mful": "w/ Mful", "ARM": "ARM (no insertion)"}
 
 
-def _paired_diff(test: pd.DataFrame, a: str, b: str = "w/o"):
-    pa = test[test.condition == a].set_index("id").correct
-    pb = test[test.condition == b].set_index("id").correct
+NO_GAIN = 0.01  # "no gain": the upper 95% bound of the paired gain is below +1 pp
+
+
+def accuracy(part: pd.DataFrame):
+    """Accuracy with its 95% interval: Wilson over problems when each was answered once (greedy), else the
+    bootstrap over problems of each problem's mean over the sampled runs."""
+    per_problem = part.groupby("id").correct.mean()
+    if len(part) == len(per_problem):
+        return wilson(int(part.correct.sum()), len(part))
+    return bootstrap(per_problem.to_numpy(dtype=float))
+
+
+def _paired(test: pd.DataFrame, a: str, b: str = "w/o") -> np.ndarray:
+    """Per problem, condition a's correctness minus b's (each a mean over the sampled runs, if several)."""
+    pa = test[test.condition == a].groupby("id").correct.mean()
+    pb = test[test.condition == b].groupby("id").correct.mean()
     common = pa.index.intersection(pb.index)
-    return bootstrap((pa[common] - pb[common]).to_numpy(dtype=float))
+    return (pa[common] - pb[common]).to_numpy(dtype=float)
+
+
+def min_detectable_effect(diffs: np.ndarray) -> float:
+    """Smallest paired gain (as a fraction) this run detects with 80% power at two-sided 5%. With no
+    discordant pairs observed, the spread is taken as that of a 50% discordance (a conservative guess)."""
+    n = len(diffs)
+    if n < 2:
+        return float("nan")
+    sd = float(np.std(diffs, ddof=1)) or np.sqrt(0.5)
+    return (1.96 + 0.84) * sd / np.sqrt(n)
+
+
+def gain_check(diffs) -> tuple[str, dict]:
+    """('yes' | 'no' | 'unclear', evidence) for a paired gain over w/o (diffs: +1 wrong->right, -1 right->wrong).
+    The bootstrap interval collapses to a point when few pairs disagree, so the upper bound used for "no"
+    is also at least Wilson's upper bound on the wrong->right share minus the right->wrong share: with no
+    disagreeing pair among 100 problems, a gain of up to 3.7 pp is still possible, and "no" is not said."""
+    diffs = np.asarray(diffs, dtype=float)
+    iv = bootstrap(diffs)
+    n, up, down = len(diffs), int((diffs > 0).sum()), int((diffs < 0).sum())
+    high = max(iv.high, wilson(up, n).high - down / n) if n else float("nan")
+    check = "yes" if iv.low > 0 else ("no" if high < NO_GAIN else "unclear")
+    return check, {**iv.as_dict(), "high_for_no_gain": round(high, 4),
+                   "min_detectable_effect": round(min_detectable_effect(diffs), 4)}
 
 
 def _peaks(result) -> pd.DataFrame:
@@ -34,24 +79,30 @@ def verdict(result) -> Verdict:
     evidence: dict = {"counts": meta, "accuracy": {}, "gain_over_w/o": {}}
     for cond in CONDITIONS:
         part = test[test.condition == cond]
-        evidence["accuracy"][cond] = wilson(int(part.correct.sum()), len(part)).as_dict()
+        evidence["accuracy"][cond] = accuracy(part).as_dict()
+        if "sample" in part and part["sample"].nunique() > 1:
+            per_run = part.groupby("sample").correct.mean()
+            evidence.setdefault("accuracy_runs", {})[cond] = {"mean": float(per_run.mean()), "sd": float(per_run.std()),
+                                                              "runs": int(len(per_run))}
         evidence.setdefault("hit_budget", {})[cond] = float(part.hit_budget.mean())
     results = {}
     for cond in ("Mless", "Mful", "ARM"):
-        diff = _paired_diff(test, cond)
-        evidence["gain_over_w/o"][cond] = diff.as_dict()
-        results[f"{cond} raises accuracy"] = "yes" if diff.low > 0 else ("no" if diff.estimate <= 0 else "unclear")
+        check, evidence["gain_over_w/o"][cond] = gain_check(_paired(test, cond))
+        results[f"{cond} raises accuracy"] = check
     peaks = _peaks(result)
     for cond in ("Mless", "Mful"):
         diff = bootstrap((peaks[cond] - peaks["None"]).to_numpy())
         evidence[f"peak_attention_change_{cond}"] = diff.as_dict()
-        results[f"{cond} attenuates peak attention"] = "yes" if diff.high < 0 else ("no" if diff.estimate >= 0 else "unclear")
+        results[f"{cond} attenuates peak attention"] = "yes" if diff.high < 0 else ("no" if diff.low >= 0 else "unclear")
     mlp = result.table("mlp")
     evidence["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean()) for c in ("None", "Mless", "Mful")}
     evidence["by_level"] = {f"{c}": test[test.condition == c].groupby("level").correct.mean().round(3).to_dict() for c in CONDITIONS}
     evidence["checks"] = results
+    if "scored_by" in test:
+        evidence["scored_by"] = test.groupby("scored_by").size().to_dict()
     evidence["caveat"] = (f"greedy decoding with a budget of {meta.get('max_new_tokens')} new tokens; the share of answers "
-                          "that ran into the budget is in hit_budget, since shorter answers can score better under a budget")
+                          "that ran into the budget (cut off) is in hit_budget, since shorter answers can score better "
+                          "under a budget")
     if all(v == "yes" for v in results.values()):
         status = "reproduced"
     elif any(v == "no" for v in results.values()):
@@ -61,6 +112,13 @@ def verdict(result) -> Verdict:
     acc = evidence["accuracy"]
     summary = ", ".join(f"{LABELS[c]} {100 * acc[c]['estimate']:.1f}%" for c in CONDITIONS) + "; " + \
         "; ".join(f"{k}: {v}" for k, v in results.items())
+    if meta.get("scoring"):
+        summary += f"; scored by {meta['scoring']} ({meta.get('samples', 1)} run(s) per problem)"
+    summary += "; cut off by the budget: " + ", ".join(f"{c} {100 * evidence['hit_budget'][c]:.0f}%" for c in CONDITIONS)
+    mde = {c: g["min_detectable_effect"] for c, g in evidence["gain_over_w/o"].items()}
+    if any(results[f"{c} raises accuracy"] == "unclear" for c in mde):
+        summary += ("; undecided gains: the smallest gain this run detects is " +
+                    ", ".join(f"{c} {100 * m:.1f} pp" for c, m in mde.items()) + f" at n = {test.id.nunique()}")
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
 
 
@@ -73,12 +131,12 @@ def figure(result, fig=None):
     colors = {"w/o": "#6a3d9a", "Mless": "#1b9e77", "Mful": "#a6cee3", "ARM": "#fdbf6f"}
     for i, cond in enumerate(CONDITIONS):
         part = test[test.condition == cond]
-        iv = wilson(int(part.correct.sum()), len(part))
+        iv = accuracy(part)
         ax.bar(i, 100 * iv.estimate, color=colors[cond], label=LABELS[cond],
                yerr=[[100 * (iv.estimate - iv.low)], [100 * (iv.high - iv.estimate)]], capsize=4)
     ax.set_xticks([1.5], [str(meta.get("model", ""))])
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"Results on generated arithmetic ({len(test) // len(CONDITIONS)} problems)")
+    ax.set_title(f"Results on {meta.get('benchmark', 'generated arithmetic')} ({test.id.nunique()} problems)")
     ax.legend(fontsize=8)
     prof = result.table("profile")
     head = int(prof["head"].iloc[0]) if len(prof) else 0

@@ -43,40 +43,60 @@ def build_ids(lm: LoadedModel, question: str, filler: str | None = None, count: 
     return ids, inserted
 
 
-def score(text: str, answer: str) -> tuple[int, str | None]:
-    pred = last_boxed(text) or last_number(text)
-    return int(math_equal(pred, answer)), pred
+SCORINGS = ("boxed", "boxed_or_last_number")
+
+
+def score(text: str, answer: str, scoring: str = "boxed") -> tuple[int, str | None, str]:
+    """(correct, prediction, what was read): the paper reads the last \\boxed{} only; the fallback to the
+    last number of the text is an option (and the row says which one scored it)."""
+    if scoring not in SCORINGS:
+        raise LmlabError(f"unknown scoring '{scoring}'; use one of {', '.join(SCORINGS)}")
+    pred, source = last_boxed(text), "boxed"
+    if pred is None and scoring == "boxed_or_last_number":
+        pred, source = last_number(text), "last_number"
+    if pred is None:
+        source = "none"
+    return int(math_equal(pred, answer)), pred, source
 
 
 def evaluate(lm, run_dir, items, condition, config, filler=None, count=0, position="between", arm=None,
-              split="test", sweep="") -> list[dict]:
-    """Generate and score one condition, resumable in chunks of 64 problems."""
+             split="test", sweep="") -> list[dict]:
+    """Generate and score one condition, resumable in chunks of 64 problems; greedy when the profile draws
+    one sample, else `samples` temperature-sampled runs (seeded), each row carrying its `sample`."""
     key_base = f"{split}|{condition}|{sweep}"
+    n_samples = config.size("samples")
+    budget = config.size("max_new_tokens")
     done = run_dir.done("answers")
     rows = []
-    for start in range(0, len(items), 64):
-        key = f"{key_base}|{start}"
-        if key not in done:
-            chunk = items[start:start + 64]
-            prompts = [build_ids(lm, item.question, filler, count, position)[0] for item in chunk]
-            desc = f"{split} {condition} {sweep} {start + len(chunk)}/{len(items)}"
-            if arm is not None:
-                with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed, **arm)):
-                    outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
-                                          stop_at_newline=False, description=desc, share_prefix=False)
-            else:
-                outs = greedy_answers(lm, prompts, config.size("max_new_tokens"), config.batch_size,
-                                      stop_at_newline=False, description=desc)
-            new = []
-            for item, out in zip(chunk, outs):
-                text = lm.tokenizer.decode(out, skip_special_tokens=True)
-                correct, pred = score(text, item.answer)
-                new.append(dict(kind="answer", split=split, condition=condition, sweep=sweep, id=item.id,
-                                level=item.level, correct=correct, pred=pred, gold=item.answer,
-                                new_tokens=len(out), hit_budget=int(len(out) >= config.size("max_new_tokens"))))
-            run_dir.record("answers", key, new)
-            done[key] = new
-        rows += done[key]
+    for sample in range(n_samples):
+        sampling = dict(temperature=config.temperature, top_p=config.top_p, seed=config.seed + 7919 * sample) \
+            if n_samples > 1 else {}
+        for start in range(0, len(items), 64):
+            key = f"{key_base}|{start}" + (f"|s{sample}" if n_samples > 1 else "")
+            if key not in done:
+                chunk = items[start:start + 64]
+                prompts = [build_ids(lm, item.question, filler, count, position)[0] for item in chunk]
+                desc = f"{split} {condition} {sweep} {start + len(chunk)}/{len(items)}"
+                if n_samples > 1:
+                    desc += f" sample {sample + 1}/{n_samples}"
+                if arm is not None:
+                    with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
+                                                                scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
+                        outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
+                                              description=desc, share_prefix=False, **sampling)
+                else:
+                    outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
+                                          description=desc, **sampling)
+                new = []
+                for item, out in zip(chunk, outs):
+                    text = lm.tokenizer.decode(out, skip_special_tokens=True)
+                    correct, pred, source = score(text, item.answer, config.size("scoring"))
+                    new.append(dict(kind="answer", split=split, condition=condition, sweep=sweep, id=item.id,
+                                    sample=sample, level=item.level, correct=correct, pred=pred, scored_by=source,
+                                    gold=item.answer, new_tokens=len(out), hit_budget=int(len(out) >= budget)))
+                run_dir.record("answers", key, new)
+                done[key] = new
+            rows += done[key]
     return rows
 
 

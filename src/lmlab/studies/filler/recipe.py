@@ -13,7 +13,8 @@ Recipe (METHODS.md S3):
    and Mless), mean attention each key receives from later queries, sink excluded; inserted positions
    removed for the aligned None/Mless/Mful plot, kept for the long Mless/Mful plot;
  - mechanism check: share of near-zero layer-0 MLP activations (|a| < 0.01) on the original tokens;
- - ARM in layer 0, (c, p1) tuned on a disjoint dev split, reported on the test split.
+ - ARM in layer 0, (c, p1) tuned on a disjoint dev split, reported on the test split; its statistics over
+   the whole activation tensor of a call, as the authors' code does (`arm_scope`; see interventions/arm.py).
 """
 
 from __future__ import annotations
@@ -39,22 +40,22 @@ def spread(items: list[MathItem], n: int) -> list[MathItem]:
 def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
     if config.benchmark == "arithmetic":
         dev, test = split_arithmetic(config.size("n_dev_per_level"), config.size("n_test_per_level"), config.seed)
-        return dev, test, 0
+        return dev, test
     kind, _, path = config.benchmark.partition(":")
     if not path:
         raise LmlabError(f"unknown benchmark '{config.benchmark}'; use arithmetic, gsm8k:PATH or math500:PATH")
-    items, skipped = read_math_file(kind, path)
+    items = read_math_file(kind, path)
     random.Random(config.seed).shuffle(items)
     n_dev = min(len(items) // 5, 5 * config.size("n_dev_per_level"))
-    return items[:n_dev], items[n_dev:n_dev + 5 * config.size("n_test_per_level")], skipped
+    return items[:n_dev], items[n_dev:n_dev + 5 * config.size("n_test_per_level")]
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     lm = lm or load_model(config.model)
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
-    dev, test, skipped = load_problems(config)
-    run_dir.log(f"{len(dev)} dev and {len(test)} test problems; {skipped} rows skipped")
+    dev, test = load_problems(config)
+    run_dir.log(f"{len(dev)} dev and {len(test)} test problems")
     n = config.insert_count
     rows: list[dict] = []
 
@@ -88,7 +89,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
                for cond in ("None", "Mless", "Mful")}
     rows += profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
-    rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), skipped_rows=skipped,
+    rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
+                     samples=config.size("samples"), scoring=config.size("scoring"),
                      max_new_tokens=config.size("max_new_tokens"), insert_count=n,
                      arm_c=best["c"], arm_p1=best["p1"]))
     return pd.DataFrame(rows)

@@ -2,8 +2,10 @@
 
 The S1 knockout sweep for one sample, re-running only what it must.
 
-For probe layers k1 < k2 < ..., row i blocks the keys (E_Q, or the random control tokens) from every
-later position in layers 0..k_i. All rows, plus one clean row, go through one batched forward pass
+For probe layers k1 < k2 < ..., row i blocks the keys (E_Q, or the random control tokens) in layers
+0..k_i: with scope "each" (the paper's knockout) every key e loses every later query q > e, so the
+E_Q tokens cannot read each other either; with scope "span" only the positions after the last key lose
+them. All rows, plus one clean row, go through one batched forward pass
 (`Knockout(layer_mask=...)`), and only over the suffix: positions before the first blocked query are
 unchanged by any row, so they are computed once, clean, and their KV cache is shared by all rows.
 Those positions are therefore identical to the clean run by construction.
@@ -51,6 +53,11 @@ class SweepResult:
     all_positions: dict[int, torch.Tensor] | None = None  # layer -> (rows, suffix, d), when asked
 
 
+def first_changed(positions: list[int], scope: str) -> int:
+    """The first position a knockout of `positions` changes: after the first key ('each') or the last ('span')."""
+    return (min(positions) if scope == "each" else max(positions)) + 1
+
+
 def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
     """Row 0 is clean; one row per (condition, cut-off). A condition that blocks nothing *is* the clean
     computation, so it maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
@@ -74,12 +81,12 @@ def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
 
 @torch.no_grad()
 def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int] | None, layers: list[int],
-          keep_positions: bool = False) -> SweepResult:
+          keep_positions: bool = False, scope: str = "each") -> SweepResult:
     """One sample: clean row + one row per (condition, layer cut-off), prefix computed once."""
     device = lm.device
     seq_len = len(ids)
-    blocked_keys = [max(p) for p in (eq_pos, ctrl_pos) if p]
-    prefix = min(blocked_keys) + 1 if blocked_keys else seq_len - 1  # first position any row changes
+    changed = [first_changed(p, scope) for p in (eq_pos, ctrl_pos) if p]
+    prefix = min(changed) if changed else seq_len - 1  # first position any row changes
     prefix = max(1, min(prefix, seq_len - 1))
     keys, layer_mask, index = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
@@ -91,7 +98,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)
     positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
     capture = Capture("resid_post", layers=sorted(set(layers)))
-    with intervene(lm, Knockout(keys, layer_mask=layer_mask), capture):
+    with intervene(lm, Knockout(keys, scope=scope, layer_mask=layer_mask), capture):
         lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True))
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
@@ -105,14 +112,15 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
 
 
 @torch.no_grad()
-def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list[int]) -> dict[int, torch.Tensor]:
+def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list[int],
+                scope: str = "each") -> dict[int, torch.Tensor]:
     """Reference: one full forward pass per layer cut-off; layer k -> hidden at layer k, last token."""
     tokens = torch.tensor([ids], device=lm.device)
     keys = torch.zeros_like(tokens, dtype=torch.bool)
     keys[0, list(eq_pos)] = True
     out = {}
     for k in layers:
-        with intervene(lm, Knockout(keys, layers=range(k + 1)), Capture("resid_post", layers=k)) as (_, cap):
+        with intervene(lm, Knockout(keys, scope=scope, layers=range(k + 1)), Capture("resid_post", layers=k)) as (_, cap):
             lm.forward_last(dict(input_ids=tokens))  # as `sweep`: no logits beyond the last position
         out[k] = cap["resid_post", k][0, -1].float().cpu()
     return out

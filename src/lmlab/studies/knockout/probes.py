@@ -6,7 +6,7 @@ layer is chosen by cross-validated AUROC on the training split, never by the tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
@@ -15,7 +15,7 @@ from sklearn.model_selection import GroupShuffleSplit, StratifiedKFold, cross_va
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from lmlab.stats import Interval
+from lmlab.stats import Interval, percentile_interval
 
 MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its own, a verdict on the set)
 
@@ -69,8 +69,8 @@ def _auroc_interval(y, score, seed) -> Interval:
         idx = rng.integers(0, len(y), len(y))
         if len(set(y[idx].tolist())) == 2:
             stats.append(auroc(y[idx], score[idx]))
-    low, high = np.quantile(stats, [0.025, 0.975]) if stats else (float("nan"), float("nan"))
-    return Interval(auroc(y, score), float(low), float(high), len(y))
+    # resamples with one class have no AUROC and are drawn again, which scipy's bootstrap cannot do
+    return replace(percentile_interval(auroc(y, score), np.array(stats, dtype=float)), n=len(y))
 
 
 def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
@@ -87,8 +87,11 @@ def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
             fits[g] = make_probe(seed).fit(x[idx], y[idx])
     is_q = (groups[train] == "Q").astype(int)
     if len(fits) < 2 or len(set(is_q.tolist())) < 2:
+        have = ", ".join(f"{g}: {int(((groups[train] == g) & (y[train] == 1)).sum())} correct / "
+                         f"{int(((groups[train] == g) & (y[train] == 0)).sum())} incorrect" for g in ("Q", "A"))
         rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=float("nan"),
-                         n_test=len(test), note="too few Q- or A-Anchored training samples of both classes"))
+                         n_test=len(test), note=f"not trained: each pathway group needs {2 * MIN_GROUP} training "
+                                                f"samples with both classes ({have})"))
         return rows
     gate = make_probe(seed).set_params(logisticregression=LogisticRegression(C=0.05, max_iter=3000)).fit(x[train], is_q)
     g = gate.predict_proba(x[test])[:, 1]

@@ -1,18 +1,24 @@
 """S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422), seed 001.
 
-Recipe (METHODS.md S1):
+Recipe (METHODS.md S1, checked against the paper's text):
  1. greedy short answers to 3-shot QA prompts; correct = a SQuAD-normalised gold alias occurs in it;
- 2. per layer, a class-balanced logistic probe on the residual stream (block output) at the last
-    answer token, split by subject so no question is on both sides; the best layer is chosen by
-    cross-validated AUROC on the training split;
- 3. for each sweep layer k, attention from E_Q (subject + property tokens; the whole question when a
-    dataset names no subject) to every later position is blocked in all heads of layers 0..k;
+ 2. per dataset (the sets differ in accuracy, so a pooled probe would learn the set; `probes=pooled`
+    keeps one), a class-balanced logistic probe per layer on the residual stream (block output) at
+    the last answer token, split by subject so no question is on both sides; the best layer is chosen
+    by cross-validated AUROC on the training split. A set with too few answers of a class gets no
+    probes, and the table says so (`probe_skipped`);
+ 3. for each sweep layer k, attention from every E_Q token e (subject + property tokens; the whole
+    question when a dataset names no subject) to every later position q > e is blocked in all heads of
+    layers 0..k (the paper: "attention weights from exact question tokens to subsequent positions" set
+    to 0; scope "each"). Scope "span" (only positions after the last E_Q token) is kept as an option;
  4. ΔP(k) = 100 (p_knock(ŷ) - p_clean(ŷ)), ŷ the probe's clean prediction at layer k; the relative
     change is stored too;
- 5. Q-Anchored = knocking E_Q out flips the best-layer probe's prediction (at the best layer the
-    cumulative knockout up to that layer is the same as through all layers). This split is partly
-    circular (it is defined by the effect it is then shown to have at that layer), so the figure also
-    shows the control: the same number of random non-E_Q question tokens knocked out;
+ 5. the split is per probe layer, as the figure's x axis is the layer the probe is trained on: at
+    layer k a sample is Q-Anchored when knocking E_Q out in layers 0..k flips *that layer's* probe.
+    This is partly circular (the group is defined by the effect it is then shown to have), so the
+    control (as many random non-E_Q question tokens) is split the same way, by its own flips, and the
+    claim is checked against it: the E_Q flip rate must exceed the control's. The split at the best
+    layer is kept as `group_best` (the previous, fixed view; token patching and detection use it);
  6. token patching: the subject of a correctly answered question is replaced by another subject of the
     same set (the model's own answer kept); flip rate of the best-layer probe per group;
  7. detection AUROC on the test split: the best-layer probe vs a mixture of two probes (trained on
@@ -58,6 +64,104 @@ def load_items(config: Config) -> list[QAItem]:
     return items
 
 
+def _answer(config, run_dir, lm, items, encoded):
+    """Phase 1: greedy answers (resumable per batch)."""
+    done = run_dir.done("answers")
+    answers: dict[str, list[int]] = {k: v[0]["answer_ids"] for k, v in done.items()}
+    todo = [i for i in items if i.id not in answers]
+    for start in range(0, len(todo), 64):
+        chunk = todo[start:start + 64]
+        outs = greedy_answers(lm, [encoded[i.id]["ids"] for i in chunk], config.max_new_tokens, config.batch_size,
+                              description=f"answering {start + len(chunk)}/{len(todo)}")
+        for item, ids in zip(chunk, outs):
+            run_dir.record("answers", item.id, [{"answer_ids": ids}])
+            answers[item.id] = ids
+    return answers
+
+
+def _probe_groups(config, answered) -> dict[str, np.ndarray]:
+    """Which samples share a probe: each dataset its own (the default), or one pooled probe."""
+    sets = [i.dataset for i in answered]
+    if config.probes == "pooled":
+        return {"pooled": np.arange(len(answered))}
+    return {d: np.array([n for n, s in enumerate(sets) if s == d]) for d in dict.fromkeys(sets)}
+
+
+def _fit_probes(config, answered, correct, feats, n_layers):
+    """Phase 2: per probe group, a subject-grouped train/test split and one probe per layer; the best layer
+    by cross-validated AUROC on the training split. A group with too few answers of a class gets none."""
+    split = np.array(["train"] * len(answered), dtype=object)
+    fitted, rows = {}, []
+    for name, idx in _probe_groups(config, answered).items():
+        tr, te = group_split([answered[n].subject or answered[n].question for n in idx], config.test_fraction,
+                             config.seed)
+        train, test = idx[tr], idx[te]
+        split[test] = "test"
+        per_class = np.bincount(correct[train], minlength=2)
+        if int(per_class.min()) < config.min_per_class:
+            rows.append(dict(kind="probe_skipped", probe_set=name, correct_train=int(per_class[1]),
+                             incorrect_train=int(per_class[0]), needed=config.min_per_class))
+            continue
+        probes = fit_layer_probes(feats[idx], correct[idx], np.searchsorted(idx, train), np.searchsorted(idx, test),
+                                  list(range(n_layers)), config.seed)
+        best = max(probes, key=lambda p: p.cv_auroc).layer
+        fitted[name] = dict(probes=probes, best=best, idx=idx, train=train, test=test)
+        rows += [dict(kind="probe", probe_set=name, layer=p.layer, cv_auroc=p.cv_auroc, test_auroc=p.test_auroc,
+                      best=int(p.layer == best), n_train=len(train), n_test=len(test)) for p in probes]
+    return fitted, split, rows
+
+
+def _knockout_rows(item, probe_set, res, probes, layers) -> list[dict]:
+    """ΔP and flips of one sample at every sweep layer, each condition's split by its own flips."""
+    rows = []
+    for k in layers:
+        probe = probes[k]
+        p_clean = float(probe.p_true(res.clean[k].numpy())[0])
+        y_hat = int(p_clean >= 0.5)
+        pc = p_clean if y_hat else 1 - p_clean
+        for cond, hidden in (("eq", res.eq), ("control", res.control)):
+            if k in hidden:
+                p = float(probe.p_true(hidden[k].numpy())[0])
+                pk = p if y_hat else 1 - p
+                rows.append(dict(kind="knockout", id=item.id, dataset=item.dataset, probe_set=probe_set, layer=k,
+                                 condition=cond, p_clean=pc, p_knock=pk, delta_p=100 * (pk - pc),
+                                 rel_change=(pk - pc) / pc, y_hat=y_hat, flipped=int(pk < 0.5)))
+    eq_flip = {r["layer"]: r["flipped"] for r in rows if r["condition"] == "eq"}
+    for r in rows:
+        r["group"] = "Q" if r["flipped"] else "A"  # at this layer, by this condition's own flip
+        r["group_eq"] = "Q" if eq_flip[r["layer"]] else "A"  # the E_Q split at this layer
+    return rows
+
+
+def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
+    """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes."""
+    bests = {f["best"] for f in fitted.values()}
+    layers = sorted(set(sweep_layers(lm.layout.n_layers, config.sizes()["sweep_every"], 0)) | bests)
+    done = run_dir.done("knockout")
+    rng = random.Random(config.seed)
+    ko_rows: list[dict] = []
+    with Progress(transient=True) as bar:
+        task = bar.add_task("knockout sweep", total=len(answered))
+        for n, item in enumerate(answered):
+            enc = encoded[item.id]
+            pool = [p for p in enc["question"] if p not in set(enc["eq"])]
+            control = sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None
+            name = probe_set_of[n]
+            if name in fitted:
+                if item.id not in done:
+                    res = sweep(lm, seqs[n], enc["eq"], control, layers, scope=config.scope)
+                    done[item.id] = _knockout_rows(item, name, res, fitted[name]["probes"], layers)
+                    run_dir.record("knockout", item.id, done[item.id])
+                ko_rows += done[item.id]
+            bar.advance(task)
+    # the fixed split, a secondary view: E_Q flipping the probe at its set's best layer
+    at_best = {r["id"]: r["group_eq"] for r in ko_rows
+               if r["condition"] == "eq" and r["layer"] == fitted[r["probe_set"]]["best"]}
+    for row in ko_rows:
+        row["group_best"] = at_best[row["id"]]
+    return ko_rows, at_best
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     lm = lm or load_model(config.model)
     if not lm.layout.causal:
@@ -73,17 +177,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     items = [i for i in items if i.id in encoded]
     run_dir.log(f"{len(items)} questions; {skipped} skipped: subject span not found in the prompt")
 
-    # 1. answers (resumable per batch)
-    done = run_dir.done("answers")
-    answers: dict[str, list[int]] = {k: v[0]["answer_ids"] for k, v in done.items()}
-    todo = [i for i in items if i.id not in answers]
-    for start in range(0, len(todo), 64):
-        chunk = todo[start:start + 64]
-        outs = greedy_answers(lm, [encoded[i.id]["ids"] for i in chunk], config.max_new_tokens, config.batch_size,
-                              description=f"answering {start + len(chunk)}/{len(todo)}")
-        for item, ids in zip(chunk, outs):
-            run_dir.record("answers", item.id, [{"answer_ids": ids}])
-            answers[item.id] = ids
+    answers = _answer(config, run_dir, lm, items, encoded)
     answered = [i for i in items if answers[i.id]]
     texts = {i.id: lm.tokenizer.decode(answers[i.id]).strip() for i in answered}
     correct = np.array([alias_match(texts[i.id], i.aliases) for i in answered], dtype=int)
@@ -91,72 +185,35 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                  answer=texts[i.id], correct=int(c), eq_tokens=len(encoded[i.id]["eq"]),
                  eq_source=encoded[i.id]["eq_source"]) for i, c in zip(answered, correct)]
     counts = dict(questions=len(items), skipped_no_span=skipped, no_answer=len(items) - len(answered),
-                  correct=int(correct.sum()), incorrect=int(len(correct) - correct.sum()))
+                  correct=int(correct.sum()), incorrect=int(len(correct) - correct.sum()),
+                  n_layers=lm.layout.n_layers, scope=config.scope, probes=config.probes)
     run_dir.log(f"answers: {counts}")
 
-    # 2. probes
     seqs = [encoded[i.id]["ids"] + answers[i.id] for i in answered]
-    all_layers = list(range(lm.layout.n_layers))
-    train, test = group_split([i.subject or i.question for i in answered], config.test_fraction, config.seed)
-    split = np.array(["train"] * len(answered), dtype=object)
-    split[test] = "test"
+    feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
+    fitted, split, probe_rows = _fit_probes(config, answered, correct, feats, lm.layout.n_layers) \
+        if answered else ({}, np.array([]), [])
     for row, s in zip(base, split):
         row["split"] = s
-    n_min = int(min(np.bincount(correct[train], minlength=2)))
-    if n_min < config.min_per_class:
-        run_dir.log(f"too few answers of one class in the training split ({n_min}) to train probes")
-        return pd.DataFrame(base + [dict(kind="counts", **counts, min_class_train=n_min)])
-    feats = last_token_features(lm, seqs, all_layers, config.batch_size)
-    probes = fit_layer_probes(feats, correct, train, test, all_layers, config.seed)
-    best = max(probes, key=lambda p: p.cv_auroc).layer
-    probe_rows = [dict(kind="probe", layer=p.layer, cv_auroc=p.cv_auroc, test_auroc=p.test_auroc,
-                       best=int(p.layer == best)) for p in probes]
-
-    # 3-4. knockout sweep (resumable per question)
-    layers = sweep_layers(lm.layout.n_layers, config.sizes()["sweep_every"], best)
-    done = run_dir.done("knockout")
-    rng = random.Random(config.seed)
-    ko_rows: list[dict] = []
-    with Progress(transient=True) as bar:
-        task = bar.add_task("knockout sweep", total=len(answered))
-        for n, item in enumerate(answered):
-            enc = encoded[item.id]
-            pool = [p for p in enc["question"] if p not in set(enc["eq"])]
-            control = sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None
-            if item.id not in done:
-                res = sweep(lm, seqs[n], enc["eq"], control, layers)
-                rows = []
-                for k in layers:
-                    probe = probes[k]
-                    p_clean = float(probe.p_true(res.clean[k].numpy())[0])
-                    y_hat = int(p_clean >= 0.5)
-                    pc = p_clean if y_hat else 1 - p_clean
-                    for cond, hidden in (("eq", res.eq), ("control", res.control)):
-                        if k in hidden:
-                            p = float(probe.p_true(hidden[k].numpy())[0])
-                            pk = p if y_hat else 1 - p
-                            rows.append(dict(kind="knockout", id=item.id, dataset=item.dataset, layer=k, condition=cond,
-                                             p_clean=pc, p_knock=pk, delta_p=100 * (pk - pc),
-                                             rel_change=(pk - pc) / pc, y_hat=y_hat))
-                run_dir.record("knockout", item.id, rows)
-                done[item.id] = rows
-            ko_rows += done[item.id]
-            bar.advance(task)
-
-    # 5. pathway split at the best layer
-    ko = pd.DataFrame(ko_rows)
-    at_best = ko[(ko.layer == best) & (ko.condition == "eq")].set_index("id")
-    group = {i: ("Q" if at_best.loc[i, "p_knock"] < 0.5 else "A") for i in at_best.index}
-    split_of = {i.id: s for i, s in zip(answered, split)}
-    for row in ko_rows:
-        row["group"] = group[row["id"]]
-        row["split"] = split_of[row["id"]]
+    for row in probe_rows:
+        if row["kind"] == "probe_skipped":
+            run_dir.log(f"no probes for {row['probe_set']}: {row['correct_train']} correct and "
+                        f"{row['incorrect_train']} incorrect training answers (need {row['needed']} of each)")
+    if not fitted:
+        return pd.DataFrame(base + probe_rows + [dict(kind="counts", **counts)])
+    probe_set_of = {n: name for name, f in fitted.items() for n in f["idx"]}
+    ko_rows, group = _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of)
     for row in base:
-        row["group"] = group.get(row["id"])
+        row["group_best"] = group.get(row["id"])
 
-    # 6-7. token patching and detection
-    extra = patching_rows(lm, answered, answers, correct, group, probes[best], config, feats[:, best])
-    extra += detection_rows(feats[:, best], correct, train, test, [group[i.id] for i in answered], probes[best],
-                            best, config.seed)
-    meta = [dict(kind="counts", **counts, best_layer=best, n_layers=lm.layout.n_layers, model=lm.name)]
-    return pd.DataFrame(base + probe_rows + ko_rows + extra + meta)
+    # 5-6. token patching and detection, per probe set at its best layer
+    extra = []
+    for name, f in fitted.items():
+        idx, best, probe = f["idx"], f["best"], f["probes"][f["best"]]
+        sub = [answered[n] for n in idx]
+        extra += patching_rows(lm, sub, answers, correct[idx], group, probe, config, feats[idx, best])
+        extra += [dict(r, probe_set=name) for r in
+                  detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
+                                 np.searchsorted(idx, f["test"]), [group[i.id] for i in sub], probe, best,
+                                 config.seed)]
+    return pd.DataFrame(base + probe_rows + ko_rows + extra + [dict(kind="counts", **counts)])
