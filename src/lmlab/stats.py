@@ -41,11 +41,10 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
     return Interval(successes / n, float(ci.low), float(ci.high), n)
 
 
-def _percentile_bootstrap(samples: tuple, statistic, n_resamples: int, confidence: float, seed: int):
-    def stat(*xs, axis=-1):
-        return np.apply_along_axis(statistic, axis, xs[0]) if len(xs) == 1 else statistic(*xs, axis=axis)
+def _percentile_bootstrap(samples: tuple, stat, n_resamples: int, confidence: float, seed: int) -> tuple[float, float]:
+    """scipy's percentile bootstrap, each sample resampled on its own; `stat(*xs, axis)` is vectorised."""
     res = _st.bootstrap(samples, stat, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
-                        rng=np.random.default_rng(seed), vectorized=True)
+                        rng=np.random.default_rng(seed), vectorized=True, paired=False)
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -59,7 +58,8 @@ def bootstrap(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndar
     estimate = float(statistic(data))
     if n == 1 or np.all(data == data[0]):
         return Interval(estimate, estimate, estimate, n)
-    low, high = _percentile_bootstrap((data,), statistic, n_resamples, confidence, seed)
+    low, high = _percentile_bootstrap((data,), lambda x, axis=-1: np.apply_along_axis(statistic, axis, x),
+                                      n_resamples, confidence, seed)
     return Interval(estimate, low, high, n)
 
 
@@ -75,9 +75,8 @@ def bootstrap_diff(a: Sequence[float], b: Sequence[float], statistic: Callable[[
 
     def diff(x, y, axis=-1):
         return np.apply_along_axis(statistic, axis, x) - np.apply_along_axis(statistic, axis, y)
-    res = _st.bootstrap((a, b), diff, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
-                        rng=np.random.default_rng(seed), vectorized=True, paired=False)
-    return Interval(estimate, float(res.confidence_interval.low), float(res.confidence_interval.high), len(a) + len(b))
+    low, high = _percentile_bootstrap((a, b), diff, n_resamples, confidence, seed)
+    return Interval(estimate, low, high, len(a) + len(b))
 
 
 def percentile_interval(estimate: float, samples: np.ndarray, confidence: float = 0.95) -> Interval:
