@@ -44,3 +44,24 @@ def test_gemma3_head_knockout_matches_hand_masked_eager(gemma, gemma_batch):
 
 def test_gemma3_z_is_the_o_proj_input(gemma, gemma_batch):
     checks.test_captured_z_is_the_o_proj_input(gemma, gemma_batch)
+
+
+def test_gemma3_cached_tokenizer_encodes_as_gemmas_own_class(gemma):
+    """The cache serves the tokenizer straight from tokenizer.json (the fast path of a ≤ 2 s load); Gemma's own
+    class, which rebuilds it from the vocabulary, must encode and decode every text the same way."""
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    from lmlab.models.embedded import cached_model_dir
+
+    assert type(gemma.tokenizer).__name__ == "TokenizersBackend"
+    own = GemmaTokenizer.from_pretrained(str(cached_model_dir("gemma3-270m")))
+    texts = ["The capital of Burkina Faso is", "  two  spaces\n\nnew lines\tand a tab", "ünïcödé, 東京, Ελλάδα 🙂",
+             "<start_of_turn>user\nhi<end_of_turn>", "def f(x):\n    return x ** 2  # 12345.678", "", " lead"]
+    texts += [f"{p} {q}" for p in PROMPTS for q in ("Answer:", "\\boxed{42}")]
+    for text in texts:
+        ids = gemma.tokenizer(text)["input_ids"]
+        assert ids == own(text)["input_ids"], text
+        assert gemma.tokenizer.decode(ids) == own.decode(ids)
+    assert (gemma.tokenizer.bos_token_id, gemma.tokenizer.eos_token_id, gemma.tokenizer.pad_token_id) == (
+        own.bos_token_id, own.eos_token_id, own.pad_token_id)
+    assert len(gemma.tokenizer) == len(own)

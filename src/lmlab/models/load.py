@@ -161,6 +161,7 @@ def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, de
         if entry.parts:  # the assembled GGUF has served; the de-quantized cache replaces it
             (folder / file).unlink(missing_ok=True)
     if cached or head is not None:
+        embedded.serve_tokenizer_from_file(embedded.cached_model_dir(entry.name))
         model, tok = _from_pretrained(str(embedded.cached_model_dir(entry.name)), **kw)
     return _finish(model, tok, entry.name, f"package {entry.pip} (GGUF de-quantized, cached)", device, dtype, t0,
                    cached=cached)
