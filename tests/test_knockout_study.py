@@ -232,3 +232,75 @@ def test_embedded_model_answers_some_capitals_right_and_some_wrong(embedded_smol
     answers = greedy_answers(embedded_smollm, prompts, max_new_tokens=6)
     right = sum(alias_match(embedded_smollm.tokenizer.decode(a), i.aliases) for a, i in zip(answers, items))
     assert 3 <= right <= 27  # both classes exist, so probes can be trained
+
+
+def _two_pathway_model(monkeypatch, n, question_anchored):
+    """A tiny llama built so that the paper's two pathways exist by construction (the positive control).
+
+    Every query attends evenly to the keys it may see (q_proj = 0), MLPs are off, and only subject tokens
+    and two answer tokens have embeddings. For a question-anchored item the answer is a constant,
+    embedding-less token, and the label ("correct") is the sign of a fixed direction u on what layer 0's
+    attention carries from the subject: the last token knows it only by reading E_Q. For an
+    answer-anchored item the label is a coin, written into the answer as one of two opposite tokens:
+    knocking E_Q out cannot touch it. Answers are planted (the model is not asked to generate them)."""
+    lm = load_model("tiny-llama")
+    model, tok = lm.model, lm.tokenizer
+    items = [i for i in generate("geo-capital", n, seed=0) if s1m.encode_item(lm, i)]
+    encs = {i.id: s1m.encode_item(lm, i) for i in items}
+    prop = set(tok(" capital", add_special_tokens=False)["input_ids"])
+    subject = {encs[i.id]["ids"][p] for i in items for p in encs[i.id]["eq"]} - prop
+    emb = model.get_input_embeddings().weight
+    constant, yes, no = [t for t in range(10, emb.shape[0]) if t not in subject][:3]
+    layer0 = model.model.layers[0]
+    cfg = model.config
+    head_dim, rep = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    with torch.no_grad():
+        keep = torch.zeros(emb.shape[0], dtype=torch.bool)
+        keep[sorted(subject | {yes})] = True
+        emb[~keep] = 0
+        emb[yes] *= 0.1  # the answer pathway about as strong as the question pathway at the last token
+        emb[no] = -emb[yes]
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+
+        def carried(ids):  # what layer 0's attention writes from these keys (before the 1/n of the average)
+            v = layer0.self_attn.v_proj(layer0.input_layernorm(emb[ids])).view(len(ids), -1, head_dim)
+            return layer0.self_attn.o_proj(v.repeat_interleave(rep, dim=1).reshape(len(ids), -1)).sum(0)
+
+        u = torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(0))
+        score = {i.id: float(carried([encs[i.id]["ids"][p] for p in encs[i.id]["eq"]]) @ u) for i in items}
+    median = float(np.median(list(score.values())))
+    coins = np.random.default_rng(0).random(len(items)) < 0.5
+    label, answer, anchored = {}, {}, set()
+    for n_item, item in enumerate(items):
+        key = tuple(encs[item.id]["ids"])
+        if question_anchored and n_item % 2 == 0:
+            anchored.add(item.id)
+            label[item.aliases[0]], answer[key] = score[item.id] > median, [constant, constant]
+        else:
+            label[item.aliases[0]], answer[key] = bool(coins[n_item]), [constant, yes if coins[n_item] else no]
+    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: label[aliases[0]])
+    monkeypatch.setattr(s1.recipe, "greedy_answers", lambda lm_, prompts, *a, **k: [answer[tuple(p)] for p in prompts])
+    lm.name = "tiny-two-pathways" if question_anchored else "tiny-answer-only"
+    return lm, anchored
+
+
+def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_does_not(tmp_path, monkeypatch):
+    """End to end through answers, probes, the knockout sweep, the per-layer split and the verdict: where half
+    the items' truthfulness is read from E_Q, the E_Q knockout flips the probe far more often than the control
+    and drops the flipped items' confidence; where every item's truthfulness is in its answer, it cannot."""
+    config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=80, sweep_every=1, min_per_class=5)
+    lm, anchored = _two_pathway_model(monkeypatch, 80, question_anchored=True)
+    both = run_study(s1.SPEC, config, tmp_path, lm=lm)
+    assert both.verdict.status == "reproduced", both.verdict.summary
+    ko = both.table("knockout")
+    late = ko[ko.layer >= 1]
+    flips = late.groupby("condition").flipped.mean()
+    assert flips["eq"] > 0.15 and flips["eq"] > 4 * flips["control"], flips  # about half the anchored half
+    eq = late[late.condition == "eq"]
+    assert set(eq[eq.group == "Q"].id) <= anchored  # only question-anchored items flip
+    lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False)
+    answer_only = run_study(s1.SPEC, config, tmp_path, lm=lm)
+    assert answer_only.verdict.status in ("inconclusive", "not reproduced"), answer_only.verdict.summary
+    assert answer_only.table("knockout").query("condition == 'eq'").flipped.sum() == 0
