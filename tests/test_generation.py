@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from lmlab.generation import _greedy_batch, greedy_answers, shared_prefix_length, stop_tokens
+from lmlab.generation import _generate, greedy_answers, shared_prefix_length, stop_tokens
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +52,10 @@ def test_greedy_answers_equal_generating_each_prompt_alone(sharp):
 
 def test_a_row_that_stops_leaves_the_batch_and_the_others_go_on(sharp):
     prompts = _prompts(sharp)
-    free = _greedy_batch(sharp, prompts, 8, stop=set(), share_prefix=True)  # nothing stops: 8 tokens each
+    free = _generate(sharp, prompts, 8, stop=set(), share_prefix=True, batch_size=len(prompts))  # nothing stops: 8 tokens each
     assert all(len(row) == 8 for row in free)
     token = free[0][2]  # row 0 stops at its third token; any row generating it earlier stops there too
-    got = _greedy_batch(sharp, prompts, 8, stop={token}, share_prefix=True)
+    got = _generate(sharp, prompts, 8, stop={token}, share_prefix=True, batch_size=len(prompts))
     for row, full in zip(got, free):
         cut = full.index(token) if token in full else len(full)
         assert row == full[:cut]
@@ -80,3 +80,36 @@ def test_sampling_is_seeded_and_stays_in_the_nucleus():
     assert torch.equal(a, b) and set(a.tolist()) >= {0, 1, 2}
     nucleus = next_token(logits, 1.0, 0.9, torch.Generator().manual_seed(5))
     assert set(nucleus.tolist()) == {0, 1}  # p(0) + p(1) = 0.96 >= 0.9: the tail is never drawn
+
+
+def test_waiting_prompts_join_the_running_batch_and_match_generating_alone(sharp, monkeypatch):
+    """Rows that end early make room; waiting prompts join the running batch, their cache aligned to it by masked
+    columns (or the running rows' to theirs, when theirs is longer). Every answer still equals `generate` alone."""
+    import lmlab.generation as generation
+
+    tok = sharp.tokenizer
+    head = tok("Please reason step by step, and put the final answer in a box.", add_special_tokens=False)["input_ids"]
+    # row 0 ends at once, so the long third prompt joins the second early (the running rows get the gap);
+    # row 1 ends at its fourth token, so short prompts join the long one (they get it)
+    tails = ["\n7", "\nWhat is 3 plus 4?", "\nMary had 12 apples and gave 5 of them to John, who ate two of them and "
+             "gave the rest to his sister. How many", "\nHow many", "\n2 + 2 =", "\nA farmer has 17 sheep; all but "
+             "nine run away. How many are left?", "\nx", "\nThe answer is"]
+    prompts = [head + tok(t, add_special_tokens=False)["input_ids"] for t in tails]
+    free = [_alone(sharp, p, 9, set()) for p in prompts]
+    stop = {free[0][0], free[1][3]}
+    expected = [_alone(sharp, p, 9, stop) for p in prompts]
+    assert len({len(e) for e in expected}) >= 3, expected  # rows end at different steps
+    calls, gaps = [], set()
+    real = generation._insert_gap
+
+    def spy(cache, mask, at, width):  # called for the joining rows, then for the running ones
+        if width > 0:
+            gaps.add("joining" if len(calls) % 2 == 0 else "running")
+        calls.append(width)
+        return real(cache, mask, at, width)
+
+    monkeypatch.setattr(generation, "_insert_gap", spy)
+    for share in (True, False):
+        got = _generate(sharp, prompts, 9, stop=stop, share_prefix=share, batch_size=2)
+        assert got == expected, share
+    assert gaps == {"joining", "running"}, gaps  # both alignments were exercised

@@ -6,12 +6,14 @@ the left (generation: between the batch's common prefix and each row's own token
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Sequence
 
 import numpy as np
 import torch
 from rich.progress import Progress
+from transformers.cache_utils import DynamicLayer
 
 from lmlab.interventions import Capture, intervene
 from lmlab.models import LoadedModel
@@ -62,51 +64,102 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_p: float = 1.
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def _insert_gap(cache, mask: torch.Tensor, at: int, width: int) -> torch.Tensor:
+    """Insert `width` masked, all-zero cache columns at position `at` of every layer (and of the mask)."""
+    if width <= 0:
+        return mask
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            gap = t.new_zeros(t.shape[:-2] + (width, t.shape[-1]))
+            setattr(layer, name, torch.cat([t[..., :at, :], gap, t[..., at:, :]], dim=-2))
+    return torch.cat([mask[:, :at], mask.new_zeros((mask.shape[0], width)), mask[:, at:]], dim=1)
+
+
+def _refillable(cache) -> bool:
+    """Rows can join a running batch when every cache layer is a plain growing one (not a sliding window)."""
+    return cache is not None and all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
+
+
 @torch.no_grad()
-def _greedy_batch(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, stop: set[int],
-                  share_prefix: bool, temperature: float = 0.0, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> list[list[int]]:
-    """Greedy decoding of one batch with the KV cache, each row to its first stop token or the budget.
+def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, stop: set[int], share_prefix: bool,
+              batch_size: int, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+              finished=None) -> list[list[int]]:
+    """Decode every prompt with the KV cache, each row to its first stop token or the budget, at most
+    `batch_size` rows at a time.
 
     The prompts' common prefix (the system prompt and instruction a study puts before every problem) is run
-    once and its cache copied to every row; the rows' own tokens follow, right-aligned with the padding
-    between prefix and suffix, each with its true positions. Rows that stop leave the batch.
+    once and its cache copied to every row; the rows' own tokens follow, right-aligned with masked columns
+    between prefix and suffix, each with its true positions. Rows that stop leave the batch, and when half
+    the batch has left, waiting prompts join it: their own tokens are run once and their cache is aligned to
+    the running one by masked columns after the prefix (or the running rows' is, when theirs is longer).
+    Decoding a few rows costs nearly as much per step as a full batch (the weights are read either way), so
+    this keeps the batch full instead of finishing each batch's longest answer alone.
     """
     device, n = lm.device, len(prompts)
     prefix = shared_prefix_length(prompts) if share_prefix and n > 1 else 0
-    own = lm.pad_batch([list(p[prefix:]) for p in prompts])  # left-padded, positions from each row's first token
-    check_context(lm, prefix + own["input_ids"].shape[1])
-    cache = None
+    prefix_cache = None
     if prefix:
-        cache = lm.forward_last(dict(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device),
-                                     use_cache=True)).past_key_values
-        cache.batch_repeat_interleave(n)
-    ids = own["input_ids"]
-    mask = torch.cat([torch.ones((n, prefix), dtype=own["attention_mask"].dtype, device=device),
-                      own["attention_mask"]], dim=1)
-    positions = own["position_ids"] + prefix
-    following = positions[:, -1] + 1
+        prefix_cache = lm.forward_last(dict(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device),
+                                            use_cache=True)).past_key_values
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
-    rows = torch.arange(n, device=device)  # the batch rows still generating, as indices into `prompts`
     out: list[list[int]] = [[] for _ in range(n)]
-    for step in range(max_new_tokens):
-        result = lm.forward_last(dict(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                      past_key_values=cache, use_cache=True))
-        cache = result.past_key_values
-        token = next_token(result.logits[:, -1], temperature, top_p, generator)
-        for row, tok in zip(rows.tolist(), token.tolist()):
+    waiting = list(range(n))[::-1]  # popped from the end: prompts join in order
+    rows = torch.zeros(0, dtype=torch.long, device=device)  # the rows generating, as indices into `prompts`
+    cache = token = mask = following = None
+    refill = True
+    while waiting or len(rows):
+        if waiting and (not len(rows) or (refill and len(rows) <= batch_size // 2)):
+            join = [waiting.pop() for _ in range(min(batch_size - len(rows), len(waiting)))]
+            own = lm.pad_batch([list(prompts[i][prefix:]) for i in join])
+            check_context(lm, prefix + own["input_ids"].shape[1])
+            new_cache = None
+            if prefix:
+                new_cache = copy.deepcopy(prefix_cache)
+                new_cache.batch_repeat_interleave(len(join))
+            new_mask = torch.cat([torch.ones((len(join), prefix), dtype=own["attention_mask"].dtype, device=device),
+                                  own["attention_mask"]], dim=1)
+            result = lm.forward_last(dict(input_ids=own["input_ids"], attention_mask=new_mask,
+                                          position_ids=own["position_ids"] + prefix, past_key_values=new_cache,
+                                          use_cache=True))
+            new_cache = result.past_key_values
+            new_token = next_token(result.logits[:, -1], temperature, top_p, generator)
+            new_following = own["position_ids"][:, -1] + prefix + 1
+            new_rows = torch.tensor(join, dtype=torch.long, device=device)
+            fresh = len(rows)  # the joining rows' first tokens are new; the running rows' were counted already
+            if not len(rows):
+                cache, token, mask, following, rows = new_cache, new_token, new_mask, new_following, new_rows
+            else:
+                width = mask.shape[1] - new_mask.shape[1]
+                new_mask = _insert_gap(new_cache, new_mask, prefix, width)
+                mask = _insert_gap(cache, mask, prefix, -width)
+                for layer, other in zip(cache.layers, new_cache.layers):
+                    layer.keys = torch.cat([layer.keys, other.keys])
+                    layer.values = torch.cat([layer.values, other.values])
+                token, mask = torch.cat([token, new_token]), torch.cat([mask, new_mask])
+                following, rows = torch.cat([following, new_following]), torch.cat([rows, new_rows])
+            refill = _refillable(cache)
+        else:  # one step: every row's newest token goes into the cache and the next one comes out
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            result = lm.forward_last(dict(input_ids=token[:, None], attention_mask=mask,
+                                          position_ids=following[:, None], past_key_values=cache, use_cache=True))
+            cache = result.past_key_values
+            token = next_token(result.logits[:, -1], temperature, top_p, generator)
+            following = following + 1
+            fresh = 0
+        # invariant: `token` is each row's newest token, not yet in the cache, at position `following`;
+        # `mask` covers the cache's columns
+        for row, tok in zip(rows.tolist()[fresh:], token.tolist()[fresh:]):
             out[row].append(tok)
-        going = ~torch.isin(token, stop_ids)
-        if step == max_new_tokens - 1 or not going.any():
-            break
+        lengths = torch.tensor([len(out[r]) for r in rows.tolist()], device=device)
+        going = ~torch.isin(token, stop_ids) & (lengths < max_new_tokens)
         if not going.all():
+            if finished is not None:
+                finished(int((~going).sum()))
             keep = going.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
+            if len(keep):
+                cache.batch_select_indices(keep)
             rows, token, mask, following = rows[keep], token[keep], mask[keep], following[keep]
-        ids = token[:, None]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = following[:, None]
-        following = following + 1
     return [o[:-1] if o and o[-1] in stop else o for o in out]
 
 
@@ -117,24 +170,20 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
                    seed: int = 0) -> list[list[int]]:
     """Greedy continuation of each prompt (token ids), up to its end-of-sequence token (not included) or the
     budget, and cut at the first newline when `stop_at_newline`. With `temperature` > 0 the tokens are
-    sampled instead (nucleus `top_p`), seeded by `seed` and the batch's place, so a resumed run draws the
-    same tokens.
+    sampled instead (nucleus `top_p`), seeded by `seed`, so a rerun on the same prompts draws the same tokens.
 
-    `share_prefix` runs a batch's common prefix once (the same logits as running every row whole, tested);
+    `share_prefix` runs the prompts' common prefix once (the same logits as running every row whole, tested);
     pass False under an intervention that draws random numbers per position (ARM), so rows draw their own.
     """
+    if not prompts:
+        return []
     stop = stop_tokens(lm)
-    out: list[list[int]] = []
+    generator = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003) if temperature > 0 else None
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(prompts))
-        for a, b in _batches(len(prompts), batch_size):
-            generator = None
-            if temperature > 0:
-                generator = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003 + a)
-            new = _greedy_batch(lm, prompts[a:b], max_new_tokens, stop, share_prefix, temperature, top_p, generator)
-            out += [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
-            bar.advance(task, b - a)
-    return out
+        new = _generate(lm, prompts, max_new_tokens, stop, share_prefix, batch_size, temperature, top_p, generator,
+                        finished=lambda k: bar.advance(task, k))
+    return [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
 
 
 @torch.no_grad()

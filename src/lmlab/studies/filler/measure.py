@@ -3,8 +3,12 @@ condition (resumable), attention profiles and the layer-0 MLP mechanism check.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Sequence
+
 import torch
 
+from lmlab.data.math import MathItem
 from lmlab.data.scoring import last_boxed, last_number, math_equal
 from lmlab.errors import LmlabError
 from lmlab.generation import greedy_answers
@@ -59,45 +63,81 @@ def score(text: str, answer: str, scoring: str = "boxed") -> tuple[int, str | No
     return int(math_equal(pred, answer)), pred, source
 
 
+@dataclass(frozen=True)
+class Job:
+    """One condition on a list of problems: what `evaluate` generates and scores."""
+    items: Sequence[MathItem]
+    condition: str
+    filler: str | None = None
+    count: int = 0
+    position: str = "between"
+    split: str = "test"
+    sweep: str = ""
+
+
+CHUNK = 64  # problems per resumable record
+
+
 def evaluate(lm, run_dir, items, condition, config, filler=None, count=0, position="between", arm=None,
              split="test", sweep="") -> list[dict]:
-    """Generate and score one condition, resumable in chunks of 64 problems; greedy when the profile draws
-    one sample, else `samples` temperature-sampled runs (seeded), each row carrying its `sample`."""
-    key_base = f"{split}|{condition}|{sweep}"
+    """Generate and score one condition (see `evaluate_many`)."""
+    return evaluate_many(lm, run_dir, [Job(items, condition, filler, count, position, split, sweep)], config, arm)[0]
+
+
+def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = None) -> list[list[dict]]:
+    """Generate and score several conditions, resumable in chunks of 64 problems; greedy when the profile draws
+    one sample, else `samples` temperature-sampled runs (seeded), each row carrying its `sample`.
+
+    The conditions' prompts share generation calls of up to four batches: a call's rows of every length
+    keep its batch full (`greedy_answers` lets waiting prompts join as rows end), so only the call's last
+    answers decode in a thin batch. A chunk is recorded once its call ends. Under ARM (`arm` = its c
+    and p1) the rows run whole, as its random draws are per position."""
     n_samples = config.size("samples")
     budget = config.size("max_new_tokens")
     done = run_dir.done("answers")
-    rows = []
     for sample in range(n_samples):
         sampling = dict(temperature=config.temperature, top_p=config.top_p, seed=config.seed + 7919 * sample) \
             if n_samples > 1 else {}
-        for start in range(0, len(items), 64):
-            key = f"{key_base}|{start}" + (f"|s{sample}" if n_samples > 1 else "")
-            if key not in done:
-                chunk = items[start:start + 64]
-                prompts = [build_ids(lm, item.question, filler, count, position)[0] for item in chunk]
-                desc = f"{split} {condition} {sweep} {start + len(chunk)}/{len(items)}"
-                if n_samples > 1:
-                    desc += f" sample {sample + 1}/{n_samples}"
-                if arm is not None:
-                    with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
-                                                                scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
-                        outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
-                                              description=desc, share_prefix=False, **sampling)
-                else:
+        todo = [(key, job, job.items[start:start + CHUNK]) for job in jobs for start in range(0, len(job.items), CHUNK)
+                if (key := _key(job, start, sample, n_samples)) not in done]
+        calls: list[list] = []
+        for entry in todo:
+            if not calls or sum(len(e[2]) for e in calls[-1]) + len(entry[2]) > 4 * config.batch_size:
+                calls.append([])
+            calls[-1].append(entry)
+        for n_call, call in enumerate(calls):
+            prompts = [build_ids(lm, item.question, job.filler, job.count, job.position)[0]
+                       for _, job, chunk in call for item in chunk]
+            desc = f"{'ARM ' if arm else ''}generating {len(prompts)} answers, call {n_call + 1}/{len(calls)}"
+            if n_samples > 1:
+                desc += f", sample {sample + 1}/{n_samples}"
+            if arm is not None:
+                with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
+                                                            scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
                     outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
-                                          description=desc, **sampling)
-                new = []
-                for item, out in zip(chunk, outs):
-                    text = lm.tokenizer.decode(out, skip_special_tokens=True)
-                    correct, pred, source = score(text, item.answer, config.size("scoring"))
-                    new.append(dict(kind="answer", split=split, condition=condition, sweep=sweep, id=item.id,
-                                    sample=sample, level=item.level, correct=correct, pred=pred, scored_by=source,
-                                    gold=item.answer, new_tokens=len(out), hit_budget=int(len(out) >= budget)))
+                                          description=desc, share_prefix=False, **sampling)
+            else:
+                outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
+                                      description=desc, **sampling)
+            outs = iter(outs)
+            for key, job, chunk in call:
+                new = [_answer_row(lm, job, item, next(outs), sample, budget, config.size("scoring")) for item in chunk]
                 run_dir.record("answers", key, new)
                 done[key] = new
-            rows += done[key]
-    return rows
+    return [[row for sample in range(n_samples) for start in range(0, len(job.items), CHUNK)
+             for row in done[_key(job, start, sample, n_samples)]] for job in jobs]
+
+
+def _key(job: Job, start: int, sample: int, n_samples: int) -> str:
+    return f"{job.split}|{job.condition}|{job.sweep}|{start}" + (f"|s{sample}" if n_samples > 1 else "")
+
+
+def _answer_row(lm, job: Job, item: MathItem, out: list[int], sample: int, budget: int, scoring: str) -> dict:
+    text = lm.tokenizer.decode(out, skip_special_tokens=True)
+    correct, pred, source = score(text, item.answer, scoring)
+    return dict(kind="answer", split=job.split, condition=job.condition, sweep=job.sweep, id=item.id, sample=sample,
+                level=item.level, correct=correct, pred=pred, scored_by=source, gold=item.answer,
+                new_tokens=len(out), hit_budget=int(len(out) >= budget))
 
 
 def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:

@@ -5,9 +5,11 @@ Recipe (METHODS.md S3):
    + inserted tokens + problem; Mless = 55 x " /", Mful = 55 x " he", between the instruction and the
    problem by default, inside the user turn for chat-template models. Prompts are assembled from token
    ids, so each inserted token lands exactly where asked (and is exactly one token);
- - greedy decoding with a token budget (quick 48 new tokens, full 384: DECISION, to fit CPU minutes;
-   the table records how often an answer ran into the budget, because brevity is a confound);
- - scoring: the last \\boxed{} of the output, else its last number, normalised, against the gold answer;
+ - decoding with a token budget: quick greedy with 256 new tokens (98% of the embedded model's answers end
+   by themselves), full as the paper: 2048 new tokens, five temperature-sampled runs per problem; the table
+   records how often an answer ran into the budget, because brevity is a confound;
+ - scoring as the paper: the last \\boxed{} of the output (quick falls back to its last number, a DECISION
+   in config.py), normalised, against the gold answer; each row says what scored it;
  - sweeps on a subset: insertion length (0 to 70) and position (before / between / after);
  - attention profile of one layer-0 head (default: the head whose profile changes most between None
    and Mless), mean attention each key receives from later queries, sink excluded; inserted positions
@@ -28,7 +30,7 @@ from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, load_model
 from lmlab.runs import RunDir
 from lmlab.studies.filler.config import Config
-from lmlab.studies.filler.measure import FILLERS, build_ids, evaluate, profile_and_mechanism_rows
+from lmlab.studies.filler.measure import FILLERS, Job, build_ids, evaluate, evaluate_many, profile_and_mechanism_rows
 
 
 def spread(items: list[MathItem], n: int) -> list[MathItem]:
@@ -59,7 +61,17 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     n = config.insert_count
     rows: list[dict] = []
 
-    # ARM: tune (c, p1) on dev
+    # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
+    # subset (length 0 and 55-between reuse the main conditions)
+    subset = spread(test, config.size("sweep_problems"))
+    jobs = [Job(dev, "w/o", split="dev"), Job(test, "w/o")]
+    jobs += [Job(test, name, filler, n) for name, filler in FILLERS.items()]
+    jobs += [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
+    jobs += [Job(subset, name, filler, n, position, sweep=f"position={position}")
+             for name, filler in FILLERS.items() for position in ("before", "after")]
+    plain = evaluate_many(lm, run_dir, jobs, config)
+
+    # ARM: tune (c, p1) on dev, then the test split with the chosen pair
     tuning = []
     for c in config.arm_c:
         for p1 in config.arm_p1:
@@ -68,21 +80,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     best = max(tuning, key=lambda r: r["dev_accuracy"])
     for row in tuning:
         row["chosen"] = int(row is best)
-    rows += tuning + evaluate(lm, run_dir, dev, "w/o", config, split="dev")
-
-    # the four test conditions
-    rows += evaluate(lm, run_dir, test, "w/o", config)
-    for name, filler in FILLERS.items():
-        rows += evaluate(lm, run_dir, test, name, config, filler, n)
-    rows += evaluate(lm, run_dir, test, "ARM", config, arm=dict(c=best["c"], p1=best["p1"]))
-
-    # sweeps on a subset (length 0 and 55-between reuse the main conditions)
-    subset = spread(test, config.size("sweep_problems"))
-    for length in config.sweep_lengths:
-        rows += evaluate(lm, run_dir, subset, "Mless", config, FILLERS["Mless"], length, sweep=f"length={length}")
-    for name, filler in FILLERS.items():
-        for position in ("before", "after"):
-            rows += evaluate(lm, run_dir, subset, name, config, filler, n, position, sweep=f"position={position}")
+    arm_test = evaluate(lm, run_dir, test, "ARM", config, arm=dict(c=best["c"], p1=best["p1"]))
+    n_main = 2 + len(FILLERS)
+    rows += tuning + plain[0] + [r for j in range(1, n_main) for r in plain[j]] + arm_test
+    rows += [r for j in range(n_main, len(jobs)) for r in plain[j]]
 
     # attention profiles and the mechanism check
     probe = spread(test, config.profile_problems)
