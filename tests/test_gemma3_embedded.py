@@ -2,6 +2,7 @@
 from its chunked GGUF, listed, and its interventions checked against eager attention as the tiny configs are."""
 
 import pytest
+import torch
 
 import test_interventions as checks
 from conftest import PROMPTS, load_embedded
@@ -65,3 +66,18 @@ def test_gemma3_cached_tokenizer_encodes_as_gemmas_own_class(gemma):
     assert (gemma.tokenizer.bos_token_id, gemma.tokenizer.eos_token_id, gemma.tokenizer.pad_token_id) == (
         own.bos_token_id, own.eos_token_id, own.pad_token_id)
     assert len(gemma.tokenizer) == len(own)
+
+
+def test_gemma3_knockout_sweep_with_retired_rows_equals_one_pass_per_layer(gemma):
+    """The S1 sweep (cached prefix, one row per cut-off, each row dropped after the layer it is read at) on the
+    real model, sliding-window layers included, against a full pass per cut-off."""
+    from lmlab.studies.knockout.measure import naive_sweep, sweep
+
+    ids = gemma.tokenizer("Q: What is the capital of Burkina Faso?\nA: Ouagadougou")["input_ids"]
+    eq = [p for p, t in enumerate(ids) if "Burk" in gemma.tokenizer.decode([t]) or "Faso" in gemma.tokenizer.decode([t])]
+    assert eq
+    layers = [0, 5, 11, 17]
+    fast = sweep(gemma, ids, eq, [2, 3], layers)
+    slow = naive_sweep(gemma, ids, eq, layers)
+    for k in layers:
+        torch.testing.assert_close(fast.eq[k], slow[k], atol=REAL_ATOL * 20, rtol=1e-4)

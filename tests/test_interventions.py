@@ -368,3 +368,33 @@ def test_knockout_during_cached_generation_equals_a_cache_free_loop(decoder):
             last = decoder.model(input_ids=ids).logits[:, -1]
         assert torch.allclose(out.logits[step], last, atol=1e-5)
         ids = torch.cat([ids, out.sequences[:, ids.shape[1]:ids.shape[1] + 1]], dim=1)
+
+
+def test_retired_rows_leave_the_leading_rows_as_they_were(decoder, batch):
+    """RetireRows drops rows from the end as the pass goes up; every row still present at a layer has the same
+    residual stream there as in the full pass (with a per-row knockout acting on the leading rows), cached
+    prefix included."""
+    from lmlab.interventions import RetireRows
+
+    n_layers, rows = decoder.layout.n_layers, batch["input_ids"].shape[0]
+    assert rows >= 3
+    keys = torch.zeros_like(batch["input_ids"], dtype=torch.bool)
+    keys[:, 2] = True
+    layer_mask = torch.ones(rows, n_layers, dtype=torch.bool)
+    active = [rows] + [max(1, rows - 1 - l) for l in range(1, n_layers)]
+    prefix = {k: v[:, :3] for k, v in batch.items()}
+    rest = {k: v[:, 3:] for k, v in batch.items() if k != "attention_mask"}
+    results = []
+    for retire in (False, True):
+        cache = decoder.model(**prefix, use_cache=True).past_key_values
+        cap = Capture("resid_post")
+        edits = [Knockout(keys, layer_mask=layer_mask), cap] + ([RetireRows(active)] if retire else [])
+        with intervene(decoder, *edits):
+            decoder.model(**rest, attention_mask=batch["attention_mask"], past_key_values=cache, use_cache=True)
+        results.append({l: cap["resid_post", l] for l in range(n_layers)})
+    full, cut = results
+    for layer in range(n_layers):
+        assert cut[layer].shape[0] == active[layer]
+        torch.testing.assert_close(cut[layer], full[layer][: active[layer]], atol=1e-5, rtol=1e-5)
+    with pytest.raises(LmlabError, match="non-increasing"):
+        RetireRows([1, 2])

@@ -70,7 +70,7 @@ def test_positions_before_the_first_blocked_query_are_bit_identical(decoder):
     assert res.prefix_len == 3  # after the control's first key (2): everything before is the shared clean prefix
     for k, hidden in res.all_positions.items():
         clean = hidden[0]
-        eq_rows = [1, 2]  # rows 1-2: E_Q cut-offs; its first blocked query is 6 (after key 5)
+        eq_rows = [res.rows[("eq", 0)], res.rows[("eq", 2)]]  # E_Q cut-offs; its first blocked query is 6 (after key 5)
         for row in eq_rows:
             assert torch.equal(hidden[row, :6 - res.prefix_len], clean[:6 - res.prefix_len])
             assert not torch.equal(hidden[row, 6 - res.prefix_len:], clean[6 - res.prefix_len:])

@@ -9,10 +9,10 @@ Every intervention here is checked in tests against an independent computation o
 from lmlab.interventions.attention import IMPL
 from lmlab.interventions.core import Intervention, install, installed, intervene, uninstall
 from lmlab.interventions.edits import AblateHeads, Knockout, SparseAttention
-from lmlab.interventions.hooks import HOOK_POINTS, Capture, EditMLPAct, PatchOutput, PatchResid
+from lmlab.interventions.hooks import HOOK_POINTS, Capture, EditMLPAct, PatchOutput, PatchResid, RetireRows
 
 __all__ = ["AblateHeads", "Capture", "EditMLPAct", "HOOK_POINTS", "IMPL", "Intervention", "Knockout",
-           "PatchOutput", "PatchResid", "SparseAttention", "install", "installed", "intervene", "uninstall"]
+           "PatchOutput", "PatchResid", "RetireRows", "SparseAttention", "install", "installed", "intervene", "uninstall"]
 
 
 def _restore_sparse_attention(loaded) -> None:

@@ -104,19 +104,20 @@ class Knockout(Intervention):
         return self.on_layer(layer) and (self.layer_mask is None or bool(self.layer_mask[:, layer].any()))
 
     def block(self, layer, ctx):
-        if ctx.batch != self.keys.shape[0]:
+        if ctx.batch > self.keys.shape[0]:
             raise LmlabError(f"this knockout was built for a batch of {self.keys.shape[0]}, the model got {ctx.batch}")
+        rows = ctx.batch  # fewer when `RetireRows` has dropped rows from the end: the leading ones remain
         seq = self.keys.shape[1]
-        keys = torch.zeros(ctx.batch, ctx.kv_len, dtype=torch.bool, device=ctx.device)
-        keys[:, : min(seq, ctx.kv_len)] = self.keys[:, : ctx.kv_len].to(ctx.device)
+        keys = torch.zeros(rows, ctx.kv_len, dtype=torch.bool, device=ctx.device)
+        keys[:, : min(seq, ctx.kv_len)] = self.keys[:rows, : ctx.kv_len].to(ctx.device)
         q_pos = ctx.query_positions
         inside = q_pos < seq
-        queries = torch.zeros(ctx.batch, ctx.q_len, dtype=torch.bool, device=ctx.device)
-        queries[:, inside] = self.queries.to(ctx.device)[:, q_pos[inside]]
+        queries = torch.zeros(rows, ctx.q_len, dtype=torch.bool, device=ctx.device)
+        queries[:, inside] = self.queries[:rows].to(ctx.device)[:, q_pos[inside]]
         if self.query_after is not None:  # generated positions: blocked when after the span
-            queries |= (q_pos[None, :] >= seq) & (self.query_after.to(ctx.device) >= 0)
+            queries |= (q_pos[None, :] >= seq) & (self.query_after[:rows].to(ctx.device) >= 0)
         if self.layer_mask is not None:
-            queries &= self.layer_mask[:, layer].to(ctx.device)[:, None]
+            queries &= self.layer_mask[:rows, layer].to(ctx.device)[:, None]
         blocked = queries[:, :, None] & keys[:, None, :]  # (B, Q, K)
         if self.scope == "each":  # key e only from queries q > e
             later = q_pos[:, None] > torch.arange(ctx.kv_len, device=ctx.device)[None, :]

@@ -185,3 +185,48 @@ class PatchOutput(Intervention):
         return [_module_for(layout, self.point, layer).register_forward_hook(
             (lambda l: lambda m, a, o: _with_tensor_out(o, self._patched(l, _tensor_out(o))))(layer))
             for layer in sorted(self.reference)]
+
+
+class RetireRows(Intervention):
+    """Drop batch rows from the end as the forward pass goes up: block j runs only the first `active[j]` rows.
+
+    For batches whose rows need different depths (a knockout sweep reads row k at layer k only): order the
+    rows by the depth they need, deepest first, and the later blocks compute nothing they would discard.
+    Every tensor the block receives with a batch dimension (hidden states, attention mask, positions, rotary
+    tables; a first dimension of 1 broadcasts and stays) and the block's KV-cache layer are cut to the same rows; other per-row
+    interventions act on the leading rows. Captures at block j hold its `active[j]` rows, and the model's
+    output holds the last block's.
+    """
+
+    def __init__(self, active: list[int]):
+        super().__init__()
+        if any(b > a for a, b in zip(active, active[1:])) or (active and active[-1] < 1):
+            raise LmlabError(f"RetireRows needs a non-increasing count of at least 1 row per layer, not {active}")
+        self.active = list(active)
+
+    def bind(self, layout):
+        super().bind(layout)
+        if len(self.active) != layout.n_layers:
+            raise LmlabError(f"RetireRows: {len(self.active)} counts for a model of {layout.n_layers} layers")
+
+    def _cut(self, layer, args, kwargs):
+        keep = self.active[layer]
+
+        def cut(value):  # the model hands every block the tensors of the whole batch
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] > keep and value.shape[0] != 1:
+                return value[:keep]
+            if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+                return tuple(cut(v) for v in value)
+            return value
+
+        for value in list(args) + list(kwargs.values()):
+            cache_layers = getattr(value, "layers", None)
+            if isinstance(cache_layers, list) and layer < len(cache_layers):  # the KV cache
+                entry = cache_layers[layer]
+                if getattr(entry, "keys", None) is not None and entry.keys.dim() >= 2 and entry.keys.shape[0] > keep:
+                    entry.keys, entry.values = entry.keys[:keep], entry.values[:keep]
+        return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+    def hooks(self, layout):
+        return [layout.block(layer).register_forward_pre_hook(
+            (lambda l: lambda m, a, k: self._cut(l, a, k))(layer), with_kwargs=True) for layer in range(layout.n_layers)]

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from lmlab.data.qa import QAItem, build_prompt
 from lmlab.data.spans import token_positions
 from lmlab.generation import last_token_features
-from lmlab.interventions import Capture, Knockout, intervene
+from lmlab.interventions import Capture, Knockout, RetireRows, intervene
 from lmlab.models import LoadedModel
 
 
@@ -50,6 +50,7 @@ class SweepResult:
     eq: dict[int, torch.Tensor]  # layer k -> (d,) hidden at layer k with E_Q blocked in layers 0..k
     control: dict[int, torch.Tensor]
     prefix_len: int
+    rows: dict = field(default_factory=dict)  # (condition, layer) -> its row of the batch (0 = clean)
     all_positions: dict[int, torch.Tensor] | None = None  # layer -> (rows, suffix, d), when asked
 
 
@@ -59,24 +60,27 @@ def first_changed(positions: list[int], scope: str) -> int:
 
 
 def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
-    """Row 0 is clean; one row per (condition, cut-off). A condition that blocks nothing *is* the clean
-    computation, so it maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
+    """Row 0 is clean; one row per (condition, cut-off), the deepest cut-offs first, so that `RetireRows` can drop
+    each row after the layer it is read at. A condition that blocks nothing *is* the clean computation, so it
+    maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
     conditions = [("eq", eq_pos)] + ([("control", ctrl_pos)] if ctrl_pos is not None else [])
     n_rows = 1 + sum(len(layers) for _, positions in conditions if positions)
     keys = torch.zeros(n_rows, seq_len, dtype=torch.bool, device=device)
     layer_mask = torch.zeros(n_rows, n_layers, dtype=torch.bool, device=device)
     index = {}
-    row = 1
-    for name, positions in conditions:
-        for k in layers:
+    depth = [max(layers)]  # the layer each row is last read at
+    for k in sorted(layers, reverse=True):
+        for name, positions in conditions:
             if not positions:
                 index[(name, k)] = 0
                 continue
+            row = len(depth)
             keys[row, list(positions)] = True
             layer_mask[row, : k + 1] = True
             index[(name, k)] = row
-            row += 1
-    return keys, layer_mask, index
+            depth.append(k)
+    active = [max(1, sum(d >= j for d in depth)) for j in range(n_layers)]
+    return keys, layer_mask, index, active
 
 
 @torch.no_grad()
@@ -88,7 +92,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     changed = [first_changed(p, scope) for p in (eq_pos, ctrl_pos) if p]
     prefix = min(changed) if changed else seq_len - 1  # first position any row changes
     prefix = max(1, min(prefix, seq_len - 1))
-    keys, layer_mask, index = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
+    keys, layer_mask, index, active = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
     out = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True))  # hidden states and cache only
@@ -98,14 +102,17 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)
     positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
     capture = Capture("resid_post", layers=sorted(set(layers)))
-    with intervene(lm, Knockout(keys, scope=scope, layer_mask=layer_mask), capture):
+    edits = [Knockout(keys, scope=scope, layer_mask=layer_mask), capture]
+    if not keep_positions:  # each row stops after the layer it is read at (all rows kept when every position is)
+        edits.append(RetireRows(active))
+    with intervene(lm, *edits):
         lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache,
                              use_cache=True))
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
     result = SweepResult(clean={k: last[k][0] for k in layers},
                          eq={k: last[k][index[("eq", k)]] for k in layers},
                          control={k: last[k][index[("control", k)]] for k in layers} if ctrl_pos is not None else {},
-                         prefix_len=prefix)
+                         prefix_len=prefix, rows=index)
     if keep_positions:
         result.all_positions = {k: capture["resid_post", k].float().cpu() for k in layers}
     return result
