@@ -76,6 +76,17 @@ def _insert_gap(cache, mask: torch.Tensor, at: int, width: int) -> torch.Tensor:
     return torch.cat([mask[:, :at], mask.new_zeros((mask.shape[0], width)), mask[:, at:]], dim=1)
 
 
+def _join(cache, mask: torch.Tensor, new_cache, new_mask: torch.Tensor, at: int) -> torch.Tensor:
+    """Append the joining rows' cache to the running one, the shorter side widened by masked zero columns at
+    `at` (after the shared prefix); returns the joined mask."""
+    width = mask.shape[1] - new_mask.shape[1]
+    new_mask = _insert_gap(new_cache, new_mask, at, width)
+    mask = _insert_gap(cache, mask, at, -width)
+    for layer, other in zip(cache.layers, new_cache.layers):
+        layer.keys, layer.values = torch.cat([layer.keys, other.keys]), torch.cat([layer.values, other.values])
+    return torch.cat([mask, new_mask])
+
+
 def _refillable(cache) -> bool:
     """Rows can join a running batch when every cache layer is a plain growing one (not a sliding window)."""
     return cache is not None and all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
@@ -130,13 +141,8 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
             if not len(rows):
                 cache, token, mask, following, rows = new_cache, new_token, new_mask, new_following, new_rows
             else:
-                width = mask.shape[1] - new_mask.shape[1]
-                new_mask = _insert_gap(new_cache, new_mask, prefix, width)
-                mask = _insert_gap(cache, mask, prefix, -width)
-                for layer, other in zip(cache.layers, new_cache.layers):
-                    layer.keys = torch.cat([layer.keys, other.keys])
-                    layer.values = torch.cat([layer.values, other.values])
-                token, mask = torch.cat([token, new_token]), torch.cat([mask, new_mask])
+                mask = _join(cache, mask, new_cache, new_mask, prefix)
+                token = torch.cat([token, new_token])
                 following, rows = torch.cat([following, new_following]), torch.cat([rows, new_rows])
             refill = _refillable(cache)
         else:  # one step: every row's newest token goes into the cache and the next one comes out

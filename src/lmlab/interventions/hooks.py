@@ -192,14 +192,15 @@ class RetireRows(Intervention):
 
     For batches whose rows need different depths (a knockout sweep reads row k at layer k only): order the
     rows by the depth they need, deepest first, and the later blocks compute nothing they would discard.
-    Every tensor the block receives with a batch dimension (hidden states, attention mask, positions, rotary
-    tables; a first dimension of 1 broadcasts and stays) and the block's KV-cache layer are cut to the same rows; other per-row
-    interventions act on the leading rows. Captures at block j hold its `active[j]` rows, and the model's
-    output holds the last block's.
+    Every tensor the block receives with the batch as its first dimension (hidden states, attention mask,
+    positions, rotary tables; a first dimension of 1 broadcasts and stays) and the block's KV-cache layer
+    are cut to the same rows; other per-row interventions act on the leading rows. Captures at block j hold
+    its `active[j]` rows, and the model's output holds the last block's.
     """
 
     def __init__(self, active: list[int]):
         super().__init__()
+        self._batch = 0
         if any(b > a for a, b in zip(active, active[1:])) or (active and active[-1] < 1):
             raise LmlabError(f"RetireRows needs a non-increasing count of at least 1 row per layer, not {active}")
         self.active = list(active)
@@ -210,10 +211,14 @@ class RetireRows(Intervention):
             raise LmlabError(f"RetireRows: {len(self.active)} counts for a model of {layout.n_layers} layers")
 
     def _cut(self, layer, args, kwargs):
-        keep = self.active[layer]
+        keep, rows = self.active[layer], _hidden_in(args, kwargs).shape[0]
+        if layer == 0:
+            self._batch = rows  # the whole batch: the model hands every block its per-row tensors at this size
+        batch_sizes = {rows, self._batch}
 
-        def cut(value):  # the model hands every block the tensors of the whole batch
-            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] > keep and value.shape[0] != 1:
+        def cut(value):
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] in batch_sizes \
+                    and value.shape[0] > keep:
                 return value[:keep]
             if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
                 return tuple(cut(v) for v in value)

@@ -64,12 +64,11 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
     # subset (length 0 and 55-between reuse the main conditions)
     subset = spread(test, config.size("sweep_problems"))
-    jobs = [Job(dev, "w/o", split="dev"), Job(test, "w/o")]
-    jobs += [Job(test, name, filler, n) for name, filler in FILLERS.items()]
-    jobs += [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
-    jobs += [Job(subset, name, filler, n, position, sweep=f"position={position}")
-             for name, filler in FILLERS.items() for position in ("before", "after")]
-    plain = evaluate_many(lm, run_dir, jobs, config)
+    main = [Job(dev, "w/o", split="dev"), Job(test, "w/o")] + [Job(test, name, f, n) for name, f in FILLERS.items()]
+    sweeps = [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
+    sweeps += [Job(subset, name, f, n, position, sweep=f"position={position}")
+               for name, f in FILLERS.items() for position in ("before", "after")]
+    answers = evaluate_many(lm, run_dir, main + sweeps, config)
 
     # ARM: tune (c, p1) on dev, then the test split with the chosen pair
     tuning = []
@@ -81,9 +80,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     for row in tuning:
         row["chosen"] = int(row is best)
     arm_test = evaluate(lm, run_dir, test, "ARM", config, arm=dict(c=best["c"], p1=best["p1"]))
-    n_main = 2 + len(FILLERS)
-    rows += tuning + plain[0] + [r for j in range(1, n_main) for r in plain[j]] + arm_test
-    rows += [r for j in range(n_main, len(jobs)) for r in plain[j]]
+    rows += tuning + [r for job in answers[:len(main)] for r in job] + arm_test
+    rows += [r for job in answers[len(main):] for r in job]
 
     # attention profiles and the mechanism check
     probe = spread(test, config.profile_problems)
