@@ -160,6 +160,8 @@ def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, de
         embedded.write_cache(entry, model, tok)
         if entry.parts:  # the assembled GGUF has served; the de-quantized cache replaces it
             (folder / file).unlink(missing_ok=True)
+        if head is None:  # the tokenizer a cached load returns (the GGUF conversion builds another class)
+            tok = AutoTokenizer.from_pretrained(str(embedded.cached_model_dir(entry.name)), trust_remote_code=False)
     if cached or head is not None:
         embedded.serve_tokenizer_from_file(embedded.cached_model_dir(entry.name))
         model, tok = _from_pretrained(str(embedded.cached_model_dir(entry.name)), **kw)
