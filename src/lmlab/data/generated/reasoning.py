@@ -68,18 +68,26 @@ def _problem(rng: random.Random, min_steps: int, max_steps: int) -> Problem:
 def generate_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, min_steps: int = 2,
                       max_steps: int = 4) -> dict[str, list[Problem]]:
     """Disjoint train/dev/test sets of the requested sizes, the same for the same seed."""
-    if min(n_train, n_dev, n_test) < 0 or not 1 <= min_steps <= max_steps:
-        raise LmlabError("problem counts must be >= 0 and 1 <= min_steps <= max_steps")
+    if not 1 <= min_steps <= max_steps:
+        raise LmlabError("the arithmetic task needs 1 <= min_steps <= max_steps")
+    return generate_disjoint(lambda rng: _problem(rng, min_steps, max_steps), n_train, n_dev, n_test, seed)
+
+
+def generate_disjoint(make, n_train: int, n_dev: int, n_test: int, seed: int, tries_per_problem: int = 200) -> dict:
+    """Draw problems with `make(rng)` until each split has its count; a problem's `key` decides its split by a
+    seeded hash and is never drawn twice, so the splits are disjoint and the same for the same seed."""
+    if min(n_train, n_dev, n_test) < 0:
+        raise LmlabError("problem counts must be >= 0")
     want = {"train": n_train, "dev": n_dev, "test": n_test}
-    out: dict[str, list[Problem]] = {s: [] for s in SPLITS}
+    out: dict[str, list] = {s: [] for s in SPLITS}
     seen: set[tuple] = set()
     rng = random.Random(seed)
     tries = 0
     while any(len(out[s]) < want[s] for s in SPLITS):
         tries += 1
-        if tries > 200 * (n_train + n_dev + n_test) + 1000:
+        if tries > tries_per_problem * (n_train + n_dev + n_test) + 1000:
             raise LmlabError("could not generate enough distinct problems; lower the counts")
-        p = _problem(rng, min_steps, max_steps)
+        p = make(rng)
         if p.key in seen:
             continue
         split = _split_of(p.key, seed)
