@@ -38,24 +38,77 @@ def test_generated_splits_are_disjoint_and_repeatable():
     assert value == p.answer
 
 
-def test_replacement_puts_m_over_r_codes_between_the_markers():
+def test_walk_traces_compute_their_answer_and_are_long():
+    from lmlab.data.generated.planning import DIRECTIONS, generate_walk_problems
+
+    a = generate_walk_problems(300, 30, 30, seed=2)
+    keys = {s: {p.key for p in a[s]} for s in a}
+    assert not keys["train"] & keys["test"] and not keys["train"] & keys["dev"] and not keys["dev"] & keys["test"]
+    assert [p.question for p in generate_walk_problems(300, 30, 30, seed=2)["test"]] == [p.question for p in a["test"]]
+    for p in a["train"][:50]:
+        words = p.question.split()
+        x, y = int(words[1]), int(words[2])
+        for move in words[words.index(":") + 1:words.index("where") - 1]:  # replay the moves independently
+            dx, dy = DIRECTIONS[move]
+            if 0 <= x + dx < 6 and 0 <= y + dy < 6:
+                x, y = x + dx, y + dy
+        assert p.answer == f"{x} {y}" and p.steps[-1].endswith(f"{x} {y} .")
+        chain = p.chain.split()
+        assert all(chain[i] in "0123456789wall" for i in p.computed)
+    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in a["train"]], n_codes=8)
+    lengths = [len(vocab.encode(p.chain)) for p in a["train"]]
+    assert min(lengths) >= 100  # long traces, as the issue asks
+
+
+def test_replacement_puts_the_segment_codes_between_the_markers():
     vocab = L.Vocab.from_texts(["a b c"], n_codes=8)
     chain = list(range(100, 140))  # 40 chain tokens
     codes = [1, 2, 3, 4, 5, 6, 7, 0]
-    for m, rate in ((16, 4), (32, 16), (32, 4), (0, 4)):
-        out = L.replace_with_latents(vocab, chain, codes, m, chunk=16, rate=rate)
+    for m, n in ((16, 4), (32, 2), (32, 8), (0, 0)):
+        out = L.replace_with_latents(vocab, chain, codes, m, n)
         if m == 0:
             assert out == chain
             continue
         assert out[0] == vocab.bo_latent
         end = out.index(vocab.eo_latent)
         between = out[1:end]
-        assert len(between) == m // rate and all(vocab.is_code(t) for t in between)
-        assert [t - vocab.first_code for t in between] == codes[:m // rate]
+        assert len(between) == n and all(vocab.is_code(t) for t in between)
+        assert [t - vocab.first_code for t in between] == codes[:n]
         assert out[end + 1:] == chain[m:]  # the rest of the trace is kept as text
-    with pytest.raises(LmlabError, match="whole number of 16-token chunks"):
-        L.replace_with_latents(vocab, chain, codes, 24, chunk=16, rate=4)
-    assert L.chunk_options(40, 16) == [0, 16, 32]
+    with pytest.raises(LmlabError, match="codes are needed"):
+        L.replace_with_latents(vocab, chain, codes, 16, 9)
+
+
+def test_m_never_covers_the_last_step_and_chunks_never_split_a_number():
+    import random
+
+    from lmlab.data.generated.planning import generate_walk_problems
+
+    problems = generate_walk_problems(200, 0, 0, seed=0)["train"] + generate_problems(200, 0, 0, seed=0)["train"]
+    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=8)
+    rng = random.Random(0)
+    drawn = []
+    for p in problems:
+        ex = L.make_example(vocab, p)
+        assert ex.chain == vocab.encode(p.chain)  # word-by-word encoding is the plain encoding
+        last_words = len(p.steps[-1].split())
+        assert vocab.decode(ex.chain[ex.last_step:]).replace(" ", "") in (p.steps[-1].replace(" ", ""),
+                                                                          p.steps[-1].replace(" ", "") + ".")
+        segs = L.segments(ex, 16)
+        assert segs[0][0] == 0 and segs[-1][1] == len(ex.chain)
+        assert all(b - a <= 16 and b == c for (a, b), (c, _) in zip(segs, segs[1:] + [(len(ex.chain), 0)]))
+        assert all(a in ex.starts for a, _ in segs)  # every chunk starts where a word starts
+        for m in L.replacement_options(ex, 16):
+            assert m <= ex.last_step and m <= len(ex.chain) // 2 and m in ex.starts + [len(ex.chain)]
+        drawn += [L.draw_m(rng, ex, 16) for _ in range(5)]
+        assert last_words > 0
+    zero = np.mean([m == 0 for m in drawn])
+    assert 0.1 < zero < 0.5  # about 1/7, plus the short arithmetic chains that allow no whole chunk
+    digits = L.Vocab.from_texts(["12 + 345 = 357 ."], n_codes=2)
+    ex = L.make_example(digits, type("P", (), {"question": "12 + 345", "chain": "12 + 345 = 357 .",
+                                               "steps": ("12 + 345 = 357 .",), "answer": 357})())
+    assert L.segments(ex, 4) == [(0, 3), (3, 7), (7, 11)]  # "12 +" | "345 =" | "357 ." : no number is cut
+    assert ex.computed == [False] * 7 + [True] * 3 + [False]  # 357 is the result; 12 and 345 are copied
 
 
 def test_vq_vae_round_trips_a_chunk_it_was_trained_on():
@@ -75,6 +128,41 @@ def test_vq_vae_round_trips_a_chunk_it_was_trained_on():
     assert torch.equal(vq.reconstruct(prompts, mask, chunks), chunks)
     codes = vq.codes(prompts, mask, chunks)
     assert codes.shape == (6, chunk // 2) and int(codes.max()) < 32
+
+
+def _restating_problems(n, seed=0):
+    """A chain whose first chunk only restates the prompt: eight words, restated, then a final step that
+    names the last and the first of them; the answer is the last word."""
+    import random
+
+    from lmlab.data.generated.planning import Problem
+
+    words = ["ka", "ko", "ku", "ma", "mo", "mu", "na", "no", "nu", "sa", "so", "su"]
+    rng = random.Random(seed)
+    out = {"train": [], "dev": [], "test": []}
+    for split, count in (("train", n), ("dev", 40), ("test", 60)):
+        for _ in range(count):
+            pick = rng.choices(words, k=8)
+            first = " ".join(pick)
+            last = f"the last is {pick[-1]} and the first is {pick[0]} ."
+            out[split].append(Problem(f"{first} . which is last ?", (first, last), pick[-1], (split, tuple(pick))))
+    return out
+
+
+def test_positive_control_a_restated_first_chunk_is_abstracted_without_loss(tmp_path, monkeypatch):
+    """Where the first chunk only restates the prompt, the VQ-VAE reconstructs it and the model given the
+    true codes answers as well as CoT: the effect the paper claims must appear if the code is right."""
+    monkeypatch.setattr(study.recipe, "load_problems", lambda config: _restating_problems(config.size("n_train")))
+    cfg = dict(model="scratch", rates=[8], chunk=8, codebook=16, n_train=600, n_test=60, base_steps=300,
+               finetune_steps=150, vq_steps=300, d_model=48, n_layers=2, batch_size=32, lr=3e-3)
+    result = run_study(study.SPEC, study.Config(**cfg), tmp_path)
+    table = result.table("variant").set_index("variant")
+    cot, latent = table.loc["cot"], table.loc["r8"]
+    assert latent["train_m_share"] > 0.3  # the restated chunk is what training replaces (m = 8 of 17 tokens)
+    assert latent["vq_dev_copied_acc"] >= 0.95  # the codes + the prompt give the restated words back
+    assert cot["accuracy"] >= 0.9
+    assert latent["forced_accuracy"] >= cot["accuracy"] - 0.05  # true codes lose nothing the answer needs
+    assert latent["forced_tokens"] <= cot["tokens"] - 5  # 8 words became <boLatent> code <eoLatent>
 
 
 def test_bad_settings_fail_before_training(tmp_path):
@@ -107,12 +195,12 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch)
     assert (whole.path / "figure.png").is_file()
 
 
-def _row(variant, rate, correct, tokens):
+def _row(variant, rate, correct, tokens, latents=2.0):
     c = np.array(correct, dtype=float)
     t = np.array(tokens, dtype=float)
     return [{"kind": "variant", "variant": variant, "rate": rate, "accuracy": c.mean(), "acc_lo": c.mean() - 0.05,
              "acc_hi": c.mean() + 0.05, "tokens": t.mean(), "tok_lo": t.mean() - 1, "tok_hi": t.mean() + 1,
-             "latents": 0.0, "seconds_per_problem": 0.01}] + [
+             "latents": latents if rate > 1 else 0.0, "seconds_per_problem": 0.01}] + [
         {"kind": "problem", "variant": variant, "idx": i, "correct": int(x), "tokens": int(n), "latents": 0}
         for i, (x, n) in enumerate(zip(c, t))]
 
@@ -126,14 +214,26 @@ def test_verdict_can_go_each_way():
     cot = _row("cot", 1, same, [40] * 200)
     good = _result(cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, same, [25] * 200))
     assert verdict(good).status == "reproduced"
+    better = [1] * 160 + [0] * 40  # at or above CoT is the claim: one-sided
+    assert verdict(_result(cot, _row("r16", 16, better, [25] * 200))).status == "reproduced"
     no_saving = _result(cot, _row("r4", 4, same, [40] * 200), _row("r16", 16, same, [40] * 200))
     assert verdict(no_saving).status == "not reproduced"
     worse = [1] * 100 + [0] * 100
     accuracy_drop = _result(cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, worse, [25] * 200))
     assert verdict(accuracy_drop).status == "not reproduced"
     slightly = [1] * 146 + [0] * 54  # 2 points down, interval straddles -1
-    unclear = _result(cot, _row("r16", 16, slightly, [25] * 200))
-    assert verdict(unclear).status == "inconclusive"
+    unclear = verdict(_result(cot, _row("r16", 16, slightly, [25] * 200)))
+    assert unclear.status == "inconclusive"
+    assert "minimum detectable difference" in unclear.summary and "test problems" in unclear.summary
+
+
+def test_verdict_is_inconclusive_when_no_latent_is_generated():
+    same = [1] * 150 + [0] * 50
+    cot = _row("cot", 1, same, [40] * 200)
+    idle = verdict(_result(cot, _row("r16", 16, [1] * 100 + [0] * 100, [40] * 200, latents=0.0)))
+    assert idle.status == "inconclusive"  # even though accuracy fell: the method never ran
+    assert "not exercised at r=16" in idle.summary
+    assert idle.evidence["rates_not_exercised"] == [16]
 
 
 def _gsm8k_file(path, n=60, seed=3):
@@ -187,14 +287,21 @@ def test_study_trains_on_a_gsm8k_file(tmp_path):
 def test_tokenizer_vocab_on_smollm2(embedded_smollm):
     vocab = L.TokenizerVocab(embedded_smollm.tokenizer, n_codes=8)
     assert len(vocab) == len(embedded_smollm.tokenizer) + 4 + 8  # the loaded tokenizer itself is not grown
-    problem = generate_problems(5, 0, 0, seed=0)["train"][0]
+    from lmlab.data.generated.planning import generate_walk_problems
+
+    arithmetic = L.make_example(vocab, generate_problems(5, 0, 0, seed=0)["train"][0])
+    assert vocab.parse_answer(arithmetic.chain + arithmetic.answer) == arithmetic.value
+    assert vocab.parse_answer(arithmetic.chain) is None
+    problem = generate_walk_problems(5, 0, 0, seed=0)["train"][0]
     ex = L.make_example(vocab, problem)
     assert ex.prompt[-1] == vocab.cot and ex.answer[0] == vocab.ans and ex.answer[-1] == vocab.eos
     assert vocab.decode(ex.chain).strip() == problem.chain
-    assert vocab.parse_answer(ex.chain + ex.answer) == problem.answer
-    assert vocab.parse_answer(ex.chain) is None
-    out = L.replace_with_latents(vocab, ex.chain, list(range(8)), 16, chunk=16, rate=4)
-    assert out[0] == vocab.bo_latent and out[5] == vocab.eo_latent and out[6:] == ex.chain[16:]
+    assert L.is_correct(vocab, ex.chain + ex.answer, problem.answer)
+    assert not L.is_correct(vocab, ex.chain, problem.answer)
+    m = L.replacement_options(ex, 16)[0]
+    out = L.replace_with_latents(vocab, ex.chain, list(range(8)), m, L.codes_needed(ex, m, 16, 4))
+    assert out[0] == vocab.bo_latent and out[5] == vocab.eo_latent and out[6:] == ex.chain[m:]
+    assert vocab.decode(ex.chain[m:]).startswith(" ")  # the text resumes at a word start
     assert all(vocab.is_code(t) for t in out[1:5])
 
 
@@ -213,7 +320,8 @@ def test_latent_bench_rebuilds_the_runs_models(tmp_path):
     split are the study's own."""
     from lmlab.benchmarks.latent import latent_bench
 
-    result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16]}), tmp_path / "r")
+    result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16], "codebook": 1024}), tmp_path / "r")
+    assert result.table("variant").set_index("variant").loc["r16", "codebook_used"] > 64  # K = 1024 runs (the paper's math K)
     rows = {r["case"]: r for r in latent_bench(latent_run=str(result.path), rounds=1)}
     table = result.table("variant").set_index("variant")
     assert rows["CoT: generated tokens per problem"]["value"] == pytest.approx(table.loc["cot", "tokens"], abs=0.01)

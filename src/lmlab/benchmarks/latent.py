@@ -52,7 +52,7 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
             times[name] += time.perf_counter() - t0
             tokens[name] = sum(result["tokens"]) / len(result["tokens"])
     n = len(prep.test)
-    setup = f"{config.model}, {n} test problems, greedy, batch 100, {rounds} alternating rounds, run {run.name}"
+    setup = f"{config.model}, {n} test problems, greedy, batch 250, {rounds} alternating rounds, run {run.name}"
     base_t = times["cot"]
     rows = []
     for name in weights:

@@ -1,23 +1,32 @@
-"""Token Assorted (S0) machinery: vocabulary, VQ-VAE over chain-of-thought chunks, latent replacement.
+"""Token Assorted (S0) machinery: vocabulary, VQ-VAE over chunks, latent replacement.
 
 Sequence layout (ids):  <bos> question <cot> chain <ans> answer <eos>;  the loss skips the prompt
-(<bos> question <cot>). With latents, the leftmost m chain tokens become <boLatent> c_1 .. c_{m/r}
-<eoLatent>, c_i the VQ-VAE codes of the chunks of L tokens they replace (L/r codes per chunk).
+(<bos> question <cot>). With latents, the leftmost m chain tokens become <boLatent> c_1 .. c_n <eoLatent>,
+c_i the VQ-VAE codes of the chunks they replace (L/r codes per chunk).
+
+Chunks of the chain are segments of at most L tokens that end where a word starts (`segments`): a number
+or a multi-token word is never cut between latent and text, and a shorter segment is padded to L. m is a
+whole number of segments, drawn per example (`draw_m`): 0 for about 1/7 of examples, otherwise up to half
+of the chain and never into its final step.
 
 VQ-VAE (our own, about 30 lines of quantizer: METHODS.md asks for the codebook and commitment losses
 exactly, which vector-quantize-pytorch replaces by default with EMA codebook updates, and it would add
-einops/einx as dependencies for a nearest-neighbour lookup): the encoder reads the prompt and the chunk,
-mean-pools each group of r chunk positions into one vector and quantizes it against K codes; the
-decoder reconstructs the L tokens from L position queries that attend to the prompt embeddings and the
-codes. Loss = reconstruction CE + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are
-restarted at random encoder outputs (a standard fix for codebook collapse).
+einops/einx as dependencies for a nearest-neighbour lookup): as in the paper, it is trained on chunks of
+the whole sequence (question, chain and answer), each conditioned on the prompt, and applied to the chain
+only. The encoder reads the prompt and the chunk, mean-pools each group of r chunk positions into one
+vector and quantizes it against K codes; the decoder reconstructs the L tokens from L position queries
+that attend to the prompt embeddings and the codes. DECISION: the paper's decoder is conditioned on one
+prompt embedding vector g(prompt); ours attends to the prompt's token embeddings, a richer condition that
+lets a code point at what the prompt already says instead of spelling it out. Loss = reconstruction CE
+(padding left out) + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are restarted at
+random encoder outputs (a standard fix for codebook collapse).
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -136,31 +145,131 @@ class TokenizerVocab(_LatentIds):
 class Example:
     prompt: list[int]  # <bos> question <cot>
     chain: list[int]
-    answer: list[int]  # <ans> digits <eos>
-    value: int
+    answer: list[int]  # <ans> answer <eos>
+    value: int | str  # the expected answer (an int is compared as a number)
+    starts: list[int] = field(default_factory=list)  # chain token index where each word starts
+    computed: list[bool] = field(default_factory=list)  # per chain token: a value a step computes
+    last_step: int = 0  # chain token index where the final step starts (never replaced by latents)
+    step_starts: list[int] = field(default_factory=list)  # chain token index where each step starts
 
 
-def make_example(vocab: Vocab, problem) -> Example:
-    return Example([vocab.bos] + vocab.encode(problem.question) + [vocab.cot], vocab.encode(" " + problem.chain),
-                   [vocab.ans] + vocab.encode(" " + str(problem.answer)) + [vocab.eos], problem.answer)
+_DIGITS = re.compile(r"\d+")
 
 
-def chunk_options(n_chain: int, chunk: int, max_chunks: int | None = None) -> list[int]:
-    """The chunk-aligned m values a chain of n tokens allows: 0, L, 2L, ... (full chunks only)."""
-    top = n_chain // chunk if max_chunks is None else min(n_chain // chunk, max_chunks)
-    return [k * chunk for k in range(top + 1)]
+def computed_words(question: str, words: list[str]) -> list[int]:
+    """Without labels from the generator: a chain word is computed when it holds a number that is neither in
+    the question nor earlier in the chain (a result); everything else counts as copied."""
+    seen = set(_DIGITS.findall(question))
+    out = []
+    for i, w in enumerate(words):
+        numbers = _DIGITS.findall(w)
+        if numbers and any(n not in seen for n in numbers):
+            out.append(i)
+        seen.update(numbers)
+    return out
 
 
-def replace_with_latents(vocab: Vocab, chain: list[int], codes: list[int], m: int, chunk: int, rate: int) -> list[int]:
-    """<boLatent> codes for the first m chain tokens <eoLatent> + the rest of the chain (m = 0: the chain)."""
+def make_example(vocab, problem) -> Example:
+    """Token ids of a problem; the chain is encoded word by word so that latent chunks can end at word starts
+    (a chunk boundary never splits a number or a multi-token word)."""
+    words = problem.chain.split()
+    chain, starts, word_of = [], [], []
+    for i, w in enumerate(words):
+        ids = vocab.encode(" " + w)
+        starts.append(len(chain))
+        chain += ids
+        word_of += [i] * len(ids)
+    labelled = getattr(problem, "computed", None)
+    hot = set(labelled if labelled else computed_words(problem.question, words))
+    step_words, at = [], 0
+    for step in problem.steps:  # where each step starts among the chain's words ("23 + 14 = 37" reads "... 37 .")
+        n = len(step.split())
+        if at >= len(words):
+            break
+        step_words.append(at)
+        at += n + (1 if words[at + n:at + n + 1] == ["."] and not step.split()[-1:] == ["."] else 0)
+    step_starts = [starts[w] for w in step_words] or [0]
+    return Example([vocab.bos] + vocab.encode(problem.question) + [vocab.cot], chain,
+                   [vocab.ans] + vocab.encode(" " + str(problem.answer)) + [vocab.eos], problem.answer,
+                   starts, [word_of[t] in hot for t in range(len(chain))], step_starts[-1], step_starts)
+
+
+def is_correct(vocab, generated: list[int], value) -> bool:
+    """An int answer is read as a number (the last <ans>, commas dropped); any other answer must equal the
+    generated answer text, whitespace ignored."""
+    if isinstance(value, int):
+        return vocab.parse_answer(generated) == value
+    if vocab.ans not in generated:
+        return False
+    tail = generated[len(generated) - 1 - generated[::-1].index(vocab.ans) + 1:]
+    return "".join(vocab.answer_text(tail).split()) == "".join(str(value).split())
+
+
+def segments(ex: Example, chunk: int) -> list[tuple[int, int]]:
+    """The chain cut into consecutive segments of at most `chunk` tokens, each one VQ-VAE chunk (padded to
+    `chunk`): whole steps where they fit (several short steps share a chunk), a step longer than a chunk
+    cut where a word starts. A cut never falls inside a word (a number, a multi-token name) unless one word
+    is longer than a chunk, and a chunk that fits ends where a step ends, so text resumes at a step."""
+    starts = ex.starts or list(range(len(ex.chain)))
+    steps = [s for s in (ex.step_starts or [0]) if s < len(ex.chain)] or [0]
+    units = []  # (begin, end) pieces: a step, or a word-aligned piece of a long step
+    for a, b in zip(steps, steps[1:] + [len(ex.chain)]):
+        if b - a <= chunk:
+            units.append((a, b))
+            continue
+        begin, end = a, a
+        for w in [s for s in starts if a < s <= b] + ([b] if b not in starts else []):
+            if w - begin > chunk:
+                if end > begin:
+                    units.append((begin, end))
+                    begin = end
+                while w - begin > chunk:
+                    units.append((begin, begin + chunk))
+                    begin += chunk
+            end = w
+        if end > begin:
+            units.append((begin, end))
+    out: list[tuple[int, int]] = []
+    for a, b in units:  # short whole steps share a chunk
+        if out and b - out[-1][0] <= chunk and out[-1][1] == a and (a in steps):
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def replacement_options(ex: Example, chunk: int) -> list[int]:
+    """The m values (chain tokens replaced) a training example allows, besides 0: whole segments from the
+    left, never reaching the final step and never more than half of the chain (the paper abstracts about a
+    fifth of a trace; replacing all of it is its All-Replace ablation, which collapses)."""
+    limit = min(ex.last_step, len(ex.chain) // 2)
+    return [e for _, e in segments(ex, chunk) if e <= limit]
+
+
+def draw_m(rng, ex: Example, chunk: int) -> int:
+    """m = 0 for about 1/7 of examples (the paper's set {0, 72, 128, ..., 256} has seven values), else one
+    of the allowed segment ends, uniformly."""
+    options = replacement_options(ex, chunk)
+    if not options or rng.random() < 1 / 7:
+        return 0
+    return rng.choice(options)
+
+
+def codes_needed(ex: Example, m: int, chunk: int, rate: int) -> int:
+    """Codes that replace the first m chain tokens: chunk / rate per segment."""
+    return sum(1 for _, e in segments(ex, chunk) if e <= m) * (chunk // rate)
+
+
+def replace_with_latents(vocab, chain: list[int], codes: list[int], m: int, n_codes: int) -> list[int]:
+    """<boLatent> n_codes codes <eoLatent> in place of the first m chain tokens, then the rest of the chain as
+    text (m = 0: the chain)."""
     if m == 0:
         return list(chain)
-    if m % chunk or m > len(chain):
-        raise LmlabError(f"m = {m} is not a whole number of {chunk}-token chunks within a {len(chain)}-token chain")
-    need = m // rate
-    if len(codes) < need:
-        raise LmlabError(f"{need} codes are needed for m = {m} at rate {rate}, got {len(codes)}")
-    return [vocab.bo_latent] + [vocab.code(c) for c in codes[:need]] + [vocab.eo_latent] + list(chain[m:])
+    if not 0 < m <= len(chain):
+        raise LmlabError(f"m = {m} is outside a {len(chain)}-token chain")
+    if n_codes < 1 or len(codes) < n_codes:
+        raise LmlabError(f"{n_codes} codes are needed for m = {m}, got {len(codes)}")
+    return [vocab.bo_latent] + [vocab.code(c) for c in codes[:n_codes]] + [vocab.eo_latent] + list(chain[m:])
 
 
 # --- VQ-VAE -----------------------------------------------------------------------------------------------
@@ -172,9 +281,15 @@ class Quantizer(nn.Module):
         nn.init.uniform_(self.codebook.weight, -1 / n_codes, 1 / n_codes)
         self.beta = beta
         self.register_buffer("usage", torch.zeros(n_codes))
+        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
 
     def forward(self, z: torch.Tensor):
         flat = z.reshape(-1, z.shape[-1])
+        if self.training and not bool(self.initialized):  # codes start at encoder outputs, not near 0 where
+            with torch.no_grad():                        # one code would win every chunk (collapse)
+                pick = flat[torch.randint(len(flat), (len(self.usage),), device=flat.device)]
+                self.codebook.weight.copy_(pick + 0.01 * torch.randn_like(pick))
+                self.initialized.fill_(True)
         dist = (flat.pow(2).sum(1, keepdim=True) - 2 * flat @ self.codebook.weight.T
                 + self.codebook.weight.pow(2).sum(1)[None])
         idx = dist.argmin(1)
@@ -200,35 +315,44 @@ class Quantizer(nn.Module):
 
 class ChunkVQVAE(nn.Module):
     def __init__(self, vocab_size: int, chunk: int, rate: int, n_codes: int, dim: int = 64, layers: int = 2,
-                 heads: int = 4, max_prompt: int = 96):
+                 heads: int = 4, max_prompt: int = 96, pad_id: int = -100, max_offset: int = 0):
         super().__init__()
+        # where the chunk sits in the sequence (its first token's position), added to the chunk's tokens and to
+        # the decoder's queries: a chunk's words depend on how far the trace has got
+        self.where = nn.Embedding(max_offset + 1, dim) if max_offset else None
+        self.pad_id = pad_id  # padding inside a chunk (a segment shorter than the chunk) is not reconstructed
         if chunk % rate:
             raise LmlabError(f"rate {rate} does not divide the chunk length {chunk}")
         self.chunk, self.rate, self.n_codes = chunk, rate, n_codes
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(max_prompt + chunk, dim)
         self.kind = nn.Embedding(3, dim)  # prompt / chunk / code
-        enc = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        enc = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(enc, layers, enable_nested_tensor=False)
         self.to_code = nn.Linear(dim, dim)
         self.quantizer = Quantizer(n_codes, dim)
         self.queries = nn.Parameter(torch.randn(chunk, dim) * 0.02)
-        dec = nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True)
+        dec = nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.decoder = nn.TransformerDecoder(dec, layers)
         self.out = nn.Linear(dim, vocab_size)
         self.max_prompt = max_prompt
 
     def _prompt(self, prompt: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(prompt.shape[1], device=prompt.device)
-        return self.embed(prompt) + self.pos(positions)[None] + self.kind.weight[0]
+        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # counted from the first real token (left-padded)
+        return self.embed(prompt) + self.pos(positions) + self.kind.weight[0]
 
-    def encode(self, prompt, prompt_mask, chunk_ids):
+    def _where(self, offset, like: torch.Tensor):
+        if self.where is None or offset is None:
+            return 0
+        return self.where(offset.clamp(max=self.where.num_embeddings - 1).to(like.device))[:, None]
+
+    def encode(self, prompt, prompt_mask, chunk_ids, offset=None):
         """-> (B, chunk/rate) code indices, the quantized vectors and the VQ loss."""
         if prompt.shape[1] > self.max_prompt:
             raise LmlabError(f"a prompt of {prompt.shape[1]} tokens exceeds the VQ-VAE's {self.max_prompt}")
         p = self._prompt(prompt, prompt_mask)
         positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=prompt.device)
-        c = self.embed(chunk_ids) + self.pos(positions)[None] + self.kind.weight[1]
+        c = self.embed(chunk_ids) + self.pos(positions)[None] + self.kind.weight[1] + self._where(offset, chunk_ids)
         pad = torch.cat([~prompt_mask, torch.zeros_like(chunk_ids, dtype=torch.bool)], 1)
         h = self.encoder(torch.cat([p, c], 1), src_key_padding_mask=pad)[:, prompt.shape[1]:]
         pooled = h.view(h.shape[0], self.chunk // self.rate, self.rate, -1).mean(2)
@@ -236,29 +360,30 @@ class ChunkVQVAE(nn.Module):
         quantized, idx, vq_loss = self.quantizer(z)
         return idx, quantized, vq_loss, z
 
-    def decode(self, prompt, prompt_mask, quantized):
+    def decode(self, prompt, prompt_mask, quantized, offset=None):
         memory = torch.cat([self._prompt(prompt, prompt_mask), quantized + self.kind.weight[2]], 1)
         mem_pad = torch.cat([~prompt_mask, torch.zeros(quantized.shape[:2], dtype=torch.bool,
                                                         device=quantized.device)], 1)
-        q = self.queries[None].expand(prompt.shape[0], -1, -1)
+        q = self.queries[None].expand(prompt.shape[0], -1, -1) + self._where(offset, quantized)
         return self.out(self.decoder(q, memory, memory_key_padding_mask=mem_pad))
 
-    def forward(self, prompt, prompt_mask, chunk_ids):
-        idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids)
-        logits = self.decode(prompt, prompt_mask, quantized)
-        rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1))
+    def forward(self, prompt, prompt_mask, chunk_ids, offset=None):
+        idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids, offset)
+        logits = self.decode(prompt, prompt_mask, quantized, offset)
+        rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1),
+                                          ignore_index=self.pad_id)
         return rec + vq_loss, rec, logits, idx, z
 
     @torch.no_grad()
-    def codes(self, prompt, prompt_mask, chunk_ids) -> torch.Tensor:
+    def codes(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
         self.eval()
-        return self.encode(prompt, prompt_mask, chunk_ids)[0]
+        return self.encode(prompt, prompt_mask, chunk_ids, offset)[0]
 
     @torch.no_grad()
-    def reconstruct(self, prompt, prompt_mask, chunk_ids) -> torch.Tensor:
+    def reconstruct(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
         self.eval()
-        _, quantized, _, _ = self.encode(prompt, prompt_mask, chunk_ids)
-        return self.decode(prompt, prompt_mask, quantized).argmax(-1)
+        _, quantized, _, _ = self.encode(prompt, prompt_mask, chunk_ids, offset)
+        return self.decode(prompt, prompt_mask, quantized, offset).argmax(-1)
 
 
 def pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,11 +9,17 @@ from lmlab.errors import LmlabError
 from lmlab.studies.base import StudyConfig
 
 PROFILES = {
-    "quick": dict(rates=[4, 16], n_train=3000, n_test=100, base_steps=1200, finetune_steps=300, vq_steps=500,
-                  d_model=128, n_layers=3, batch_size=32),
-    "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=1000, base_steps=6000, finetune_steps=2000,
-                 vq_steps=3000, d_model=256, n_layers=6, batch_size=64),
+    "quick": dict(rates=[4, 16], n_train=3000, n_test=500, base_steps=700, finetune_steps=150, vq_steps=1000,
+                  d_model=64, n_layers=3, batch_size=32, lr=3e-3),
+    "full": dict(rates=[2, 4, 8, 16], n_train=20000, n_test=2000, base_steps=6000, finetune_steps=2000,
+                 vq_steps=3000, d_model=256, n_layers=6, batch_size=64, lr=2e-3),
 }
+# the arithmetic stress test and GSM8K keep the sizes they were measured with
+ARITHMETIC_PROFILES = {
+    "quick": dict(n_test=100, base_steps=1200, finetune_steps=300, vq_steps=500, d_model=128, lr=2e-3),
+    "full": dict(n_test=1000),
+}
+DATA = ("walk", "classes", "arithmetic")
 # the pretrained option: fewer, smaller steps at a fine-tuning learning rate (d_model / n_layers unused)
 PRETRAINED_PROFILES = {
     "quick": dict(rates=[4, 16], n_train=3000, n_test=60, base_steps=60, finetune_steps=25, vq_steps=1200,
@@ -27,7 +33,8 @@ PRETRAINED = {"smollm2-135m"}
 class Config(StudyConfig):
     rates: list[int] | None = Field(None, description="compression rates r (quick: 4,16; full: 2,4,8,16)")
     chunk: int = Field(16, description="chunk length L (chain tokens per VQ-VAE chunk)")
-    codebook: int = Field(64, description="codebook size K")
+    codebook: int = Field(64, description="codebook size K (the paper uses 1024 for math; 64 holds a walk's "
+                                           "position)")
     n_train: int | None = None
     n_test: int | None = None
     base_steps: int | None = None
@@ -36,9 +43,12 @@ class Config(StudyConfig):
     d_model: int | None = None
     n_layers: int | None = None
     batch_size: int | None = None
-    lr: float | None = Field(None, description="learning rate (scratch 2e-3; smollm2-135m 3e-4 quick, 1e-4 full)")
-    max_steps_per_problem: int = Field(4, description="reasoning steps per generated problem (2..this)")
-    data: str = Field("generated", description="generated, or gsm8k:PATH (a GSM8K jsonl file)")
+    lr: float | None = Field(None, description="learning rate (scratch 3e-3 quick, 2e-3 full and arithmetic; "
+                                               "smollm2-135m 3e-4 quick, 1e-4 full)")
+    max_steps_per_problem: int = Field(4, description="arithmetic: reasoning steps per problem (2..this)")
+    data: str = Field("walk", description="walk (a maze-style grid walk, the default), classes (ProsQA-style class "
+                                          "chains), arithmetic (short +/- chains, a stress test), or "
+                                          "gsm8k:PATH (a GSM8K jsonl file)")
     max_new: int | None = Field(None, description="generated tokens per test problem (default: the longest "
                                                   "training chain + answer, plus 16)")
 
@@ -46,8 +56,20 @@ class Config(StudyConfig):
         value = getattr(self, name)
         if value is not None:
             return value
-        table = PRETRAINED_PROFILES if self.model in PRETRAINED else PROFILES
-        return table[self.profile].get(name, PROFILES[self.profile].get(name, 2e-3 if name == "lr" else None))
+        if self.model in PRETRAINED:
+            table = PRETRAINED_PROFILES[self.profile]
+        elif self.task != "walk" and self.task != "classes":
+            table = ARITHMETIC_PROFILES[self.profile]
+        else:
+            table = {}
+        return table.get(name, PROFILES[self.profile].get(name))
+
+    @property
+    def task(self) -> str:
+        """walk, classes, arithmetic or gsm8k ("generated", the name before the walk existed, is arithmetic)."""
+        if self.data.startswith("gsm8k:"):
+            return "gsm8k"
+        return "arithmetic" if self.data == "generated" else self.data
 
 
 def check_config(config: Config) -> None:
@@ -63,5 +85,5 @@ def check_config(config: Config) -> None:
     if config.model not in ("scratch", *sorted(PRETRAINED)):
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
                          f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
-    if config.data != "generated" and not config.data.startswith("gsm8k:"):
-        raise LmlabError(f"unknown --data '{config.data}'; use generated or gsm8k:PATH")
+    if config.task not in (*DATA, "gsm8k"):
+        raise LmlabError(f"unknown --data '{config.data}'; use walk, classes, arithmetic or gsm8k:PATH")

@@ -30,28 +30,56 @@ def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) ->
                        seed=config.seed, description=desc)
 
 
+def _pieces(ids: list[int], chunk: int) -> list[list[int]]:
+    return [ids[k:k + chunk] for k in range(0, len(ids), chunk)]
+
+
+def padded(ids: list[int], chunk: int, pad: int) -> list[int]:
+    return list(ids) + [pad] * (chunk - len(ids))
+
+
+def vq_chunks(examples: list[L.Example], chunk: int, pad: int) -> list[tuple[list[int], list[int], int]]:
+    """(prompt, chunk, offset) over the whole sequence, as the paper trains its VQ-VAE: the question in
+    L-token pieces, the chain in its word-aligned segments, the answer; every chunk padded to L; offset is
+    the chunk's first position in prompt + chain + answer."""
+    out = []
+    for ex in examples:
+        n = len(ex.prompt)
+        out += [(ex.prompt, padded(ex.prompt[1:-1][k:k + chunk], chunk, pad), 1 + k)
+                for k in range(0, n - 2, chunk)]
+        out += [(ex.prompt, padded(ex.chain[a:b], chunk, pad), n + a) for a, b in L.segments(ex, chunk)]
+        out += [(ex.prompt, padded(ex.answer[1:][k:k + chunk], chunk, pad), n + len(ex.chain) + 1 + k)
+                for k in range(0, len(ex.answer) - 1, chunk)]
+    return out
+
+
+def max_offset(examples: list[L.Example]) -> int:
+    return max(len(ex.prompt) + len(ex.chain) + len(ex.answer) for ex in examples)
+
+
 def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_dir: RunDir):
-    """Train the VQ-VAE for `rate` on every full chunk of the training chains (resumable)."""
-    chunks = [(ex.prompt, ex.chain[k:k + config.chunk]) for ex in examples
-              for k in range(0, len(ex.chain) - config.chunk + 1, config.chunk)]
+    """Train the VQ-VAE for `rate` on chunks of the training sequences (resumable)."""
+    chunks = vq_chunks(examples, config.chunk, vocab.pad)
     torch.manual_seed(config.seed + rate)
     vq = L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
-                      max_prompt=max(len(p) for p, _ in chunks) + 8)
+                      max_prompt=max(len(p) for p, _, _ in chunks) + 8, pad_id=vocab.pad,
+                      max_offset=max_offset(examples) + 64)
     pad = vocab.pad
 
     def collate(items):
-        prompt, mask = L.pad_left([p for p, _ in items], pad)
-        return {"prompt": prompt, "mask": mask, "chunk": torch.tensor([c for _, c in items])}
+        prompt, mask = L.pad_left([p for p, _, _ in items], pad)
+        return {"prompt": prompt, "mask": mask, "chunk": torch.tensor([c for _, c, _ in items]),
+                "offset": torch.tensor([o for _, _, o in items])}
 
     state = {}
 
     def loss_fn(model, batch):
-        loss, _, _, _, z = model(batch["prompt"], batch["mask"], batch["chunk"])
+        loss, _, _, _, z = model(batch["prompt"], batch["mask"], batch["chunk"], batch["offset"])
         state["z"] = z.detach()
         return loss
 
     def on_step(step, _loss):  # the loop's own step count, so a resumed run restarts codes at the same steps
-        if (step + 1) % 50 == 0:
+        if (step + 1) % 20 == 0:
             vq.quantizer.restart_dead(state["z"])
 
     steps = config.size("vq_steps")
@@ -61,48 +89,82 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
 
 
 def chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
-    n = len(ex.chain) // chunk
-    if n == 0:
+    """The codes of every segment of the chain, in order (chunk / rate per segment)."""
+    segs = L.segments(ex, chunk)
+    if not segs:
         return []
-    prompt, mask = L.pad_left([ex.prompt] * n, vocab.pad)
-    ids = torch.tensor([ex.chain[k * chunk:(k + 1) * chunk] for k in range(n)])
-    return vq.codes(prompt, mask, ids).reshape(-1).tolist()
+    prompt, mask = L.pad_left([ex.prompt] * len(segs), vocab.pad)
+    ids = torch.tensor([padded(ex.chain[a:b], chunk, vocab.pad) for a, b in segs])
+    offset = torch.tensor([len(ex.prompt) + a for a, _ in segs])
+    return vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
+
+
+def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[list[int], int]:
+    """<boLatent> true codes <eoLatent> for the largest m training allows this example, and that m (the
+    "forced codes" evaluation); an example that allows none gets no prefix."""
+    options = L.replacement_options(ex, config.chunk)
+    if not options:
+        return [], 0
+    m = options[-1]
+    n = L.codes_needed(ex, m, config.chunk, rate)
+    codes = chunk_codes(vq, vocab, ex, config.chunk)
+    return [vocab.bo_latent] + [vocab.code(c) for c in codes[:n]] + [vocab.eo_latent], m
 
 
 @torch.no_grad()
-def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 100) -> dict:
-    """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>), latents used."""
+def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 250,
+             prefixes: list[list[int]] | None = None) -> dict:
+    """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>; a forced prefix
+    counts as generated), latents used. `prefixes`: ids forced after each prompt (the true codes)."""
     model.eval()
+    device = next(model.parameters()).device
     correct, tokens, latents = [], [], []
+    prefixes = prefixes or [[] for _ in examples]
     t0 = time.perf_counter()
     for start in range(0, len(examples), batch_size):
         part = examples[start:start + batch_size]
-        ids, mask = L.pad_left([ex.prompt for ex in part], vocab.pad)
+        forced = prefixes[start:start + batch_size]
+        ids, mask = L.pad_left([ex.prompt + f for ex, f in zip(part, forced)], vocab.pad)
+        ids, mask = ids.to(device), mask.to(device)
         out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=max_new, do_sample=False,
                              eos_token_id=vocab.eos, pad_token_id=vocab.pad)
-        for ex, row in zip(part, out[:, ids.shape[1]:].tolist()):
-            gen = row[:row.index(vocab.eos) + 1] if vocab.eos in row else row
+        for ex, f, row in zip(part, forced, out[:, ids.shape[1]:].tolist()):
+            gen = f + (row[:row.index(vocab.eos) + 1] if vocab.eos in row else row)
             tokens.append(len(gen))
             latents.append(sum(1 for t in gen if vocab.is_code(t)))
-            correct.append(vocab.parse_answer(gen) == ex.value)
+            correct.append(L.is_correct(vocab, gen, ex.value))
     seconds = time.perf_counter() - t0
     return {"correct": correct, "tokens": tokens, "latents": latents, "seconds_per_problem": seconds / len(examples)}
 
 
 @torch.no_grad()
-def vq_quality(vq, vocab, dev_ex, config: Config, train_chunks) -> dict:
-    dev_chunks = [(ex.prompt, ex.chain[k:k + config.chunk]) for ex in dev_ex
-                  for k in range(0, len(ex.chain) - config.chunk + 1, config.chunk)]
+def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks) -> dict:
+    """Reconstruction of chain segments on the dev problems (padding left out): token accuracy, split into
+    the tokens a step computes and the copied ones, and whole-chunk exact match; codes used on training
+    chunks."""
     out = {}
-    for name, chunks in (("vq_train", train_chunks[:2000]), ("vq_dev", dev_chunks)):
-        if not chunks:
-            continue
-        prompt, mask = L.pad_left([p for p, _ in chunks], vocab.pad)
-        ids = torch.tensor([c for _, c in chunks])
-        rec = vq.reconstruct(prompt, mask, ids)
-        out[f"{name}_token_acc"] = float((rec == ids).float().mean())
-        out[f"{name}_chunk_exact"] = float((rec == ids).all(1).float().mean())
-        if name == "vq_train":
-            codes = vq.codes(prompt, mask, ids)
-            out["codebook_used"] = int(codes.unique().numel())
+    prompts, ids, hot, offsets = [], [], [], []
+    for ex in dev_ex:
+        for a, b in L.segments(ex, config.chunk):
+            prompts.append(ex.prompt)
+            offsets.append(len(ex.prompt) + a)
+            ids.append(padded(ex.chain[a:b], config.chunk, vocab.pad))
+            hot.append(padded([int(x) for x in ex.computed[a:b]], config.chunk, -1))
+    if ids:
+        prompt, mask = L.pad_left(prompts, vocab.pad)
+        ids_t = torch.tensor(ids)
+        rec = vq.reconstruct(prompt, mask, ids_t, torch.tensor(offsets))
+        real = ids_t != vocab.pad
+        same = (rec == ids_t) & real
+        kind = torch.tensor(hot)
+        out["vq_dev_token_acc"] = float(same.sum() / real.sum())
+        for name, flag in (("computed", 1), ("copied", 0)):
+            sel = kind == flag
+            out[f"vq_dev_{name}_acc"] = float(same[sel].float().mean()) if sel.any() else float("nan")
+        out["vq_dev_chunk_exact"] = float((same | ~real).all(1).float().mean())
+    sample = train_chunks[:2000]
+    if sample:
+        prompt, mask = L.pad_left([p for p, _, _ in sample], vocab.pad)
+        used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample]), torch.tensor([o for _, _, o in sample]))
+        out["codebook_used"] = int(used.unique().numel())
     return out

@@ -1,24 +1,35 @@
 """S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275), seed 000.
 
-1. Data: generated multi-step arithmetic word problems with a step-by-step chain (data/generated/
-   reasoning.py), disjoint train/dev/test; or `--data gsm8k:PATH`, a GSM8K jsonl file whose reasoning
-   lines become the chain (calculator annotations removed), split by the same seeded hash.
+1. Data (data/generated/planning.py): by default a generated maze-style grid walk whose step-by-step
+   trace is 104-140 tokens, most of them restating the move and the position a step starts from (the
+   paper's from-scratch settings, a Keys-Finding Maze and ProsQA, have long traces whose early words
+   "support textual coherence rather than core reasoning"); `--data classes` ProsQA-style class chains;
+   `--data arithmetic` the short +/- chains (data/generated/reasoning.py), where every computed value is
+   needed later, kept as a stress test; `--data gsm8k:PATH` a GSM8K jsonl file. Splits are disjoint.
 2. Base model (METHODS DECISION): by default a small Llama-architecture transformer trained from scratch
    in the run on prompt -> chain -> answer, the prompt masked in the loss, with a word-level vocabulary
    that already holds the K codes and the two latent markers. `--model smollm2-135m` starts from the
    pretrained SmolLM2-135M instead: its tokenizer gets <cot>, <ans>, the markers and the K codes as new
    special tokens, its embeddings are resized, and the same CoT training makes the base. Either way every
    variant starts from the same base weights.
-3. Per rate r: a VQ-VAE over chunks of L chain tokens (L/r codes each, codebook K; latent.py), trained on
-   the training chains; then a copy of the base model is fine-tuned on mixed sequences where the leftmost m
-   chain tokens (m drawn per example from the chunk-aligned set 0, L, 2L, ... up to the chain, seeded) are
-   replaced by <boLatent> codes <eoLatent>.
+3. Per rate r: a VQ-VAE over chunks of at most L tokens (L/r codes each, codebook K; codes.py), trained on
+   chunks of the whole training sequences (question, chain, answer) and applied to the chain; then a copy
+   of the base model is fine-tuned on mixed sequences where the leftmost m chain tokens are replaced by
+   <boLatent> codes <eoLatent>. As in the paper, m is drawn per example from a chunk-aligned set: 0 for
+   about 1/7 of examples, else a whole number of chunks that leaves the final step and at least half of
+   the chain as text (the paper abstracts about a fifth of a ~640-token trace). Chunks end at word
+   starts, so a number is never split between latent and text.
 4. Baselines in the same run, fine-tuned from the same base for the same steps: CoT (m = 0 always) and
    answer-only (no chain).
 5. Evaluation: greedy generation on the test split; accuracy (Wilson interval), generated tokens per
    problem (latent + text, up to and including <eos>; bootstrap interval), wall time per problem.
+   Diagnostics per rate: latent tokens per problem and the share of problems that used any; accuracy
+   split by whether the model used latents; the VQ-VAE's reconstruction of computed vs copied chain tokens;
+   and accuracy with the true codes forced in for the largest m training allows, which separates "the
+   codes lose information" (forced below CoT) from "the model cannot produce the codes" (forced at CoT,
+   free generation below).
 
-Compression rate on the figure's x axis: CoT is r = 1 (no latents); answer-only is drawn as a line.
+Compression rate on the figure's x axis: r; CoT and answer-only are reference lines.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmlab.data.generated.planning import generate_class_problems, generate_walk_problems
 from lmlab.data.generated.reasoning import generate_problems, read_gsm8k_problems, split_problems
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, ScratchSpec, load_model, resize_vocabulary
@@ -38,13 +50,19 @@ from lmlab.runs import RunDir
 from lmlab.stats import bootstrap, wilson
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import PRETRAINED, Config, check_config
-from lmlab.studies.latent.measure import chunk_codes, collate_for, evaluate, lm_loss, train_cfg, train_vq, vq_quality
+from lmlab.studies.latent.measure import (chunk_codes, collate_for, evaluate, forced_prefix, lm_loss, train_cfg,
+                                         train_vq, vq_quality)
 from lmlab.train import train
 
 
 def load_problems(config: Config) -> dict:
     n_test = config.size("n_test")
-    if config.data == "generated":
+    n_dev = min(n_test, 200)  # the dev split only measures the VQ-VAE's reconstruction
+    if config.task == "walk":
+        return generate_walk_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
+    if config.task == "classes":
+        return generate_class_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
+    if config.task == "arithmetic":
         return generate_problems(config.size("n_train"), n_test, n_test, seed=config.seed,
                                  max_steps=config.max_steps_per_problem)
     splits = split_problems(read_gsm8k_problems(config.data.split(":", 1)[1]), seed=config.seed)
@@ -94,12 +112,12 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
     if config.model not in PRETRAINED:
         base = load_model("scratch", dtype=torch.float32, device="cpu", scratch=ScratchSpec(
             vocab_size=len(vocab), d_model=config.size("d_model"), n_layers=config.size("n_layers"), n_heads=4,
-            max_positions=max(256, longest), bos=vocab.bos, eos=vocab.eos, pad=vocab.pad, seed=config.seed)).model
+            max_positions=max(256, longest + 64), bos=vocab.bos, eos=vocab.eos, pad=vocab.pad, seed=config.seed)).model
         base.train()  # as built: the training loop decides the mode
     if longest > base.config.max_position_embeddings:
         raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
                          f"{base.config.max_position_embeddings}")
-    n_chunks = sum(len(ex.chain) // config.chunk for ex in train_ex)
+    n_chunks = sum(len(L.segments(ex, config.chunk)) for ex in train_ex)
     if n_chunks < config.codebook:
         raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
                          "or generate more problems")
@@ -139,7 +157,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     for name, rate in variants:
         if name in done:
             continue
-        extra = {}
+        extra, forced = {}, None
         if name == "cot":
             items = cot_items
         elif name == "answer-only":
@@ -148,25 +166,45 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             vq, chunks, vq_collate = train_vq(vocab, train_ex, config, rate, run_dir)
             extra = vq_quality(vq, vocab, dev_ex, config, chunks)
             rng = random.Random(f"{config.seed}|{rate}")
-            items = []
+            items, shares, ratio = [], [], []
             for ex in train_ex:
-                m = rng.choice(L.chunk_options(len(ex.chain), config.chunk))
+                m = L.draw_m(rng, ex, config.chunk)
+                n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
                 codes = chunk_codes(vq, vocab, ex, config.chunk) if m else []
-                items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, codes, m, config.chunk, rate)
-                              + ex.answer))
+                items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, codes, m, n) + ex.answer))
+                shares.append(m / len(ex.chain))
+                if m:
+                    ratio.append(m / n)
+            extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
+                         tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
+            forced = [forced_prefix(vq, vocab, ex, config, rate) for ex in test_ex]
         model = finetune(name, items)
         result = evaluate(model, vocab, test_ex, max_new=max_new)
         acc = wilson(sum(result["correct"]), len(result["correct"]))
         tok = bootstrap(np.array(result["tokens"], dtype=float), seed=config.seed)
+        used = np.array(result["latents"]) > 0
+        right = np.array(result["correct"], dtype=float)
         row = {"kind": "variant", "variant": name, "rate": rate, "accuracy": acc.estimate, "acc_lo": acc.low,
                "acc_hi": acc.high, "tokens": tok.estimate, "tok_lo": tok.low, "tok_hi": tok.high,
-               "latents": float(np.mean(result["latents"])), "seconds_per_problem": result["seconds_per_problem"],
-               "n_test": len(test_ex), **extra}
+               "latents": float(np.mean(result["latents"])), "used_latents": float(used.mean()),
+               "acc_with_latents": float(right[used].mean()) if used.any() else float("nan"),
+               "acc_without_latents": float(right[~used].mean()) if (~used).any() else float("nan"),
+               "seconds_per_problem": result["seconds_per_problem"], "n_test": len(test_ex), **extra}
+        forced_correct = [None] * len(test_ex)
+        if forced is not None:
+            fres = evaluate(model, vocab, test_ex, max_new=max_new, prefixes=[f for f, _ in forced])
+            facc = wilson(sum(fres["correct"]), len(fres["correct"]))
+            row.update(forced_accuracy=facc.estimate, forced_lo=facc.low, forced_hi=facc.high,
+                       forced_tokens=float(np.mean(fres["tokens"])),
+                       forced_m_share=float(np.mean([m / len(ex.chain) for (_, m), ex in zip(forced, test_ex)])))
+            forced_correct = [int(c) for c in fres["correct"]]
         per_problem = [{"kind": "problem", "variant": name, "idx": i, "correct": int(c), "tokens": int(t),
-                        "latents": int(n)} for i, (c, t, n) in enumerate(zip(result["correct"], result["tokens"],
-                                                                           result["latents"]))]
+                        "latents": int(n), "forced_correct": fc}
+                       for i, (c, t, n, fc) in enumerate(zip(result["correct"], result["tokens"], result["latents"],
+                                                               forced_correct))]
         run_dir.record("variants", name, [row] + per_problem)
-        run_dir.log(f"{name}: accuracy {acc}, tokens {tok.estimate:.1f}, latents {row['latents']:.2f}")
+        run_dir.log(f"{name}: accuracy {acc}, tokens {tok.estimate:.1f}, latents {row['latents']:.2f}"
+                    + (f", forced codes {row['forced_accuracy']:.3f}" if forced is not None else ""))
     rows = [r for rs in run_dir.done("variants").values() for r in rs]
     order = {name: i for i, (name, _) in enumerate(variants)}
     return pd.DataFrame(sorted(rows, key=lambda r: order.get(r["variant"], 99)))
