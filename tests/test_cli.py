@@ -34,6 +34,12 @@ def test_trace_on_a_tiny_model_writes_its_table(tmp_path):
     # optional list options (list[int] | None) are comma-separated too: the value reaches the study's check
     (("latent", "--rates", "3,16", "--out", "/tmp/lmlab-cli-test"), "rate 3 does not divide the chunk length 16"),
     (("quantize", "--model", "tiny-bert", "--budgets", "A,X", "--out", "/tmp/lmlab-cli-test"), "unknown budget 'X'"),
+    # sizes of 0 or below are refused before any work, not replaced by the profile's default
+    (("knockout", "--model", "tiny-llama", "--per-dataset", "-5", "--out", "/tmp/lmlab-cli-test"),
+     "bad option --per-dataset: Input should be greater than or equal to 1"),
+    (("knockout", "--model", "tiny-llama", "--per-dataset", "0", "--out", "/tmp/lmlab-cli-test"),
+     "bad option --per-dataset"),
+    (("latent", "--n-test", "0", "--out", "/tmp/lmlab-cli-test"), "bad option --n-test"),
 ])
 def test_bad_input_is_a_sentence_not_a_traceback(args, message):
     result = invoke(*args)

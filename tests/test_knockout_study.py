@@ -113,6 +113,22 @@ def test_readers_parse_real_formats_and_name_bad_rows(tmp_path):
         read_qa("hotpotqa", tmp_path / "hp.json")
     with pytest.raises(LmlabError, match="no popqa file"):
         read_qa("popqa", tmp_path / "missing.tsv")
+    # valid JSON that is not an object: one sentence naming the file and line, in every reader
+    (tmp_path / "nq.jsonl").write_text('{"question": "q", "answer": ["a"]}\n[1, 2, 3]\n')
+    with pytest.raises(LmlabError, match=r"nq.jsonl:2: not a JSON object \(found list\)"):
+        read_qa("nq", tmp_path / "nq.jsonl")
+    (tmp_path / "pop.jsonl").write_text('"just a string"\n')
+    with pytest.raises(LmlabError, match=r"pop.jsonl:1: not a JSON object \(found str\)"):
+        read_qa("popqa", tmp_path / "pop.jsonl")
+    (tmp_path / "hp.json").write_text(json.dumps([{"question": "q?", "answer": "yes"}, 7]))
+    with pytest.raises(LmlabError, match=r"item 1: not a JSON object \(found int\)"):
+        read_qa("hotpotqa", tmp_path / "hp.json")
+    (tmp_path / "tqa.json").write_text(json.dumps({"Data": [["q?"], {"Question": "q", "Answer": "a"}]}))
+    with pytest.raises(LmlabError, match=r"item 0: not a JSON object"):
+        read_qa("triviaqa", tmp_path / "tqa.json")
+    (tmp_path / "tqa.json").write_text(json.dumps({"Data": [{"Question": "q", "Answer": "a"}]}))
+    with pytest.raises(LmlabError, match=r"item 0: field 'Answer' is not a JSON object"):
+        read_qa("triviaqa", tmp_path / "tqa.json")
 
 
 def test_too_few_correct_answers_is_an_inconclusive_verdict(tmp_path):

@@ -18,6 +18,8 @@ from lmlab.errors import LmlabError
 
 
 def _need(row: dict, field: str, where: str):
+    if not isinstance(row, dict):
+        raise LmlabError(f"{where}: not a JSON object (found {type(row).__name__})")
     value = row.get(field)
     if value is None or value == "" or value == []:
         raise LmlabError(f"{where}: missing field '{field}'")
@@ -29,9 +31,12 @@ def _jsonl(path: Path) -> Iterator[tuple[str, dict]]:
         for n, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    yield f"{path}:{n}", json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise LmlabError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise LmlabError(f"{path}:{n}: not a JSON object (found {type(row).__name__})")
+                yield f"{path}:{n}", row
 
 
 def _json(path: Path):
@@ -70,6 +75,8 @@ def read_triviaqa(path: Path) -> list[QAItem]:
     for i, row in enumerate(data["Data"]):
         where = f"{path}: item {i}"
         answer = _need(row, "Answer", where)
+        if not isinstance(answer, dict):
+            raise LmlabError(f"{where}: field 'Answer' is not a JSON object")
         aliases = list(answer.get("Aliases") or []) + [a for a in [answer.get("Value")] if a]
         if not aliases:
             raise LmlabError(f"{where}: missing field 'Answer.Aliases'")

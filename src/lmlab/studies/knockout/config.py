@@ -15,8 +15,8 @@ PROFILES = {"quick": dict(per_dataset=128, sweep_every=4), "full": dict(per_data
 class Config(StudyConfig):
     datasets: list[str] = Field(default_factory=lambda: list(geo_qa.RELATIONS),
                                 description="generated set names, or FORMAT:PATH for real files")
-    per_dataset: int | None = Field(None, description="questions per dataset (quick 128, full 1000)")
-    sweep_every: int | None = Field(None, description="knock out every n-th layer (quick 4, full 1)")
+    per_dataset: int | None = Field(None, ge=1, description="questions per dataset (quick 128, full 1000)")
+    sweep_every: int | None = Field(None, ge=1, description="knock out every n-th layer (quick 4, full 1)")
     scope: Literal["each", "span"] = Field("each", description="knock out each E_Q token from every later "
                                           "position (the paper), or only the positions after the span")
     probes: Literal["per_dataset", "pooled"] = Field("per_dataset", description="one probe per dataset and layer, "

@@ -32,17 +32,17 @@ PRETRAINED = {"smollm2-135m"}
 
 class Config(StudyConfig):
     rates: list[int] | None = Field(None, description="compression rates r (quick: 4,16; full: 2,4,8,16)")
-    chunk: int = Field(16, description="chunk length L (chain tokens per VQ-VAE chunk)")
+    chunk: int = Field(16, ge=1, description="chunk length L (chain tokens per VQ-VAE chunk)")
     codebook: int = Field(64, description="codebook size K (the paper uses 1024 for math; 64 holds a walk's "
                                            "position)")
-    n_train: int | None = None
-    n_test: int | None = None
-    base_steps: int | None = None
-    finetune_steps: int | None = None
-    vq_steps: int | None = None
-    d_model: int | None = None
-    n_layers: int | None = None
-    batch_size: int | None = None
+    n_train: int | None = Field(None, ge=1)
+    n_test: int | None = Field(None, ge=1)
+    base_steps: int | None = Field(None, ge=1)
+    finetune_steps: int | None = Field(None, ge=1)
+    vq_steps: int | None = Field(None, ge=1)
+    d_model: int | None = Field(None, ge=1)
+    n_layers: int | None = Field(None, ge=1)
+    batch_size: int | None = Field(None, ge=1)
     lr: float | None = Field(None, description="learning rate (scratch 3e-3 quick, 2e-3 full and arithmetic; "
                                                "smollm2-135m 3e-4 quick, 1e-4 full)")
     max_steps_per_problem: int = Field(4, description="arithmetic: reasoning steps per problem (2..this)")
