@@ -195,12 +195,13 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch)
     assert (whole.path / "figure.png").is_file()
 
 
-def _row(variant, rate, correct, tokens, latents=2.0):
+def _row(variant, rate, correct, tokens, latents=2.0, losses=(0.05, 0.049)):
     c = np.array(correct, dtype=float)
     t = np.array(tokens, dtype=float)
     return [{"kind": "variant", "variant": variant, "rate": rate, "accuracy": c.mean(), "acc_lo": c.mean() - 0.05,
              "acc_hi": c.mean() + 0.05, "tokens": t.mean(), "tok_lo": t.mean() - 1, "tok_hi": t.mean() + 1,
-             "latents": latents if rate > 1 else 0.0, "seconds_per_problem": 0.01}] + [
+             "latents": latents if rate > 1 else 0.0, "seconds_per_problem": 0.01,
+             "ft_loss_q3": losses[0], "ft_loss_q4": losses[1]}] + [
         {"kind": "problem", "variant": variant, "idx": i, "correct": int(x), "tokens": int(n), "latents": 0}
         for i, (x, n) in enumerate(zip(c, t))]
 
@@ -221,6 +222,13 @@ def test_verdict_can_go_each_way():
     worse = [1] * 100 + [0] * 100
     accuracy_drop = _result(cot, _row("r4", 4, same, [35] * 200), _row("r16", 16, worse, [25] * 200))
     assert verdict(accuracy_drop).status == "not reproduced"
+    # the same drop while the fine-tuning loss still fell 0.166 -> 0.137 over its last quarter: not converged
+    unconverged = verdict(_result(cot, _row("r4", 4, same, [35] * 200),
+                                  _row("r16", 16, worse, [25] * 200, losses=(0.166, 0.137))))
+    assert unconverged.status == "inconclusive" and "had not converged" in unconverged.summary
+    assert unconverged.evidence["rates_still_learning"] == [16]
+    flat = verdict(_result(cot, _row("r16", 16, worse, [25] * 200, losses=(0.046, 0.037))))  # < 0.01 nats: done
+    assert flat.status == "not reproduced"
     slightly = [1] * 146 + [0] * 54  # 2 points down, interval straddles -1
     unclear = verdict(_result(cot, _row("r16", 16, slightly, [25] * 200)))
     assert unclear.status == "inconclusive"

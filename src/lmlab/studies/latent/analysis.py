@@ -5,8 +5,12 @@ about one point, one-sided):
 - "inconclusive" when a rate's model wrote fewer than 0.1 latent tokens per problem (the method was not
   exercised), or when an accuracy interval is too wide to decide; the minimum detectable difference is
   printed (one-sided 5%, 80% power) with the test size that one point would take;
+- "inconclusive (fine-tuning did not converge)" instead of "not reproduced" when a rate that falls short was
+  still learning at the end: its training loss fell over the last quarter of steps by more than 10% of the
+  third quarter's and by more than 0.01 nats per token, although the cosine schedule had nearly stopped
+  it (a heuristic; the quick profile's 150 steps fail it, 450 pass);
 - "not reproduced" only when accuracy is clearly worse than CoT (the paired 95% interval of latent − CoT lies
-  below −1 point) or the tokens do not fall;
+  below −1 point) or the tokens do not fall, with the fine-tuning converged;
 - "reproduced" when tokens fall steadily, the top rate uses clearly fewer tokens than CoT and every rate's
   one-sided 95% lower bound of latent − CoT is at or above −1 point.
 """
@@ -21,7 +25,17 @@ from lmlab.studies.base import Verdict, canvas, finish
 
 POINT = 0.01  # "within about one point" of accuracy
 MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not exercised
+STILL_LEARNING = (0.10, 0.01)  # last-quarter loss drop (relative, nats/token) that means training had not converged
 Z_ONE_SIDED, Z_POWER = 1.645, 0.842  # one-sided 5%, 80% power
+
+
+def still_learning(row) -> tuple[float, float] | None:
+    """(third-quarter loss, last-quarter loss) when the fine-tuning was still learning at its end, else None."""
+    q3, q4 = row.get("ft_loss_q3", np.nan), row.get("ft_loss_q4", np.nan)
+    if pd.isna(q3) or pd.isna(q4):
+        return None
+    drop = float(q3) - float(q4)
+    return (float(q3), float(q4)) if drop > STILL_LEARNING[0] * float(q3) and drop > STILL_LEARNING[1] else None
 
 
 def _variants(result) -> pd.DataFrame:
@@ -132,6 +146,13 @@ def verdict(result) -> Verdict:
         status = "inconclusive"
         text += (f" The method was not exercised at r={', '.join(map(str, idle))}: fewer than {MIN_LATENTS} latent "
                  "tokens per problem.")
+    elif worse and any(still_learning(r) for _, r in rates.iterrows() if int(r["rate"]) in worse):
+        status = "inconclusive"
+        learning = {int(r["rate"]): still_learning(r) for _, r in rates.iterrows() if int(r["rate"]) in worse}
+        text += (" Accuracy is below CoT's, but the fine-tuning had not converged: its training loss still fell "
+                 "over the last quarter of steps (" + "; ".join(f"r={k}: {v[0]:.3f} → {v[1]:.3f} nats/token"
+                                                              for k, v in learning.items() if v)
+                 + "). It needs more fine-tuning steps (--finetune-steps) before it can say 'not reproduced'.")
     elif worse or not fewer:
         status = "not reproduced"
         if worse:
@@ -152,6 +173,7 @@ def verdict(result) -> Verdict:
             text += " Tokens do not fall steadily with r."
     evidence = {"token_reduction_at_max_rate": reduction, "tokens_fall": fewer, "tokens_steady": steady,
                 "rates_not_exercised": idle, "rates_clearly_worse": worse, "rates_within_one_point": holds,
+                "rates_still_learning": [int(r["rate"]) for _, r in rates.iterrows() if still_learning(r)],
                 "accuracy_diff_vs_cot": {r: [d["estimate"], d["low"], d["high"]] for r, d in diffs.items()},
                 "one_sided_lower_bound": {r: d["one_sided_low"] for r, d in diffs.items()},
                 "min_detectable_difference": {r: d["mde"] for r, d in diffs.items()}}

@@ -145,12 +145,15 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
           run_dir.path / "base")
     base_state = {k: v.clone() for k, v in base.state_dict().items()}
 
-    def finetune(name: str, items) -> torch.nn.Module:
+    def finetune(name: str, items) -> tuple[torch.nn.Module, dict]:
         model = base  # the base's own module, its weights reset to the base state: one model in memory
         model.load_state_dict(base_state)
-        train(model, items, collate, lm_loss, train_cfg(config, config.size("finetune_steps"), f"fine-tune {name}",
-                                                           lr=config.size("lr") / 2), run_dir.path / f"ft-{name}")
-        return model
+        fit = train(model, items, collate, lm_loss, train_cfg(config, config.size("finetune_steps"),
+                                                              f"fine-tune {name}", lr=config.size("lr") / 2),
+                    run_dir.path / f"ft-{name}")
+        quarter = max(1, len(fit.losses) // 4)  # the training loss over the third and the last quarter of steps
+        return model, {"ft_loss_q3": float(np.mean(fit.losses[-2 * quarter:-quarter] or fit.losses)),
+                       "ft_loss_q4": float(np.mean(fit.losses[-quarter:]))}
 
     done = run_dir.done("variants")
     variants = [("cot", 1), ("answer-only", 0)] + [(f"r{r}", r) for r in config.size("rates")]
@@ -178,7 +181,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
                          tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
             forced = [forced_prefix(vq, vocab, ex, config, rate) for ex in test_ex]
-        model = finetune(name, items)
+        model, fit = finetune(name, items)
+        extra.update(fit)
         result = evaluate(model, vocab, test_ex, max_new=max_new)
         acc = wilson(sum(result["correct"]), len(result["correct"]))
         tok = bootstrap(np.array(result["tokens"], dtype=float), seed=config.seed)
