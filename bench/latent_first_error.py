@@ -51,9 +51,8 @@ def main() -> None:
             k_here = min(k, len(segs) - 1)
             m = segs[k_here - 1][1] if k_here > 0 else 0
             n_codes = L.codes_needed(ex, m, config.chunk, rate)
-            codes = chunk_codes(vq, vocab, ex, config.chunk)
-            prefixes.append([vocab.bo_latent] + [vocab.code(c) for c in codes[:n_codes]] + [vocab.eo_latent]
-                            if m else [])
+            codes = chunk_codes(vq, vocab, ex, config.chunk) if m else []
+            prefixes.append(L.replace_with_latents(vocab, ex.chain[:m], codes, m, n_codes))
             kept.append(m)
         ids, mask = L.pad_left([ex.prompt + p for ex, p in zip(test, prefixes)], vocab.pad)
         with torch.no_grad():

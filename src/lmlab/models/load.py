@@ -160,11 +160,12 @@ def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, de
         embedded.write_cache(entry, model, tok)
         if entry.parts:  # the assembled GGUF has served; the de-quantized cache replaces it
             (folder / file).unlink(missing_ok=True)
-        if head is None:  # the tokenizer a cached load returns (the GGUF conversion builds another class)
-            tok = AutoTokenizer.from_pretrained(str(embedded.cached_model_dir(entry.name)), trust_remote_code=False)
+    cache_dir = embedded.cached_model_dir(entry.name)
     if cached or head is not None:
-        embedded.serve_tokenizer_from_file(embedded.cached_model_dir(entry.name))
-        model, tok = _from_pretrained(str(embedded.cached_model_dir(entry.name)), **kw)
+        embedded.serve_tokenizer_from_file(cache_dir)
+        model, tok = _from_pretrained(str(cache_dir), **kw)
+    else:  # the model just de-quantized serves; the tokenizer is the cache's, as every later load's is
+        tok = AutoTokenizer.from_pretrained(str(cache_dir), trust_remote_code=False)
     return _finish(model, tok, entry.name, f"package {entry.pip} (GGUF de-quantized, cached)", device, dtype, t0,
                    cached=cached)
 

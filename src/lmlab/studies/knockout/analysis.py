@@ -152,7 +152,7 @@ def verdict(result) -> Verdict:
     for dataset in sorted(ko.dataset.unique()):
         entry = set_evidence(ko[ko.dataset == dataset], late)
         evidence["datasets"][dataset] = entry
-        g, f = entry["q_minus_a"], entry["eq_minus_control_flip_rate"]
+        g = entry["q_minus_a"]
         short = (f"{dataset}: Q-A {g['estimate']:+.1f} pp [{g['low']:+.1f}, {g['high']:+.1f}], E_Q flips "
                  f"{100 * entry['eq_flip_rate']:.0f}% vs control {100 * entry['control_flip_rate']:.0f}%")
         if entry["q_mean_count"] < MIN_GROUP or entry["a_mean_count"] < MIN_GROUP:

@@ -59,12 +59,16 @@ class _LatentIds(ABC):
     def answer_text(self, ids: list[int]) -> str:
         """The text of generated ids after <ans>, codes and padding left out."""
 
-    def parse_answer(self, generated: list[int]) -> int | None:
-        """The integer after the last <ans> in generated ids, or None."""
+    def answer_after(self, generated: list[int]) -> str | None:
+        """The answer text after the last <ans> in generated ids, or None without one."""
         if self.ans not in generated:
             return None
-        tail = generated[len(generated) - 1 - generated[::-1].index(self.ans) + 1:]
-        found = _INT.match(self.answer_text(tail).strip().replace(",", ""))
+        return self.answer_text(generated[len(generated) - generated[::-1].index(self.ans):])
+
+    def parse_answer(self, generated: list[int]) -> int | None:
+        """The integer after the last <ans> in generated ids, or None."""
+        text = self.answer_after(generated)
+        found = _INT.match(text.strip().replace(",", "")) if text is not None else None
         return int(found.group()) if found else None
 
 
@@ -199,10 +203,8 @@ def is_correct(vocab, generated: list[int], value) -> bool:
     generated answer text, whitespace ignored."""
     if isinstance(value, int):
         return vocab.parse_answer(generated) == value
-    if vocab.ans not in generated:
-        return False
-    tail = generated[len(generated) - 1 - generated[::-1].index(vocab.ans) + 1:]
-    return "".join(vocab.answer_text(tail).split()) == "".join(str(value).split())
+    text = vocab.answer_after(generated)
+    return text is not None and "".join(text.split()) == "".join(str(value).split())
 
 
 def segments(ex: Example, chunk: int) -> list[tuple[int, int]]:

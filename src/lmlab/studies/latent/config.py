@@ -58,7 +58,7 @@ class Config(StudyConfig):
             return value
         if self.model in PRETRAINED:
             table = PRETRAINED_PROFILES[self.profile]
-        elif self.task != "walk" and self.task != "classes":
+        elif self.task in ("arithmetic", "gsm8k"):
             table = ARITHMETIC_PROFILES[self.profile]
         else:
             table = {}

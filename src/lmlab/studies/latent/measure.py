@@ -30,10 +30,6 @@ def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) ->
                        seed=config.seed, description=desc)
 
 
-def _pieces(ids: list[int], chunk: int) -> list[list[int]]:
-    return [ids[k:k + chunk] for k in range(0, len(ids), chunk)]
-
-
 def padded(ids: list[int], chunk: int, pad: int) -> list[int]:
     return list(ids) + [pad] * (chunk - len(ids))
 
@@ -107,8 +103,7 @@ def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[
         return [], 0
     m = options[-1]
     n = L.codes_needed(ex, m, config.chunk, rate)
-    codes = chunk_codes(vq, vocab, ex, config.chunk)
-    return [vocab.bo_latent] + [vocab.code(c) for c in codes[:n]] + [vocab.eo_latent], m
+    return L.replace_with_latents(vocab, ex.chain[:m], chunk_codes(vq, vocab, ex, config.chunk), m, n), m
 
 
 @torch.no_grad()
