@@ -299,16 +299,21 @@ def test_deterministic_sparse_gate_matches_a_hand_computation(decoder, batch):
     sparse = SparseAttention(layers=layer, sample=False)
     with intervene(decoder, sparse, Capture("pattern", layers=layer)) as (_, cap):
         logits(decoder, batch)
-    kept = (scores > 0) & causal
-    empty = ~kept.any(-1, keepdim=True)
+    gated = (scores > 0) & causal
+    has_key = causal.any(-1, keepdim=True)
+    empty = ~gated.any(-1, keepdim=True) & has_key
     eye = torch.eye(scores.shape[-1], dtype=torch.bool)[None, None]
-    kept = kept | (empty & eye)
-    expected = torch.softmax(scores.masked_fill(~kept, float("-inf")), -1)
+    kept = gated | (empty & eye)
+    expected = torch.softmax(scores.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)  # padded rows read nothing
     rows = real_rows(batch)[:, None, :, None]
     assert torch.allclose(cap["pattern", layer] * rows, expected * rows, atol=1e-6)
     expected_edges = torch.sigmoid(scores.masked_fill(~causal, float("-inf"))).sum()
     assert torch.allclose(sparse.expected_edges, expected_edges, rtol=1e-5)
-    assert sparse.kept_edges == pytest.approx(float(kept.sum()))
+    # the self-edge fallback is counted apart, never as an edge the gate kept
+    assert sparse.kept_edges == pytest.approx(float(gated.sum()))
+    assert sparse.fallback_edges == pytest.approx(float(empty.sum()))
+    assert sparse.queries == pytest.approx(float(has_key.sum()))
+    assert sparse.edges_per_query == pytest.approx(float(gated.sum()) / float(has_key.sum()))
     assert sparse.total_edges == pytest.approx(float(causal.sum()))
 
 

@@ -91,7 +91,8 @@ def test_bad_options_are_refused(tmp_path):
 
 
 def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, monkeypatch):
-    config = s2.Config(model="tiny-bert", tasks=["fact-cola", "fact-stsb"], n_train=32, n_eval=24, batch_size=16)
+    config = s2.Config(model="tiny-bert", tasks=["fact-cola", "fact-stsb"], n_train=32, n_eval=24, batch_size=16,
+                       teacher_epochs=6, best_dev=True)
     whole = run_study(s2.SPEC, config, tmp_path / "a")
     scores = whole.long()[whole.long().kind == "score"]
     assert len(scores) == 2 * 5 and set(scores.budget) == {"teacher", "A", "C"}
@@ -101,15 +102,19 @@ def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, mo
     _assert_killed_run_resumes(monkeypatch, s2.recipe, "run_unit", 4, config, tmp_path / "b", scores)
 
 
-def _table(scores: dict[tuple[int, str], float]) -> pd.DataFrame:
-    rows, rng = [], np.random.default_rng(0)
-    labels = rng.integers(0, 2, 400)
+def _table(scores: dict[tuple[int, str], float], n: int = 400, task: str = "t", seed: int = 0) -> pd.DataFrame:
+    """Predictions whose accuracy is each configuration's; students err where the teacher errs, plus more
+    (a student is its teacher quantized, so their errors are nested, as in a real run)."""
+    rows, rng = [], np.random.default_rng(seed)
+    labels = rng.integers(0, 2, n)
+    order = rng.permutation(n)  # the first k of this order are wrong for a configuration with k errors
     for (bits, budget), acc in scores.items():
-        flip = rng.random(400) > acc
-        preds = np.where(flip, 1 - labels, labels)
-        rows.append(dict(kind="score", task="t", metric="accuracy", bits=bits, budget=budget,
+        wrong = np.zeros(n, bool)
+        wrong[order[: int(round((1 - acc) * n))]] = True
+        preds = np.where(wrong, 1 - labels, labels)
+        rows.append(dict(kind="score", task=task, metric="accuracy", bits=bits, budget=budget,
                          score=100 * (preds == labels).mean()))
-        rows += [dict(kind="pred", task="t", bits=bits, budget=budget, idx=i, pred=float(p), label=float(y))
+        rows += [dict(kind="pred", task=task, bits=bits, budget=budget, idx=i, pred=float(p), label=float(y))
                  for i, (p, y) in enumerate(zip(preds, labels))]
     return pd.DataFrame(rows)
 
@@ -119,6 +124,41 @@ def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
     assert good.status == "reproduced", good.summary
     bad = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8, (1, "C"): 0.5})))
     assert bad.status == "not reproduced"
+
+
+def test_two_bit_close_is_decided_on_the_interval():
+    from lmlab.studies.quantize.analysis import close_check
+
+    assert close_check(0.5, -0.4, 1.9) == "yes"
+    assert close_check(3.0, 2.1, 3.9) == "no"
+    assert close_check(1.5, 0.2, 2.8) == "unclear"  # a point estimate within 2 is not enough
+    base = {(1, "A"): 0.6, (1, "C"): 0.75, (2, "A"): 0.8}
+    close = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.895, **base}, n=2000)))
+    assert close.evidence["checks"]["2-bit close to teacher"] == "yes"
+    far = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000)))
+    assert far.evidence["checks"]["2-bit close to teacher"] == "no" and far.status == "not reproduced"
+    near = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.885, **base}, n=150)))
+    iv = near.evidence["teacher_minus_2bit"]
+    assert iv["low"] <= 2 < iv["high"] and near.evidence["checks"]["2-bit close to teacher"] == "unclear"
+    assert near.status == "inconclusive"
+
+
+def test_gap_at_one_bit_is_reported_but_cannot_block():
+    # C - A: +1.5 points at 2 bits, +0.5 at 1 bit: the gap is not largest at 1 bit, yet the rest holds
+    v = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.79,
+                                              (1, "C"): 0.795}, n=2000)))
+    assert "C-A gap largest at 1 bit" not in v.evidence["checks"]
+    assert v.evidence["reported"]["C-A gap largest at 1 bit"] in ("no", "unclear")
+    assert v.status == "reproduced" and "reported only" in v.summary
+
+
+def test_a_task_whose_teacher_did_not_learn_leaves_the_average():
+    configs = {(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.6, (1, "C"): 0.8}
+    unlearned = {k: 0.45 if k[0] == 32 else 0.2 for k in configs}  # a teacher at 45: chance-like
+    table = pd.concat([_table(configs), _table(unlearned, task="u", seed=1)], ignore_index=True)
+    v = verdict(from_rows("quantize", table))
+    assert v.evidence["excluded_tasks"] == ["u"] and v.evidence["averaged_tasks"] == ["t"]
+    assert v.status == "reproduced" and "left out of the average: u" in v.summary
 
 
 def test_layer_reduction_keeps_every_other_block_and_distils_from_the_kept_ones():

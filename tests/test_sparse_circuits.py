@@ -257,6 +257,29 @@ def test_geco_multiplier_rises_when_violated_and_falls_when_held():
     h = GECO(tau=0.0, rate=0.5, alpha=0.5)  # hyperparameters come from the config, the state from the file
     h.load_state_dict(g.state_dict())
     assert h.update(0.7) == g.update(0.7)
+    assert h.trace == g.trace and len(g.trace) == 16
+
+
+def test_geco_on_a_scripted_loss_holds_the_constraint_when_it_can():
+    """A scripted problem: minimise (x - 3)^2 subject to x <= 1; the optimum is x = 1 with lambda = 4. From
+    lambda = 1 the multiplier must climb while the constraint is violated and settle near 4 with it held."""
+    from lmlab.train.geco import sized_rate
+
+    steps = 200
+    x = torch.tensor(0.0, requires_grad=True)
+    opt = torch.optim.SGD([x], lr=0.05)
+    g = GECO(tau=1.0, rate=sized_rate(steps, 0.5), alpha=0.9, initial=1.0)
+    xs, lams = [], []
+    for _ in range(steps):
+        loss = g.loss((x - 3.0) ** 2, x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        lams.append(g.update(float(x.detach())))
+        xs.append(float(x.detach()))
+    assert xs[20] > 1.5 and lams[60] > lams[20]  # violated early: lambda climbs
+    assert abs(xs[-1] - 1.0) < 0.2 and np.mean(xs[-50:]) < 1.1 and 3.0 < lams[-1] < 5.0
+    assert sized_rate(400, 0.1) == pytest.approx(sized_rate(100, 0.1) / 4)
 
 
 def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
@@ -300,20 +323,52 @@ def test_sparse_model_saves_and_loads_back(tmp_path, tiny_llama, batch=None):
 
 
 def test_toy_data_is_disjoint_and_well_formed():
-    data = toy.addition_data(n_test=500, seed=0)
-    assert len(data.train) + len(data.test) == 10_000
-    assert not {tuple(s) for s in data.train} & {tuple(s) for s in data.test}
+    data = toy.addition_data(n_test=500, seed=0, repeats=2)
+
+    def problems(seqs):
+        return {tuple(s[1 + 9 * j:10 + 9 * j]) for s in seqs for j in range(toy.PROBLEMS)}
+
+    assert len(problems(data.test)) == 500 and len(problems(data.train)) == 9500  # every pair, once per split
+    assert not problems(data.train) & problems(data.test)
+    assert len(data.train) == 2 * 9500 // toy.PROBLEMS
     seq = toy.encode(47, 85)
     assert "".join(toy.VOCAB[i] for i in seq[1:]) == "47+85=132"
+    packed = data.test[0]
+    assert len(packed) == toy.SEQ_LEN == 46 and 2 / (toy.SEQ_LEN + 1) < 0.05  # one edge per query is under 5%
+    text = "".join(toy.VOCAB[i] for i in packed[1:])
+    for j in range(toy.PROBLEMS):
+        a, b, c = text[9 * j:9 * j + 2], text[9 * j + 3:9 * j + 5], text[9 * j + 6:9 * j + 9]
+        assert int(a) + int(b) == int(c)
+    labels = toy.collate([packed])["labels"][0]
+    assert (labels != -100).sum() == 3 * toy.PROBLEMS
+
+
+def test_toy_exact_match_is_per_problem():
+    data = toy.addition_data(n_test=500, seed=0)
+
+    class Oracle(torch.nn.Module):  # predicts every next token right, except the first problem's last digit
+        def forward(self, input_ids, labels=None):
+            logits = torch.nn.functional.one_hot(input_ids.roll(-1, 1), len(toy.VOCAB)).float() * 10
+            logits[:, toy.ANSWER_POS[2] - 1] = 0
+            logits[:, toy.ANSWER_POS[2] - 1, toy.PAD] = 10  # never an answer digit
+            return type("Out", (), {"logits": logits, "loss": torch.tensor(0.0)})()
+
+    got = toy.evaluate(Oracle(), data.test[:10])
+    assert got["exact_match"] == pytest.approx((toy.PROBLEMS - 1) / toy.PROBLEMS)
 
 
 # --- verdict ------------------------------------------------------------------------------------------
 
-def _table(mults, kept, ce_hi):
+def _table(mults, kept, ce_hi, converged=True, n_prompts=64, kept_trace=None):
     rows = [{"kind": "multiplier", "task": t, "value": m, "lo": lo, "hi": hi, "dense_heads": 10, "sparse_heads": 5}
             for t, (m, lo, hi) in mults.items()]
     rows.append({"kind": "sparsity", "variant": "sparse", "value": kept, "ce": 3.0, "ce_diff": ce_hi / 2, "lo": 0.0,
-                 "hi": ce_hi, "tau_slack": 0.1})
+                 "hi": ce_hi, "tau_slack": 0.1, "converged": converged, "final_ema": -0.01 if converged else 0.2,
+                 "multiplier": 5.0, "steps": 40, "n_prompts": n_prompts, "tokens": 256, "edges_per_query": 1.5,
+                 "fallback": 0.1})
+    trace = kept_trace if kept_trace is not None else [kept] * 40
+    rows += [{"kind": "geco", "step": i + 1, "ce": 3.0, "ema": -0.01, "multiplier": 5.0, "tau": 3.1,
+              "kept_edges": k} for i, k in enumerate(trace)]
     return pd.DataFrame(rows)
 
 
@@ -326,6 +381,37 @@ def test_verdict_can_go_each_way():
     assert verdict(from_rows("sparse-circuits", _table(worse, 0.01, 0.05))).status == "not reproduced"
     mixed = {t: (1.1, 0.7, 1.6) for t in TASKS}
     assert verdict(from_rows("sparse-circuits", _table(mixed, 0.01, 0.05))).status == "inconclusive"
+
+
+def test_verdict_waits_for_convergence():
+    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
+    # the constraint's moving average still violated at the end: no claim either way, whatever the numbers
+    for kept, ce_hi in ((0.30, 0.50), (0.01, 0.05)):
+        v = verdict(from_rows("sparse-circuits", _table(good, kept, ce_hi, converged=False)))
+        assert v.status == "inconclusive" and v.summary.startswith("Post-training did not converge")
+        assert "+0.200 nats over tau" in v.summary
+    # the constraint holds but the edges were still falling fast over the last quarter
+    falling = list(np.linspace(0.9, 0.3, 40))
+    v = verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05, kept_trace=falling)))
+    assert v.status == "inconclusive" and v.evidence["reason"] == "post-training did not converge"
+    assert v.evidence["edges_still_falling"]
+    # settled at 30%: a real miss
+    settled = [0.9] * 10 + [0.3] * 30
+    assert verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05, kept_trace=settled))).status == "not reproduced"
+
+
+def test_multiplier_with_few_prompts_is_underpowered():
+    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
+    v = verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.05, n_prompts=12)))
+    assert v.status == "inconclusive" and v.evidence["multiplier_underpowered"] and "underpowered" in v.summary
+    worse = {t: (0.5, 0.3, 0.8) for t in TASKS}  # intervals that exclude 1 still count against the claim
+    assert verdict(from_rows("sparse-circuits", _table(worse, 0.01, 0.05, n_prompts=12))).status == "not reproduced"
+
+
+def test_paper_fraction_as_edges_per_query():
+    from lmlab.studies.sparse_circuits.analysis import paper_edges_per_query
+
+    assert paper_edges_per_query(255) == pytest.approx(0.004 * 128)  # 256 causal keys per query on average / 2
 
 
 def test_derive_builds_multiplier_from_per_prompt_rows():
@@ -345,8 +431,9 @@ def test_derive_builds_multiplier_from_per_prompt_rows():
 
 # --- the study end to end, on the embedded model with tiny sizes -----------------------------------------
 
-TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6,
-                toy_steps=3, toy_sparse_steps=2, verify_heads=4, batch_size=4, fine_grid=False)
+TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2,
+                eval_tokens=8, toy_steps=3, toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4,
+                fine_grid=False)
 
 
 @pytest.mark.embedded
@@ -364,8 +451,11 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smoll
     table = result.long()
     assert set(table[table["kind"] == "multiplier"]["task"]) == set(TASKS)
     assert (result.path / "figure.png").is_file() and (result.path / "toy_figure.png").is_file()
+    assert (result.path / "geco_figure.png").is_file()
     sparse = table[(table["kind"] == "sparsity") & (table["variant"] == "sparse")].iloc[0]
-    assert 0 < sparse["value"] <= 1
+    assert 0 <= sparse["value"] <= 1 and sparse["tokens"] >= 8 and sparse["edges_per_query"] >= 0
+    geco = result.table("geco")
+    assert list(geco["step"]) == [1, 2] and (geco["multiplier"] > 0).all()  # the whole trace, across the resume
     back = load_model(str(result.path / "sparse_model"))
     assert back.meta.get("sparse_attention")
     assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")

@@ -28,6 +28,14 @@ def metric_value(metric: str, labels: np.ndarray, preds: np.ndarray) -> float:
 @torch.no_grad()
 def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
     """Per-sequence mean next-token CE (and the edge fraction kept, if a gate is among `interventions`)."""
+    per_seq, counts = causal_lm_ce_edges(model, batches, interventions)
+    return per_seq, (counts["kept"] / max(counts["total"], 1.0) if counts else 1.0)
+
+
+def causal_lm_ce_edges(model, batches, interventions=()) -> tuple[list[float], dict]:
+    """Per-sequence mean next-token CE and, with a sparse gate installed or among `interventions`, its edge
+    counts over every batch: kept (self-edge fallback not counted), fallback, queries, total (causal pairs).
+    Padded query rows count as queries with edges: pass unpadded batches (one sequence, or equal lengths)."""
     per_seq: list[float] = []
     gates = [iv for iv in (*interventions, *installed(model)) if isinstance(iv, SparseAttention)]
     for gate in gates:
@@ -41,8 +49,10 @@ def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
                                                      reduction="none")
             counts = (labels != -100).sum(-1).clamp_min(1)
             per_seq.extend((loss.sum(-1) / counts).tolist())
-    kept = gates[0].kept_fraction if gates else 1.0
-    return per_seq, kept
+    if not gates:
+        return per_seq, {}
+    g = gates[0]
+    return per_seq, {"kept": g.kept_edges, "fallback": g.fallback_edges, "queries": g.queries, "total": g.total_edges}
 
 
 def circuit_batches(task: CircuitTask, batch_size: int):

@@ -40,3 +40,50 @@ def packed_size_bench(**_) -> list[dict]:
                              target=round(target, 4), setup=f"{name}: {round(f_size / 2**20, 1)} MiB in fp32; "
                                                              f"whole packed checkpoint {round(full.stat().st_size / 2**20, 1)} MiB"))
     return rows
+
+
+@benchmark("kd-step")
+def kd_step_bench(steps: int = 12, **_) -> list[dict]:
+    """S2's KD step (2-bit student, MiniLM, batch 32 of fact-mnli): padded to max_length vs to each batch's
+    longest row, side by side in one run (the study pads per batch)."""
+    import time
+
+    import torch
+
+    from lmlab.data.generated.nlu import generate_task
+    from lmlab.studies.quantize.measure import collate_for
+    from lmlab.train.kd import kd_loss
+
+    name = "minilm-l6"
+    lm = load_model(name, head="classifier", num_labels=3)
+    teacher = lm.model.eval()
+    task = generate_task("fact-mnli", 32 * steps, 8, seed=0)
+    student = copy.deepcopy(teacher)
+    quantize_model(student, 2)
+    student.train()
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
+    per_batch = collate_for(lm.tokenizer, task, 64)
+
+    def fixed(examples):  # the same rows padded to max_length (64) instead of the batch's longest
+        a = [e.text_a for e in examples]
+        b = [e.text_b for e in examples]
+        enc = lm.tokenizer(a, b, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+        enc["labels"] = torch.tensor([e.label for e in examples])
+        return dict(enc)
+
+    rows, rates = [], {}
+    for case, collate in (("padded to max_length 64", fixed), ("padded per batch (the study)", per_batch)):
+        batches = [collate(list(task.train[i * 32:(i + 1) * 32])) for i in range(steps)]
+        width = sum(b["input_ids"].shape[1] for b in batches) / steps
+        for i, batch in enumerate(batches):
+            if i == 2:  # two warm-up steps
+                t0 = time.perf_counter()
+            loss = kd_loss(student, teacher, batch)[0]
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        rates[case] = (steps - 2) / (time.perf_counter() - t0)
+        rows.append(dict(benchmark="kd-step", case=case, value=round(rates[case], 2), unit="KD steps/s",
+                         ratio=round(rates[case] / next(iter(rates.values())), 2), target=None,
+                         setup=f"{name} 2-bit student, batch 32 fact-mnli pairs, mean width {width:.0f} tokens"))
+    return rows

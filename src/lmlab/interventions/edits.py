@@ -191,7 +191,9 @@ class SparseAttention(Intervention):
     Training (`sample=True`): a binary-concrete (Gumbel) sample with a straight-through gradient.
     Evaluation (`sample=False`): the gate is deterministic, s_ij > 0. Softmax runs over kept edges
     only; a query with no kept edge keeps its self-edge. After each forward pass `expected_edges`
-    (sum of sigmoid(s_ij) over causal pairs, differentiable), `kept_edges` and `total_edges` hold the
+    (sum of sigmoid(s_ij) over causal pairs, differentiable), `kept_edges` (edges the gate kept, the
+    self-edge fallback not counted), `fallback_edges` (queries that kept nothing and fell back to
+    themselves), `queries` (query rows, per head and layer) and `total_edges` (causal pairs) hold the
     totals over the gated layers; call `reset()` before the next pass.
     """
 
@@ -204,11 +206,19 @@ class SparseAttention(Intervention):
     def reset(self) -> None:
         self.expected_edges = torch.zeros(())
         self.kept_edges = 0.0
+        self.fallback_edges = 0.0
+        self.queries = 0.0
         self.total_edges = 0.0
 
     @property
     def kept_fraction(self) -> float:
+        """Edges the gate kept over all causal edges; the self-edge fallback is not an edge the gate kept."""
         return self.kept_edges / max(self.total_edges, 1.0)
+
+    @property
+    def edges_per_query(self) -> float:
+        """Kept edges per query row (per head and layer), fallback not counted: 0 means every query fell back."""
+        return self.kept_edges / max(self.queries, 1.0)
 
     def uses_scores(self, layer):
         return self.on_layer(layer)
@@ -225,11 +235,14 @@ class SparseAttention(Intervention):
         else:
             gate = (scores > 0).to(scores.dtype)
         gate = gate * allowed
+        self.kept_edges += float(gate.detach().sum())
         # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
-        empty = gate.detach().sum(-1) == 0  # (B, H, Q)
+        rows = allowed.expand(gate.shape).sum(-1) > 0  # (B, H, Q): query rows that have any causal key
+        empty = (gate.detach().sum(-1) == 0) & rows
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
         diag[torch.arange(ctx.q_len), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
-        self.kept_edges += float(gate.detach().sum())
-        self.total_edges += float(allowed.sum())
+        self.fallback_edges += float(empty.sum())
+        self.queries += float(rows.sum())
+        self.total_edges += float(allowed.expand(gate.shape).sum())
         return gate

@@ -5,7 +5,12 @@
 
 The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks
 while it holds, so the objective is pushed only as far as the constraint allows. The multiplicative
-update keeps lambda positive. `state_dict` / `load_state_dict` let a resumed run continue exactly.
+update keeps lambda positive. `trace` keeps (B, ema, lambda) per step; `state_dict` / `load_state_dict`
+carry it with the multiplier, so a resumed run continues exactly and its trace is whole.
+
+`sized_rate(steps, scale)`: a rate for a step budget, so that a violation of `scale` held for half the
+budget moves lambda by a factor of 10 (short runs need a fast multiplier, long ones a calm one). On a
+scripted convex problem (tests) a rate 4x faster than this oscillates without settling.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class GECO:
         self.multiplier = float(initial)
         self.ema: float | None = None
         self.steps = 0
+        self.trace: list[tuple[float, float, float]] = []  # (constrained value, ema of the violation, lambda)
 
     def loss(self, objective: torch.Tensor, constrained: torch.Tensor) -> torch.Tensor:
         """The Lagrangian with the current multiplier; call `update` once per optimizer step."""
@@ -33,11 +39,24 @@ class GECO:
         low, high = self.bounds
         self.multiplier = min(max(self.multiplier * math.exp(self.rate * self.ema), low), high)
         self.steps += 1
+        self.trace.append((float(constrained), self.ema, self.multiplier))
         return self.multiplier
 
+    @property
+    def holds(self) -> bool:
+        """The moving average of the constraint is satisfied (False before the first update)."""
+        return self.ema is not None and self.ema <= 0
+
     def state_dict(self) -> dict:
-        return {"tau": self.tau, "multiplier": self.multiplier, "ema": self.ema, "steps": self.steps}
+        return {"tau": self.tau, "multiplier": self.multiplier, "ema": self.ema, "steps": self.steps,
+                "trace": [list(t) for t in self.trace]}
 
     def load_state_dict(self, state: dict) -> None:
         self.tau, self.multiplier, self.ema, self.steps = (state["tau"], state["multiplier"], state["ema"],
                                                            state["steps"])
+        self.trace = [tuple(t) for t in state.get("trace", [])]
+
+
+def sized_rate(steps: int, scale: float) -> float:
+    """ln(10) / (scale * steps / 2): `scale` of violation held over half of `steps` multiplies lambda by 10."""
+    return math.log(10.0) / (max(scale, 1e-6) * max(steps / 2, 1.0))

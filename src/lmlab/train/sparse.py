@@ -26,7 +26,7 @@ from lmlab.train.loop import TrainConfig, TrainResult, train
 class SparseTraining:
     result: TrainResult
     geco: GECO
-    history: list[dict] = field(default_factory=list)  # per step of this process: ce, edges, multiplier
+    history: list[dict] = field(default_factory=list)  # per step of this process: ce, edges, multiplier, ema
 
 
 def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor], tau: float,
@@ -41,9 +41,11 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
         ce = ce_fn(m, batch)
         edges = gate.expected_edges / max(gate.total_edges, 1.0)
         loss = geco.loss(edges, ce)
-        history.append({"ce": float(ce.detach()), "expected_edges": float(edges.detach()), "kept_edges": gate.kept_fraction,
-                        "multiplier": geco.multiplier})
+        multiplier = geco.multiplier  # the one this step's loss used
         geco.update(float(ce.detach()))
+        history.append({"step": geco.steps, "ce": float(ce.detach()), "expected_edges": float(edges.detach()),
+                        "kept_edges": gate.kept_fraction, "fallback": gate.fallback_edges / max(gate.queries, 1.0),
+                        "multiplier": multiplier, "ema": geco.ema})
         return loss
 
     with intervene(model, gate):

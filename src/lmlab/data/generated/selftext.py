@@ -21,8 +21,10 @@ OPENERS = ["The", "In", "Once upon a time", "def ", "import ", "My", "Today", "A
 
 
 @torch.no_grad()
-def sample_text(lm, n: int, new_tokens: int = 48, seed: int = 0, batch_size: int = 32) -> list[list[int]]:
-    """`n` sequences (opener + sampled continuation, as token ids), the same for the same seed."""
+def sample_text(lm, n: int, new_tokens: int = 48, seed: int = 0, batch_size: int = 32,
+                exact: bool = False) -> list[list[int]]:
+    """`n` sequences (opener + sampled continuation, as token ids), the same for the same seed.
+    `exact`: every continuation is `new_tokens` long (end-of-sequence is not sampled before that)."""
     gen = torch.Generator().manual_seed(seed)
     out: list[list[int]] = []
     pad = lm.tokenizer.pad_token_id
@@ -32,7 +34,8 @@ def sample_text(lm, n: int, new_tokens: int = 48, seed: int = 0, batch_size: int
         enc = lm.encode(openers, position_ids=False)
         torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=gen)))
         ids = lm.model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                max_new_tokens=new_tokens, pad_token_id=pad)
+                                max_new_tokens=new_tokens, pad_token_id=pad,
+                                **({"min_new_tokens": new_tokens} if exact else {}))
         width = enc["input_ids"].shape[1]
         for row, mask in zip(ids, enc["attention_mask"]):
             prompt = row[:width][mask.bool()].tolist()

@@ -117,7 +117,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                     p.requires_grad_(True)
                 quantize_model(model, bits)
                 steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
-                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=config.student_lr, schedule="linear",
+                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=config.student_lr or 2e-4, schedule="linear",
                                  warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD")
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
                 work = run_dir.path / "work" / key

@@ -48,10 +48,36 @@ def seed_unit(seed: int, task: str, unit: str) -> None:
     torch.manual_seed(zlib.crc32(f"{seed}|{task}|{unit}".encode()))
 
 
-def train_config(config: Config, epochs: int, n: int, lr: float, desc: str) -> TrainConfig:
+def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weight_decay: float = 0.0) -> TrainConfig:
     per_epoch = max(1, n // config.batch_size)
     return TrainConfig(steps=epochs * per_epoch, batch_size=config.batch_size, lr=lr, schedule="linear",
-                       warmup_steps=per_epoch, seed=config.seed, description=desc)
+                       warmup_steps=per_epoch, seed=config.seed, weight_decay=weight_decay, description=desc,
+                       checkpoint_every=per_epoch)
+
+
+class _BestDev:
+    """`on_step` hook: scores the student on the dev set every `every` steps and keeps its best weights
+    (in memory; a resumed run restarts the search from its checkpoint, a DECISION for simplicity)."""
+
+    def __init__(self, model, collate, task: NLUTask, every: int):
+        self.model, self.collate, self.task, self.every = model, collate, task, every
+        self.labels = np.array([e.label for e in task.dev])
+        self.best: tuple[float, int, dict] | None = None
+
+    def __call__(self, step: int, loss: float) -> None:
+        if (step + 1) % self.every:
+            return
+        with parametrize.cached():
+            score = metric_value(self.task.metric, self.labels, predict(self.model, self.collate, self.task.dev))
+        self.model.train()
+        if self.best is None or score > self.best[0]:
+            self.best = (score, step + 1, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+
+    def restore(self) -> tuple[int | None, float | None]:
+        if self.best is None:
+            return None, None
+        self.model.load_state_dict(self.best[2])
+        return self.best[1], 100 * self.best[0]
 
 
 def run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> list[dict]:
@@ -72,13 +98,18 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> list
             layer_map = keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
         quantize_model(model, bits)
         regression = task.num_labels == 1
-        tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train), config.student_lr,
-                           f"{task.name} {bits}-bit Budget-{budget}")
+        tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
+                          config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}",
+                          weight_decay=config.size("weight_decay"))
         work = run_dir.path / "work" / f"{task.name}-{key}"
         weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
-        train(model, task.train, collate, lambda m, b: kd_loss(m, teacher, b, regression, **weights)[0], tc, work)
+        best = _BestDev(model, collate, task, tc.checkpoint_every) if config.size("best_dev") else None
+        train(model, task.train, collate, lambda m, b: kd_loss(m, teacher, b, regression, **weights)[0], tc, work,
+              on_step=best)
+        if best is not None:
+            info["best_dev_step"], info["best_dev"] = best.restore()
         shutil.rmtree(work, ignore_errors=True)
-        info = save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors")
+        info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
         steps = tc.steps
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
         preds = predict(model, collate, task.test)

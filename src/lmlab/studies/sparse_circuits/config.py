@@ -8,11 +8,12 @@ from lmlab.data.generated.circuits import TASKS
 from lmlab.studies.base import StudyConfig
 
 PROFILES = {
-    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=40, sparse_batch=4, n_text=64, n_docstrings=64, toy_steps=500,
-                  toy_sparse_steps=150, verify_heads=16),
-    "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024, toy_steps=4000,
-                 toy_sparse_steps=3000, verify_heads=270),
+    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=20, sparse_batch=16, n_text=64, n_docstrings=64,
+                  n_eval_text=16, eval_tokens=256, toy_steps=600, toy_sparse_steps=300, toy_width=64, verify_heads=16),
+    "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024,
+                 n_eval_text=64, eval_tokens=0, toy_steps=4000, toy_sparse_steps=3000, toy_width=128, verify_heads=270),
 }
+MIN_PROMPTS = 64  # the bar for a multiplier verdict with power (12-16 pairs give intervals like [0.5, 3.7])
 
 
 class Config(StudyConfig):
@@ -25,14 +26,21 @@ class Config(StudyConfig):
     sparse_steps: int | None = None
     sparse_batch: int | None = None
     sparse_lr: float = 1e-4
+    qk_lr_scale: float = Field(10.0, description="q/k projections train at sparse_lr x this (the gates read only them)")
     slack: float = Field(0.1, description="tau = dense CE + slack (nats)")
-    geco_rate: float = Field(0.2, description="GECO multiplier update rate")
-    geco_initial: float = Field(0.01, description="GECO multiplier at step 0 (small: the edge term leads first)")
+    geco_rate: float | None = Field(None, description="GECO multiplier rate (default: sized to the step budget, "
+                                                      "a slack-sized violation over a quarter of it moves lambda 100x)")
+    geco_initial: float = Field(1.0, description="GECO multiplier at step 0")
     n_text: int | None = Field(None, description="sequences the dense model samples for post-training")
     n_docstrings: int | None = Field(None, description="stdlib docstrings mixed into the post-training text")
-    text_tokens: int = 48
+    text_tokens: int = Field(128, description="tokens per post-training sequence (sampled continuation)")
+    n_eval_text: int | None = Field(None, description="held-out sampled sequences for sparsity and CE (quick 16)")
+    eval_tokens: int | None = Field(None, description="tokens per held-out sequence (quick 256; full 0 = the "
+                                                      "model's context length)")
     toy_steps: int | None = None
     toy_sparse_steps: int | None = None
+    toy_width: int | None = Field(None, description="toy d_model (quick 64, full 128)")
+    toy_slack: float = Field(0.03, description="toy: tau = dense answer CE + this (nats)")
     batch_size: int = 16
 
     def size(self, name: str):
