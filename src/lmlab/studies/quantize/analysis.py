@@ -118,10 +118,12 @@ def verdict(result) -> Verdict:
     else:
         status = "inconclusive"
     parts = [f"teacher {teacher:.1f}"] + [f"{b}-bit {g} {get(b, g):.1f}" for b, g in _configs(scores) if b < 32]
-    summary = f"average over {', '.join(kept)}: " + ", ".join(parts) + "; " + "; ".join(f"{k}: {v}" for k, v in checks.items())
-    if "teacher_minus_2bit" in evidence:
+    said = {k: f"{k}: {v}" for k, v in checks.items()}
+    if "teacher_minus_2bit" in evidence and "2-bit close to teacher" in said:
         iv = evidence["teacher_minus_2bit"]
-        summary += f" (teacher - 2-bit {iv['estimate']:+.1f} [{iv['low']:+.1f}, {iv['high']:+.1f}], close if the upper bound <= {NEAR:.0f})"
+        said["2-bit close to teacher"] += (f" (teacher - 2-bit {iv['estimate']:+.1f} [{iv['low']:+.1f}, {iv['high']:+.1f}],"
+                                          f" close if the upper bound <= {NEAR:.0f})")
+    summary = f"average over {', '.join(kept)}: " + ", ".join(parts) + "; " + "; ".join(said.values())
     for k, v in reported.items():
         summary += (f"; {k}: {v} (reported only: the paper's effect is {PAPER_GAP_EFFECT} points, this run resolves "
                     f"about ±{evidence['gap_difference_halfwidth']:.1f})")

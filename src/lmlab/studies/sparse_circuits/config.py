@@ -8,9 +8,9 @@ from lmlab.data.generated.circuits import TASKS
 from lmlab.studies.base import StudyConfig
 
 PROFILES = {
-    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=20, sparse_batch=16, n_text=64, n_docstrings=64,
+    "quick": dict(fine_grid=False, n_prompts=12, sparse_steps=20, sparse_batch=16, n_text=256, n_docstrings=64,
                   n_eval_text=16, eval_tokens=256, toy_steps=600, toy_sparse_steps=300, toy_width=64, verify_heads=16),
-    "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=4096, n_docstrings=1024,
+    "full": dict(fine_grid=True, n_prompts=64, sparse_steps=2000, sparse_batch=16, n_text=30976, n_docstrings=1024,
                  n_eval_text=64, eval_tokens=0, toy_steps=4000, toy_sparse_steps=3000, toy_width=128, verify_heads=270),
 }
 MIN_PROMPTS = 64  # the bar for a multiplier verdict with power (12-16 pairs give intervals like [0.5, 3.7])
@@ -29,9 +29,10 @@ class Config(StudyConfig):
     qk_lr_scale: float = Field(10.0, description="q/k projections train at sparse_lr x this (the gates read only them)")
     slack: float = Field(0.1, description="tau = dense CE + slack (nats)")
     geco_rate: float | None = Field(None, description="GECO multiplier rate (default: sized to the step budget, "
-                                                      "a slack-sized violation over a quarter of it moves lambda 100x)")
+                                                      "a slack-sized violation held for half of it moves lambda 10x)")
     geco_initial: float = Field(1.0, description="GECO multiplier at step 0")
-    n_text: int | None = Field(None, description="sequences the dense model samples for post-training")
+    n_text: int | None = Field(None, description="sequences the dense model samples for post-training "
+                                                 "(with the docstrings: steps x batch, so none is seen twice)")
     n_docstrings: int | None = Field(None, description="stdlib docstrings mixed into the post-training text")
     text_tokens: int = Field(128, description="tokens per post-training sequence (sampled continuation)")
     n_eval_text: int | None = Field(None, description="held-out sampled sequences for sparsity and CE (quick 16)")
