@@ -282,6 +282,49 @@ def test_geco_on_a_scripted_loss_holds_the_constraint_when_it_can():
     assert sized_rate(400, 0.1) == pytest.approx(sized_rate(100, 0.1) / 4)
 
 
+def test_geco_with_a_bound_per_batch_ignores_the_spread_between_batches():
+    """Noisy batches whose CE sits 0.05 under their own dense CE: with per-batch bounds the constraint holds
+    at every step and lambda only falls; against one fixed tau the same CEs read as violated half the time."""
+    rng = np.random.default_rng(0)
+    refs = 3.4 + 0.3 * rng.standard_normal(40)
+    paired, fixed = GECO(tau=3.5, rate=2.0, alpha=0.5), GECO(tau=3.5, rate=2.0, alpha=0.5)
+    for ref in refs:
+        paired.update(ref + 0.05, tau=ref + 0.1)
+        fixed.update(ref + 0.05)
+    assert all(ema < 0 for _, ema, _ in paired.trace)
+    assert all(b[2] < a[2] for a, b in zip(paired.trace, paired.trace[1:]))
+    assert any(ema > 0 for _, ema, _ in fixed.trace)
+    assert paired.loss(torch.tensor(0.2), torch.tensor(3.0), tau=3.1).item() == pytest.approx(
+        0.2 + paired.multiplier * -0.1)
+
+
+def test_post_training_records_the_bound_a_batch_brings(tmp_path):
+    data = toy.addition_data(n_test=50)
+    cfg = TrainConfig(steps=3, batch_size=8, lr=1e-3, schedule="constant", checkpoint_every=10, progress=False)
+    model = toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2).model
+    out = sparse_post_train(model, data.train[:40], toy.collate, lambda m, b: (toy.answer_loss(m, b), 50.0), 2.0,
+                            cfg, tmp_path / "p")
+    assert [h["tau"] for h in out.history] == [50.0] * 3
+    assert out.geco.holds and out.geco.multiplier < 1.0  # CE far under its per-batch bound, whatever 2.0 says
+
+
+def test_dense_reference_is_the_dense_loss_of_the_same_batch(tiny_llama):
+    """The per-batch bound equals the dense model's own training loss on that batch: token-weighted over
+    sequences of different lengths, as the loss that post-training compares with it."""
+    from lmlab.studies.sparse_circuits.measure import reference_batch, with_dense_reference
+
+    lm = tiny_llama
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12)]
+    items, overall = with_dense_reference(lm, seqs, batch_size=2)
+    for part in (items[:2], items[1:4], items):
+        batch = reference_batch(lm, part)
+        with torch.no_grad():
+            loss = lm.model(**{k: v for k, v in batch.items() if k != "dense_ce"}).loss.item()
+        assert batch["dense_ce"] == pytest.approx(loss, rel=1e-4)
+    assert overall == pytest.approx(reference_batch(lm, items)["dense_ce"])
+
+
 def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
     from helpers import interrupt_on_call
 

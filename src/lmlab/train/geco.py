@@ -3,6 +3,8 @@
     loss = objective + lambda * (B - tau)
     after each step: ema <- a * ema + (1 - a) * (B - tau);  lambda <- clip(lambda * exp(rate * ema))
 
+A step may bring its own tau (a bound measured on the same batch, `loss(..., tau=)` and `update(..., tau=)`):
+the constraint then compares like with like and batch-to-batch noise in B largely cancels.
 The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks
 while it holds, so the objective is pushed only as far as the constraint allows. The multiplicative
 update keeps lambda positive. `trace` keeps (B, ema, lambda) per step; `state_dict` / `load_state_dict`
@@ -29,12 +31,13 @@ class GECO:
         self.steps = 0
         self.trace: list[tuple[float, float, float]] = []  # (constrained value, ema of the violation, lambda)
 
-    def loss(self, objective: torch.Tensor, constrained: torch.Tensor) -> torch.Tensor:
-        """The Lagrangian with the current multiplier; call `update` once per optimizer step."""
-        return objective + self.multiplier * (constrained - self.tau)
+    def loss(self, objective: torch.Tensor, constrained: torch.Tensor, tau: float | None = None) -> torch.Tensor:
+        """The Lagrangian with the current multiplier; call `update` once per optimizer step. `tau`: this step's
+        bound, where it is measured on the step's own batch (default: the fixed one)."""
+        return objective + self.multiplier * (constrained - (self.tau if tau is None else tau))
 
-    def update(self, constrained: float) -> float:
-        violation = float(constrained) - self.tau
+    def update(self, constrained: float, tau: float | None = None) -> float:
+        violation = float(constrained) - (self.tau if tau is None else float(tau))
         self.ema = violation if self.ema is None else self.alpha * self.ema + (1 - self.alpha) * violation
         low, high = self.bounds
         self.multiplier = min(max(self.multiplier * math.exp(self.rate * self.ema), low), high)

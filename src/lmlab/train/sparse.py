@@ -3,6 +3,10 @@
     minimise  expected edges / all causal edges        (sum of sigmoid(s_ij), differentiable)
     subject   CE <= tau                                 (tau = dense CE on the same data + slack)
 
+`ce_fn(model, batch)` returns the CE, constrained by the fixed `tau`, or (CE, tau of this batch): the dense
+model's CE on the same batch plus the slack, which removes the batch-to-batch spread of the text from the
+constraint (the expectation is the same bound).
+
 with the edge gate of `interventions.SparseAttention` (binary-concrete straight-through samples during
 training; deterministic s_ij > 0 afterwards) on every layer and a GECO multiplier (`train.geco`). It
 runs on the foundation's loop, so it checkpoints (weights, optimizer, RNG and the multiplier) and
@@ -38,12 +42,14 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
 
     def loss_fn(m, batch):
         gate.reset()
-        ce = ce_fn(m, batch)
+        out = ce_fn(m, batch)
+        ce, bound = out if isinstance(out, tuple) else (out, None)  # (CE, this batch's tau) or CE against `tau`
         edges = gate.expected_edges / max(gate.total_edges, 1.0)
-        loss = geco.loss(edges, ce)
+        loss = geco.loss(edges, ce, bound)
         multiplier = geco.multiplier  # the one this step's loss used
-        geco.update(float(ce.detach()))
+        geco.update(float(ce.detach()), bound)
         history.append({"step": geco.steps, "ce": float(ce.detach()), "expected_edges": float(edges.detach()),
+                        "tau": float(tau if bound is None else bound),
                         "kept_edges": gate.kept_fraction, "fallback": gate.fallback_edges / max(gate.queries, 1.0),
                         "multiplier": multiplier, "ema": geco.ema})
         return loss

@@ -175,10 +175,10 @@ def geco_figure(result):
     for row, (kind, t) in zip(axes, parts):
         t = t.sort_values("step")
         name = "SmolLM2 / model" if kind == "geco" else "addition toy"
-        row[0].plot(t["step"], t["ce"], label="CE (batch)")
-        row[0].axhline(float(t["tau"].iloc[0]), color="grey", linestyle=":", label="tau")
-        row[0].plot(t["step"], t["ema"] + t["tau"], label="tau + EMA of violation")
-        row[0].set_title(f"{name}: constraint", fontsize=9)
+        row[0].plot(t["step"], t["ce"] - t["tau"], label="CE - tau (batch)")
+        row[0].plot(t["step"], t["ema"], label="moving average")
+        row[0].axhline(0.0, color="grey", linestyle=":", label="bound")
+        row[0].set_title(f"{name}: constraint (nats over tau)", fontsize=9)
         row[0].legend(fontsize=7)
         row[1].semilogy(t["step"], t["multiplier"])
         row[1].set_title("GECO multiplier lambda", fontsize=9)

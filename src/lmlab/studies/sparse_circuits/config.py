@@ -28,6 +28,8 @@ class Config(StudyConfig):
     sparse_lr: float = 1e-4
     qk_lr_scale: float = Field(10.0, description="q/k projections train at sparse_lr x this (the gates read only them)")
     slack: float = Field(0.1, description="tau = dense CE + slack (nats)")
+    paired_tau: bool = Field(True, description="hold each batch to the dense CE of the same batch + slack "
+                                               "(false: one tau, the dense CE over all the text + slack)")
     geco_rate: float | None = Field(None, description="GECO multiplier rate (default: sized to the step budget, "
                                                       "a slack-sized violation held for half of it moves lambda 10x)")
     geco_initial: float = Field(1.0, description="GECO multiplier at step 0")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 
 from lmlab.data.generated.circuits import make_task
+from lmlab.evaluation import causal_lm_ce
 from lmlab.runs import RunDir
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.config import Config
@@ -23,6 +24,22 @@ def lm_batch(lm, seqs: list[list[int]]) -> dict:
     labels = batch["input_ids"].clone()
     labels[batch["attention_mask"] == 0] = -100
     batch["labels"] = labels
+    return batch
+
+
+def with_dense_reference(lm, seqs: list[list[int]], batch_size: int) -> tuple[list[dict], float]:
+    """Post-training items that carry the dense model's summed next-token NLL, and the dense CE over all of
+    them, token-weighted as a causal LM's training loss is (each sequence predicts len - 1 tokens)."""
+    per_seq, _ = causal_lm_ce(lm.model, text_batches(lm, seqs, batch_size))
+    counts = [len(seq) - 1 for seq in seqs]
+    items = [{"ids": seq, "nll": ce * n, "n": n} for seq, ce, n in zip(seqs, per_seq, counts)]
+    return items, sum(it["nll"] for it in items) / max(sum(counts), 1)
+
+
+def reference_batch(lm, items: list[dict]) -> dict:
+    """An LM batch of `items` with `dense_ce`: the dense model's CE on exactly this batch."""
+    batch = lm_batch(lm, [it["ids"] for it in items])
+    batch["dense_ce"] = sum(it["nll"] for it in items) / max(sum(it["n"] for it in items), 1)
     return batch
 
 
