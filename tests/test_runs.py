@@ -117,3 +117,40 @@ def test_report_names_a_study_with_a_dash_in_its_name(tmp_path):
     run = RunDir.open(tmp_path, "sparse-circuits", "smollm2-135m", {"model": "smollm2-135m"})
     section = _section(run.path)
     assert section["study"] == "sparse-circuits" and section["status"] == "incomplete"
+
+
+def test_a_run_that_fails_before_any_result_leaves_no_folder(tmp_path):
+    calls = []
+    with pytest.raises(Boom):
+        run_study(make_spec(calls, fail_after=0), ToyConfig(model="tiny-llama"), tmp_path)
+    assert calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_fails_after_progress_is_marked_failed_and_resumes(tmp_path):
+    import dataclasses
+
+    from lmlab.report import _section
+
+    def boom_with_reason(calls):
+        spec = make_spec(calls, fail_after=2)
+        inner = spec.run
+
+        def run(config, run_dir, lm=None):
+            try:
+                return inner(config, run_dir, lm)
+            except Boom:
+                raise LmlabError("data.jsonl:3: not a JSON object (found list)") from None
+
+        return dataclasses.replace(spec, run=run)
+
+    calls = []
+    with pytest.raises(LmlabError):
+        run_study(boom_with_reason(calls), ToyConfig(model="tiny-llama"), tmp_path)
+    (folder,) = list(tmp_path.iterdir())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "not a JSON object" in manifest["reason"]
+    section = _section(folder)
+    assert section["status"] == "failed" and "not a JSON object" in section["summary"]
+    resumed = run_study(make_spec(calls), ToyConfig(model="tiny-llama"), tmp_path)
+    assert calls == [0, 1, 2, 3, 4, 5] and json.loads((folder / "manifest.json").read_text())["status"] == "complete"
+    assert list(resumed.table("units")["unit"]) == list(range(6))

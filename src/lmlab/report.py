@@ -56,6 +56,11 @@ def _study_of(run: Path) -> str:
 def _section(run: Path) -> dict:
     study = _study_of(run)
     spec = STUDIES.get(study)
+    manifest = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").exists() else {}
+    if manifest.get("status") == "failed":
+        return dict(anchor=run.name, study=study, title=spec.title if spec else study, model="", status="failed",
+                    summary=f"failed: {manifest.get('reason', 'no reason recorded')} (rerun the command to resume)",
+                    seconds=None, complete=False, folder=str(run), rows=[])
     try:
         result = load_result(run)
     except LmlabError as exc:

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -142,6 +143,19 @@ class RunDir:
                     "seconds": round(time.perf_counter() - self._t0, 1),
                     "finished": datetime.now(timezone.utc).isoformat(), **extra}
         self.write_json("manifest.json", manifest)
+
+    def has_progress(self) -> bool:
+        """Anything besides the config and the log: a recorded unit, a checkpoint, an artefact."""
+        return any(p.name not in ("config.yaml", "log.txt") and not p.name.startswith(".") for p in self.path.iterdir())
+
+    def fail(self, reason: str) -> None:
+        """A run that stopped on an error. With nothing to resume from its folder is removed (a failed command
+        leaves no empty run behind); otherwise it is marked failed with the reason, and resumes when rerun."""
+        if not self.has_progress():
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        self.log(f"failed: {reason}")
+        self.finish(status="failed", reason=reason)
 
     @property
     def complete(self) -> bool:

@@ -55,7 +55,11 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
     run.log(f"start {spec.name} model={config.model} profile={config.profile} seed={config.seed}"
             + (f" weights={tag}" if tag else ""))
     seed_everything(config.seed)
-    frame = spec.run(config, run, lm)
+    try:
+        frame = spec.run(config, run, lm)
+    except Exception as exc:  # an interrupt (KeyboardInterrupt) keeps the folder as it is, to resume
+        run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise
     tables, meta = split_tables(frame, config.model)
     result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
                          config.model_dump(), run.path, _spec=spec)
