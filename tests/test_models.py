@@ -144,3 +144,40 @@ def test_last_logits_match_the_full_forward(decoder):
         last = lm.last_logits(batch)
     assert last.shape == full.shape
     torch.testing.assert_close(last, full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_hub_id_without_a_hub_is_one_sentence_and_tries_nothing(monkeypatch):
+    import lmlab.models.load as load
+
+    def no_network(*a, **k):
+        raise AssertionError("must not reach for the hub")
+
+    monkeypatch.setattr(load, "hub_reachable", lambda: False)
+    monkeypatch.setattr(load, "_from_pretrained", no_network)
+    with pytest.raises(LmlabError, match="no hub reachable .* 'no/such-model' is not in the local cache"):
+        load_model("no/such-model")
+    seen = {}
+
+    def cached(spec, **kw):
+        seen.update(kw)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(load, "cached_locally", lambda repo, filename="config.json": True)
+    monkeypatch.setattr(load, "_from_pretrained", cached)
+    with pytest.raises(LmlabError, match="stop here"):
+        load_model("some/cached-model")
+    assert seen["local_files_only"] is True  # a cached model loads from the cache, without retries
+
+
+def test_hub_offline_setting_answers_without_trying(monkeypatch):
+    from huggingface_hub import constants
+
+    from lmlab import hub
+
+    hub.hub_reachable.cache_clear()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub.socket, "create_connection", lambda *a, **k: (_ for _ in ()).throw(AssertionError()))
+    try:
+        assert hub.hub_reachable() is False
+    finally:
+        hub.hub_reachable.cache_clear()

@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
+from lmlab.hub import cached_locally, hub_reachable, unreachable_message
 from lmlab.models import embedded, tiny
 from lmlab.models.batch import pad_sequences
 from lmlab.models.scratch import ScratchSpec, build_scratch
@@ -119,8 +120,9 @@ def _auto_class(model_type: str, head: str | None):
     return AutoModelForCausalLM
 
 
-def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None):
-    kwargs = dict(trust_remote_code=trust_remote_code)
+def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None,
+                     local_files_only=False):
+    kwargs = dict(trust_remote_code=trust_remote_code, **({"local_files_only": True} if local_files_only else {}))
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     config = AutoConfig.from_pretrained(path_or_id, **kwargs)
@@ -218,6 +220,10 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
         _apply_lmlab_extras(loaded, path)
         return loaded
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        if not hub_reachable():  # once, fast: never minutes of retries on a machine without a hub
+            if not cached_locally(spec):
+                raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
+            kw["local_files_only"] = True
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
         return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
     if "/" in spec or spec.startswith((".", "~")):
