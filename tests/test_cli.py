@@ -44,3 +44,22 @@ def test_trace_on_a_tiny_model_writes_its_table(tmp_path):
 def test_bad_input_is_a_sentence_not_a_traceback(args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_cli_tables_never_truncate_names_at_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from lmlab.cli import _table
+
+    rows = [["smollm2-135m-instruct-extra-long-name", "llama", "a description long enough to need several lines "
+             "with /a/very/long/path/that/cannot/fit/in/any/column/of/this/table", "ready"]]
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(_table("models", ["name", "family", "source", "status"], rows, keep=("name",)))
+    text = buf.getvalue()
+    assert "…" not in text
+    assert "smollm2-135m-instruct-extra-long-name" in text  # whole, on one line
+    assert max(len(line) for line in text.splitlines()) <= 80
+    folded = "".join(line.split("│")[3].strip() for line in text.splitlines() if line.count("│") >= 5)
+    assert "/a/very/long/path/that/cannot/fit/in/any/column/of/this/table" in folded  # folded, not cut

@@ -21,6 +21,22 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)  # an error stays one line
 
 
+def _table(title: str, columns: list[str], rows: list[list[str]], keep: tuple[str, ...] = (), **column) -> Table:
+    """A table that never truncates: the `keep` columns (names, ids) are as wide as their longest cell and
+    never break; the others wrap, and a word too long for its column folds onto the next line instead of
+    ending in an ellipsis."""
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        if col in keep:
+            width = max([len(col)] + [len(str(r[i])) for r in rows])
+            table.add_column(col, no_wrap=True, min_width=width, overflow="fold", **column)
+        else:
+            table.add_column(col, overflow="fold", **column)
+    for r in rows:
+        table.add_row(*map(str, r))
+    return table
+
+
 def friendly(fn: Callable) -> Callable:
     """Turn an LmlabError into `error: <sentence>` on stderr and exit code 2."""
 
@@ -46,9 +62,7 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
     from lmlab.models.embedded import is_cached
     from lmlab.models.tiny import TINY_NAMES
 
-    table = Table(title=f"models (cache: {cache_dir()})")
-    for col in ("name", "family", "layers", "heads", "kv heads", "source", "status"):
-        table.add_column(col)
+    rows: list[list[str]] = []
     for name, entry in EMBEDDED.items():
         try:
             entry.package_dir()
@@ -57,21 +71,21 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
                 lm = load_model(name)
                 d = lm.layout.describe()
                 status = "ready" if ready else f"cached now ({lm.load_seconds:.0f}s)"
-                table.add_row(name, d["family"], str(d["layers"]), str(d["heads"]), str(d["kv_heads"]),
-                              entry.description, status)
+                rows.append([name, d["family"], d["layers"], d["heads"], d["kv_heads"], entry.description, status])
             else:
-                table.add_row(name, "", "", "", "", entry.description, "installed; first load de-quantizes (~20 s)")
+                rows.append([name, "", "", "", "", entry.description, "installed; first load de-quantizes (~20 s)"])
         except LmlabError as exc:
-            table.add_row(name, "", "", "", "", entry.description, f"[red]missing[/]: {exc}")
+            rows.append([name, "", "", "", "", entry.description, f"[red]missing[/]: {exc}"])
     for name in TINY_NAMES:
         d = load_model(name).layout.describe()
-        table.add_row(name, d["family"], str(d["layers"]), str(d["heads"]), str(d["kv_heads"]),
-                      "tiny random model for tests", "built in-process")
+        rows.append([name, d["family"], d["layers"], d["heads"], d["kv_heads"], "tiny random model for tests",
+                     "built in-process"])
     extra = sorted(p.name for p in (cache_dir() / "models").glob("*") if p.is_dir() and p.name not in EMBEDDED) \
         if (cache_dir() / "models").exists() else []
     for name in extra:
-        table.add_row(name, "", "", "", "", "cached", str(cache_dir() / "models" / name))
-    out.print(table)
+        rows.append([name, "", "", "", "", "cached", str(cache_dir() / "models" / name)])
+    out.print(_table(f"models (cache: {cache_dir()})", ["name", "family", "layers", "heads", "kv heads", "source",
+                                                       "status"], rows, keep=("name",)))
 
 
 @app.command()
@@ -88,12 +102,10 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
 
     lm = load_model(model)
     table = knockout_trace(lm, prompt, target, span)
-    view = Table(title=f"{lm.name}: p({target!r} | {prompt!r}), knocking out {span!r} -> later tokens in layers 0..k")
-    for col in ("k", "p clean", "p knockout", "ΔP (pp)"):
-        view.add_column(col, justify="right")
-    for row in table.itertuples():
-        view.add_row(str(row.layer), f"{row.p_clean:.3f}", f"{row.p_knockout:.3f}", f"{row.delta_pp:+.1f}")
-    out.print(view)
+    rows = [[row.layer, f"{row.p_clean:.3f}", f"{row.p_knockout:.3f}", f"{row.delta_pp:+.1f}"]
+            for row in table.itertuples()]
+    out.print(_table(f"{lm.name}: p({target!r} | {prompt!r}), knocking out {span!r} -> later tokens in layers 0..k",
+                     ["k", "p clean", "p knockout", "ΔP (pp)"], rows, keep=("k",), justify="right"))
     if out_dir:
         atomic_write(Path(out_dir) / "trace.csv", table.to_csv(index=False))
         out.print(f"wrote {Path(out_dir) / 'trace.csv'}")
@@ -119,14 +131,10 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     for name in names:
         out.print(f"[dim]running {name}...[/]")
         rows.extend(registry[name](model=model, out_dir=out_dir, latent_run=latent_run))
-    view = Table(title="lmlab bench")
-    for col in ("benchmark", "case", "value", "unit", "ratio", "target"):
-        view.add_column(col)
-    for r in rows:
-        target = r.get("target")
-        view.add_row(r["benchmark"], r["case"], str(r["value"]), r["unit"], _ratio(r),
-                     r.get("note") or ("" if target is None else f"≤ {target}x"))
-    out.print(view)
+    cells = [[r["benchmark"], r["case"], r["value"], r["unit"], _ratio(r),
+              r.get("note") or ("" if r.get("target") is None else f"≤ {r['target']}x")] for r in rows]
+    out.print(_table("lmlab bench", ["benchmark", "case", "value", "unit", "ratio", "target"], cells,
+                     keep=("benchmark", "value")))
     md = ["| benchmark | case | value | unit | ratio | target | setup |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r['benchmark']} | {r['case']} | {r['value']} | {r['unit']} | {_ratio(r)} | "
            f"{r.get('note') or ('' if r.get('target') is None else '≤ ' + str(r['target']) + 'x')} | "
