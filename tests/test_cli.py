@@ -63,3 +63,15 @@ def test_cli_tables_never_truncate_names_at_80_columns():
     assert max(len(line) for line in text.splitlines()) <= 80
     folded = "".join(line.split("│")[3].strip() for line in text.splitlines() if line.count("│") >= 5)
     assert "/a/very/long/path/that/cannot/fit/in/any/column/of/this/table" in folded  # folded, not cut
+
+
+def test_help_imports_neither_torch_nor_transformers():
+    """`lmlab --help` registers every study from its config alone (the study code loads on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lmlab.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    assert "sparse-circuits" in out and "quantize" in out

@@ -206,8 +206,6 @@ def _study_command(spec):
 
     from pydantic import ValidationError
 
-    from lmlab.studies import run_study
-
     extra = {n: f for n, f in spec.config.model_fields.items() if n not in _COMMON}
 
     def command(model: str, profile: str, seed: int, out_dir: Path, **values):
@@ -217,6 +215,8 @@ def _study_command(spec):
         except ValidationError as exc:
             first = exc.errors()[0]
             raise LmlabError(f"bad option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from None
+        from lmlab.studies import run_study
+
         result = run_study(spec, config, out_dir)
         out.print(f"{spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
         out.print(f"outputs in {result.path}")

@@ -25,9 +25,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-import torch
+from typing import TYPE_CHECKING
 
 from lmlab.errors import LmlabError
+
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI reads TASKS without it
+    import torch
 
 NAMES = ["Mary", "John", "Alice", "Bob", "Tom", "James", "Sarah", "Emma", "David", "Paul", "Anna", "Kate", "Mark",
          "Lisa", "Peter", "Laura", "Michael", "Susan", "Daniel", "Rachel", "Robert", "Linda", "George", "Helen"]
@@ -177,6 +180,8 @@ def make_task(name: str, tokenizer, n: int, seed: int = 0) -> CircuitTask:
 
 def task_metric(logits: torch.Tensor, prompts: list[CircuitPrompt], metric: str) -> torch.Tensor:
     """Per-prompt metric from the last position's logits (B, V): logit or probability difference."""
+    import torch
+
     if metric == "logit_diff":
         answer = torch.tensor([p.answer for p in prompts], device=logits.device)
         distractor = torch.tensor([p.distractor for p in prompts], device=logits.device)

@@ -1,22 +1,26 @@
 """S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865), seed 004."""
 
-from lmlab.studies.base import StudySpec, register
-from lmlab.studies.sparse_circuits.analysis import figure, summary, verdict
+from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
 from lmlab.studies.sparse_circuits.config import Config
-from lmlab.studies.sparse_circuits.recipe import run
 
 SPEC = register(StudySpec(
     name="sparse-circuits",
     title="S4 · Sparse attention post-training and circuit size",
     paper="Draye et al., arXiv 2512.05865",
     seed_file="004_30b276bc91f098ce.txt",
-    config=Config, run=run, figure=figure, verdict=verdict, default_model="smollm2-135m",
+    config=Config, run=Lazy(f"{__name__}.recipe:run"),
+    figure=Lazy(f"{__name__}.analysis:figure"), verdict=Lazy(f"{__name__}.analysis:verdict"),
+    default_model="smollm2-135m",
     full_models=("smollm2-135m", "gemma3-270m"),
     seed_summary="Explained effect vs number of heads kept, dense vs sparse model, four tasks. Multipliers "
                  "(dense heads / sparse heads at equal explained effect): Greater-Than 0.6x, IOI 2.0x (GPT-2), "
                  "Docstring 1.3x, IOI-Long 1.6x (OLMo-7B); the sparse models keep about 0.4% of attention edges "
                  "at unchanged loss.",
-    summary=summary,
+    summary=Lazy(f"{__name__}.analysis:summary"),
 ))
 
 __all__ = ["SPEC", "Config", "figure", "run", "verdict"]
+
+# the functions load with their submodules on first use (torch and transformers stay out of `lmlab --help`)
+__getattr__ = lazy_exports(__name__, {"figure": "analysis", "summary": "analysis",
+                                     "verdict": "analysis", "run": "recipe"})
