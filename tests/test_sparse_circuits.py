@@ -291,9 +291,10 @@ def test_geco_with_a_bound_per_batch_ignores_the_spread_between_batches():
     for ref in refs:
         paired.update(ref + 0.05, tau=ref + 0.1)
         fixed.update(ref + 0.05)
-    assert all(ema < 0 for _, ema, _ in paired.trace)
-    assert all(b[2] < a[2] for a, b in zip(paired.trace, paired.trace[1:]))
-    assert any(ema > 0 for _, ema, _ in fixed.trace)
+    assert all(ema < 0 for _, _, ema, _ in paired.trace)
+    assert all(b[3] < a[3] for a, b in zip(paired.trace, paired.trace[1:]))
+    assert any(ema > 0 for _, _, ema, _ in fixed.trace)
+    assert [t[1] for t in paired.trace] == pytest.approx(list(refs + 0.1))  # each step's bound is on record
     assert paired.loss(torch.tensor(0.2), torch.tensor(3.0), tau=3.1).item() == pytest.approx(
         0.2 + paired.multiplier * -0.1)
 
@@ -304,7 +305,7 @@ def test_post_training_records_the_bound_a_batch_brings(tmp_path):
     model = toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2).model
     out = sparse_post_train(model, data.train[:40], toy.collate, lambda m, b: (toy.answer_loss(m, b), 50.0), 2.0,
                             cfg, tmp_path / "p")
-    assert [h["tau"] for h in out.history] == [50.0] * 3
+    assert [t[1] for t in out.geco.trace] == [50.0] * 3
     assert out.geco.holds and out.geco.multiplier < 1.0  # CE far under its per-batch bound, whatever 2.0 says
 
 
@@ -345,6 +346,10 @@ def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
     assert resumed.result.resumed_from == 2
     np.testing.assert_allclose(resumed.result.losses, whole.result.losses, rtol=1e-5)
     assert resumed.geco.multiplier == pytest.approx(whole.geco.multiplier, rel=1e-6)
+    assert len(resumed.geco.trace) == len(resumed.history) == 6  # the record is whole across the interruption
+    assert [h["step"] for h in resumed.history] == [h["step"] for h in whole.history]
+    np.testing.assert_allclose([h["kept_edges"] for h in resumed.history], [h["kept_edges"] for h in whole.history],
+                               rtol=1e-5)
 
 
 def test_sparse_model_saves_and_loads_back(tmp_path, tiny_llama, batch=None):

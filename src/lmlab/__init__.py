@@ -8,14 +8,9 @@ and the CLI's `--help` stay fast.
 """
 
 from lmlab.errors import LmlabError
+from lmlab.lazy import lazy_exports
 
 __version__ = "0.1.0"
 __all__ = ["LmlabError", "__version__", "load_model", "load_result", "run", "studies"]
 
-
-def __getattr__(name: str):
-    if name in ("run", "load_result", "load_model", "studies"):
-        from lmlab import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'lmlab' has no attribute '{name}'")
+__getattr__ = lazy_exports(__name__, {name: "api" for name in ("run", "load_result", "load_model", "studies")})

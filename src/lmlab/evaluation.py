@@ -25,13 +25,13 @@ def metric_value(metric: str, labels: np.ndarray, preds: np.ndarray) -> float:
     return float((labels == preds).mean())
 
 
-@torch.no_grad()
 def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
     """Per-sequence mean next-token CE (and the edge fraction kept, if a gate is among `interventions`)."""
     per_seq, counts = causal_lm_ce_edges(model, batches, interventions)
     return per_seq, (counts["kept"] / max(counts["total"], 1.0) if counts else 1.0)
 
 
+@torch.no_grad()
 def causal_lm_ce_edges(model, batches, interventions=()) -> tuple[list[float], dict]:
     """Per-sequence mean next-token CE and, with a sparse gate installed or among `interventions`, its edge
     counts over every batch: kept (self-edge fallback not counted), fallback, queries, total (causal pairs).

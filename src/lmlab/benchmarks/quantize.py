@@ -62,15 +62,7 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
     quantize_model(student, 2)
     student.train()
     opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
-    per_batch = collate_for(lm.tokenizer, task, 64)
-
-    def fixed(examples):  # the same rows padded to max_length (64) instead of the batch's longest
-        a = [e.text_a for e in examples]
-        b = [e.text_b for e in examples]
-        enc = lm.tokenizer(a, b, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
-        enc["labels"] = torch.tensor([e.label for e in examples])
-        return dict(enc)
-
+    fixed, per_batch = collate_for(lm.tokenizer, task, 64, pad_to_max=True), collate_for(lm.tokenizer, task, 64)
     rows, rates = [], {}
     for case, collate in (("padded to max_length 64", fixed), ("padded per batch (the study)", per_batch)):
         batches = [collate(list(task.train[i * 32:(i + 1) * 32])) for i in range(steps)]

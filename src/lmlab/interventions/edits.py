@@ -237,12 +237,13 @@ class SparseAttention(Intervention):
         gate = gate * allowed
         self.kept_edges += float(gate.detach().sum())
         # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
-        rows = allowed.expand(gate.shape).sum(-1) > 0  # (B, H, Q): query rows that have any causal key
+        keys = allowed.expand(gate.shape).sum(-1)  # (B, H, Q): causal keys of each query row
+        rows = keys > 0
         empty = (gate.detach().sum(-1) == 0) & rows
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
         diag[torch.arange(ctx.q_len), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
         self.fallback_edges += float(empty.sum())
         self.queries += float(rows.sum())
-        self.total_edges += float(allowed.expand(gate.shape).sum())
+        self.total_edges += float(keys.sum())
         return gate

@@ -60,43 +60,6 @@ class StudySpec:
     loads_model: bool = True  # False: the study builds its own model in the run (it takes no LoadedModel)
 
 
-class Lazy:
-    """A study's function named as "module:attribute", imported on its first call, so registering a study
-    (which the CLI does for every command) loads only its config, not torch and transformers."""
-
-    def __init__(self, target: str):
-        self.target = target
-        self._fn: Callable | None = None
-
-    def resolve(self) -> Callable:
-        if self._fn is None:
-            import importlib
-
-            module, _, attribute = self.target.partition(":")
-            self._fn = getattr(importlib.import_module(module), attribute)
-        return self._fn
-
-    def __call__(self, *args, **kwargs):
-        return self.resolve()(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"Lazy({self.target!r})"
-
-
-def lazy_exports(package: str, names: dict[str, str]) -> Callable[[str], Any]:
-    """A module `__getattr__` for a study package: `names` maps an exported name to the submodule that
-    defines it (e.g. "run" -> "recipe"), imported on first access."""
-
-    def __getattr__(name: str):
-        if name in names:
-            import importlib
-
-            return getattr(importlib.import_module(f"{package}.{names[name]}"), name)
-        raise AttributeError(f"module '{package}' has no attribute '{name}'")
-
-    return __getattr__
-
-
 STUDIES: dict[str, StudySpec] = {}
 
 

@@ -7,7 +7,7 @@ A step may bring its own tau (a bound measured on the same batch, `loss(..., tau
 the constraint then compares like with like and batch-to-batch noise in B largely cancels.
 The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks
 while it holds, so the objective is pushed only as far as the constraint allows. The multiplicative
-update keeps lambda positive. `trace` keeps (B, ema, lambda) per step; `state_dict` / `load_state_dict`
+update keeps lambda positive. `trace` keeps (B, tau, ema, lambda) per step; `state_dict` / `load_state_dict`
 carry it with the multiplier, so a resumed run continues exactly and its trace is whole.
 
 `sized_rate(steps, scale)`: a rate for a step budget, so that a violation of `scale` held for half the
@@ -29,7 +29,7 @@ class GECO:
         self.multiplier = float(initial)
         self.ema: float | None = None
         self.steps = 0
-        self.trace: list[tuple[float, float, float]] = []  # (constrained value, ema of the violation, lambda)
+        self.trace: list[tuple[float, float, float, float]] = []  # (constrained value, its bound, ema, lambda)
 
     def loss(self, objective: torch.Tensor, constrained: torch.Tensor, tau: float | None = None) -> torch.Tensor:
         """The Lagrangian with the current multiplier; call `update` once per optimizer step. `tau`: this step's
@@ -37,12 +37,13 @@ class GECO:
         return objective + self.multiplier * (constrained - (self.tau if tau is None else tau))
 
     def update(self, constrained: float, tau: float | None = None) -> float:
-        violation = float(constrained) - (self.tau if tau is None else float(tau))
+        bound = self.tau if tau is None else float(tau)
+        violation = float(constrained) - bound
         self.ema = violation if self.ema is None else self.alpha * self.ema + (1 - self.alpha) * violation
         low, high = self.bounds
         self.multiplier = min(max(self.multiplier * math.exp(self.rate * self.ema), low), high)
         self.steps += 1
-        self.trace.append((float(constrained), self.ema, self.multiplier))
+        self.trace.append((float(constrained), bound, self.ema, self.multiplier))
         return self.multiplier
 
     @property

@@ -29,8 +29,23 @@ from lmlab.train.loop import TrainConfig, TrainResult, train
 @dataclass
 class SparseTraining:
     result: TrainResult
+    geco: GECO  # its trace: (CE, bound, moving average, lambda) per step
+    history: list[dict] = field(default_factory=list)  # per step: step, expected_edges, kept_edges, fallback
+
+
+@dataclass
+class _Checkpointed:
+    """What a checkpoint carries besides the weights: the multiplier and the per-step edge record, so a
+    resumed run continues exactly and its record is whole."""
     geco: GECO
-    history: list[dict] = field(default_factory=list)  # per step of this process: ce, edges, multiplier, ema
+    history: list[dict]
+
+    def state_dict(self) -> dict:
+        return {"geco": self.geco.state_dict(), "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.geco.load_state_dict(state["geco"])
+        self.history[:] = state["history"]
 
 
 def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor], tau: float,
@@ -46,14 +61,11 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
         ce, bound = out if isinstance(out, tuple) else (out, None)  # (CE, this batch's tau) or CE against `tau`
         edges = gate.expected_edges / max(gate.total_edges, 1.0)
         loss = geco.loss(edges, ce, bound)
-        multiplier = geco.multiplier  # the one this step's loss used
         geco.update(float(ce.detach()), bound)
-        history.append({"step": geco.steps, "ce": float(ce.detach()), "expected_edges": float(edges.detach()),
-                        "tau": float(tau if bound is None else bound),
-                        "kept_edges": gate.kept_fraction, "fallback": gate.fallback_edges / max(gate.queries, 1.0),
-                        "multiplier": multiplier, "ema": geco.ema})
+        history.append({"step": geco.steps, "expected_edges": float(edges.detach()), "kept_edges": gate.kept_fraction,
+                        "fallback": gate.fallback_edges / max(gate.queries, 1.0)})
         return loss
 
     with intervene(model, gate):
-        result = train(model, dataset, collate, loss_fn, config, out_dir, state=geco)
+        result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(geco, history))
     return SparseTraining(result, geco, history)

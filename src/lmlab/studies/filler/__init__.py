@@ -1,6 +1,7 @@
 """S3 · Meaningless tokens and the Activation Redistribution Module (Shi et al., arXiv 2510.01032), seed 003."""
 
-from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
+from lmlab.lazy import Lazy, lazy_exports
+from lmlab.studies.base import StudySpec, register
 from lmlab.studies.filler.config import Config
 
 SPEC = register(StudySpec(name="filler", title="S3 · Meaningless tokens and the Activation Redistribution Module",

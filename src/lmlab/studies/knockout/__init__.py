@@ -1,6 +1,7 @@
 """S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422), seed 001."""
 
-from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
+from lmlab.lazy import Lazy, lazy_exports
+from lmlab.studies.base import StudySpec, register
 from lmlab.studies.knockout.config import Config
 
 SPEC = register(StudySpec(name="knockout", title="S1 · Attention knockout: two pathways to truthfulness",

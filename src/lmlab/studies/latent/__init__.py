@@ -1,6 +1,7 @@
 """S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275), seed 000."""
 
-from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
+from lmlab.lazy import Lazy, lazy_exports
+from lmlab.studies.base import StudySpec, register
 from lmlab.studies.latent.config import Config
 
 SPEC = register(StudySpec(

@@ -1,6 +1,7 @@
 """S2 · Extreme quantization with distillation, XTC (Wu et al., arXiv 2206.01859), seed 002."""
 
-from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
+from lmlab.lazy import Lazy, lazy_exports
+from lmlab.studies.base import StudySpec, register
 from lmlab.studies.quantize.config import Config
 
 SPEC = register(StudySpec(name="quantize", title="S2 · Extreme quantization with distillation (XTC)",

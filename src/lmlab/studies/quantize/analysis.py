@@ -149,12 +149,13 @@ def figure(result, fig=None):
     panels = tasks + ["Ave."] + (["Perplexity"] if len(lm) else [])
     fig, axes = canvas(fig, (3.0 * len(panels), 3.2), 1, len(panels), squeeze=False)
     x = {32: 0, 2: 1, 1: 2}
+    learned, left_out = learned_tasks(scores)
+    learned = learned or list(tasks)
     for ax, name in zip(axes[0], panels):
         if name == "Perplexity":
             part = lm.assign(score=lm.perplexity, metric="perplexity")
             ax.set_yscale("log")
         else:
-            learned = learned_tasks(scores)[0] or list(tasks)
             part = scores[scores.task.isin(learned)] if name == "Ave." else scores[scores.task == name]
         mean = part.groupby(["bits", "budget"]).score.mean()
         teacher = mean.loc[(32, "teacher")]
@@ -165,8 +166,8 @@ def figure(result, fig=None):
                         color=color, label=f"Budget-{budget}")
         ax.plot([0], [teacher], "ks", label="teacher")
         metric = part.metric.iloc[0] if name != "Ave." else "score"
-        ax.set_title(name if name != "Ave." or len(learned_tasks(scores)[1]) == 0
-                     else f"Ave. (without {', '.join(learned_tasks(scores)[1])})", fontsize=9 if name == "Ave." else None)
+        ax.set_title(name if name != "Ave." or not left_out else f"Ave. (without {', '.join(left_out)})",
+                     fontsize=9 if name == "Ave." else None)
         ax.set_xticks([0, 1, 2], ["32", "2", "1"])
         ax.set_xlabel("bit")
         ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson",

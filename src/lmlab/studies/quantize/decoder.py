@@ -40,9 +40,10 @@ from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
 
 DECODER_PROFILES = {
-    "quick": dict(n_text=96, n_eval_text=32, text_tokens=40, n_prompts=48, epochs_a=1, budgets=["A"], batch_size=8),
+    "quick": dict(n_text=96, n_eval_text=32, text_tokens=40, n_prompts=48, epochs_a=1, budgets=["A"], batch_size=8,
+                  student_lr=2e-4),
     "full": dict(n_text=4000, n_eval_text=256, text_tokens=128, n_prompts=200, epochs_a=3, budgets=["A", "B", "C"],
-                 batch_size=16),
+                 batch_size=16, student_lr=2e-4),
 }
 
 
@@ -117,7 +118,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                     p.requires_grad_(True)
                 quantize_model(model, bits)
                 steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
-                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=config.student_lr or 2e-4, schedule="linear",
+                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
                                  warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD")
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
                 work = run_dir.path / "work" / key

@@ -20,11 +20,13 @@ from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
 
 
-def collate_for(tokenizer, task: NLUTask, max_length: int):
+def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = False):
+    """Batches padded to their longest row (what the study uses), or to `max_length` (the benchmark's baseline)."""
     def collate(examples):
         a = [e.text_a for e in examples]
         b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-        enc = tokenizer(a, b, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        enc = tokenizer(a, b, padding="max_length" if pad_to_max else True, truncation=True, max_length=max_length,
+                        return_tensors="pt")
         dtype = torch.float if task.num_labels == 1 else torch.long
         enc["labels"] = torch.tensor([e.label for e in examples], dtype=dtype)
         return dict(enc)

@@ -14,10 +14,11 @@ augmentation; the teacher fine-tunes on it for 2 epochs), 1000 test examples, Bu
 steps and Budget-C = 372, at lr 2e-4 (budget compensation; the paper's 2e-5..5e-5 is for ~18 epochs).
 The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, lr 5e-5 with weight decay
 0.01, and keeps each student's best dev checkpoint (scored every epoch), as DeepSpeed's XTC example does.
-A task whose teacher scores below 50 (analysis.MIN_TEACHER; fact-stsb: Pearson 0.17 at 192 examples) is left out of
-the average, and the verdict names it. Intervals are bootstrap intervals over test examples (one seed). `--layer-reduction true` makes every student keep
-teacher layers 1, 3, 5, ... (the last one always), with student block j distilled from teacher block
-2j + 1 (DECISION: the paper keeps "every other layer" without saying which).
+A task whose teacher scores below 50 (analysis.MIN_TEACHER; fact-stsb: Pearson 0.17 at 192 examples) is left
+out of the average, and the verdict names it. Intervals are bootstrap intervals over test examples (one
+seed). `--layer-reduction true` makes every student keep teacher layers 1, 3, 5, ... (the last one always),
+with student block j distilled from teacher block 2j + 1 (DECISION: the paper keeps "every other layer"
+without saying which).
 """
 
 from __future__ import annotations

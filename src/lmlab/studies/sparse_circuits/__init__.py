@@ -1,6 +1,7 @@
 """S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865), seed 004."""
 
-from lmlab.studies.base import Lazy, StudySpec, lazy_exports, register
+from lmlab.lazy import Lazy, lazy_exports
+from lmlab.studies.base import StudySpec, register
 from lmlab.studies.sparse_circuits.config import Config
 
 SPEC = register(StudySpec(

@@ -161,16 +161,17 @@ def verdict(result) -> Verdict:
         status = "inconclusive"
     if converged and not loss_ok and "final_ema" in s:  # held on training batches, not on held-out text
         text += (" The held-out CE is over the allowed slack although the training constraint held: the "
-                 "post-training text was fitted (more, fresh text per step is the remedy).")
+                 "post-training text was fitted, or the held-out text differs from it (fresh text of the same kind, "
+                 "and more of it, is the remedy).")
     return Verdict(status=status, claim=claim, summary=text, evidence=evidence)
 
 
-def geco_figure(result):
-    """Post-training trajectories: CE against tau, the constraint's moving average, lambda, edges kept."""
+def geco_figure(tables: dict[str, pd.DataFrame]):
+    """Post-training trajectories from the run's tables (name -> table): the constraint (CE over its bound) and its
+    moving average, lambda, edges kept."""
     import matplotlib.pyplot as plt
 
-    parts = [(k, result.table(k)) for k in ("geco", "toy_geco")]
-    parts = [(k, t) for k, t in parts if len(t)]
+    parts = [(k, tables[k]) for k in ("geco", "toy_geco") if len(tables.get(k, ()))]
     fig, axes = plt.subplots(len(parts) or 1, 3, figsize=(12, 3.2 * max(len(parts), 1)), squeeze=False)
     for row, (kind, t) in zip(axes, parts):
         t = t.sort_values("step")

@@ -59,6 +59,7 @@ from lmlab.interventions import SparseAttention, intervene
 from lmlab.models import LoadedModel, load_model, save_model
 from lmlab.runs import RunDir
 from lmlab.stats import bootstrap
+from lmlab.studies.result import split_tables
 from lmlab.studies.sparse_circuits import toy
 from lmlab.studies.sparse_circuits.analysis import derive, geco_figure, toy_figure
 from lmlab.studies.sparse_circuits.config import Config
@@ -106,6 +107,9 @@ def _post_train(lm, config: Config, run_dir: RunDir):
         return (loss, batch["dense_ce"] + config.slack) if config.paired_tau else loss
 
     steps = config.size("sparse_steps")
+    if len(items) < steps * config.size("sparse_batch"):  # the constraint is then partly read on seen text
+        run_dir.log(f"post-training repeats its text: {len(items)} sequences for {steps} x "
+                    f"{config.size('sparse_batch')} draws")
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(steps, config.slack)
     tc = TrainConfig(steps=steps, batch_size=config.size("sparse_batch"), lr=config.sparse_lr,
                      schedule="constant", warmup_steps=0, checkpoint_every=5, seed=config.seed,
@@ -116,14 +120,15 @@ def _post_train(lm, config: Config, run_dir: RunDir):
     info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
             "final_multiplier": out.geco.multiplier,
             "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
-            "geco": [list(t) for t in out.geco.trace], "history": out.history[-steps:]}
+            "geco": [list(t) for t in out.geco.trace], "history": out.history}
     atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
     shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
     return folder, info
 
 
 def qk_scale(scale: float) -> dict[str, float]:
-    """The learning-rate multiplier for the query and key projections (Llama/GPT-NeoX/Gemma names)."""
+    """The learning-rate multiplier for the query and key projections (Llama/Gemma names); GPT-NeoX and GPT-2
+    fuse q, k and v in one matrix, which then takes the multiplier whole."""
     if scale == 1.0:
         return {}
     return {name: scale for name in ("q_proj", "k_proj", "query_key_value", "c_attn")}
@@ -131,11 +136,10 @@ def qk_scale(scale: float) -> dict[str, float]:
 
 def _geco_rows(kind: str, info: dict) -> list[dict]:
     """One row per post-training step: the constraint (CE), its moving-average violation, lambda, edges kept."""
-    edges = {h["step"]: h for h in info.get("history", []) if "step" in h}
-    return [{"kind": kind, "step": i + 1, "ce": ce, "ema": ema, "multiplier": lam,
-             "tau": edges.get(i + 1, {}).get("tau", info["tau"]),
-             "kept_edges": edges.get(i + 1, {}).get("kept_edges")}
-            for i, (ce, ema, lam) in enumerate(info.get("geco", []))]
+    edges = {h["step"]: h["kept_edges"] for h in info.get("history", [])}
+    return [{"kind": kind, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
+             "kept_edges": edges.get(i + 1)}
+            for i, (ce, tau, ema, lam) in enumerate(info.get("geco", []))]
 
 
 def _toy(config: Config, run_dir: RunDir) -> None:
@@ -226,20 +230,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         fig = toy_figure(*usage)
         run_dir.write_figure(fig, name="toy_figure")
         plt.close(fig)
-    fig = geco_figure(_Tables(table))
+    fig = geco_figure(split_tables(table, config.model)[0])
     run_dir.write_figure(fig, name="geco_figure")
     plt.close(fig)
     return table
-
-
-class _Tables:
-    """`result.table(kind)` over a table being built, for figures drawn before the result exists."""
-
-    def __init__(self, table: pd.DataFrame):
-        self._t = table
-
-    def table(self, kind: str) -> pd.DataFrame:
-        return self._t[self._t["kind"] == kind].dropna(axis=1, how="all")
 
 
 def _load_usage(run_dir: RunDir):
