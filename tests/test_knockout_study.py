@@ -111,7 +111,7 @@ def test_readers_parse_real_formats_and_name_bad_rows(tmp_path):
     (tmp_path / "hp.json").write_text(json.dumps([{"question": "q?", "answer": "yes"}, {"answer": "no"}]))
     with pytest.raises(LmlabError, match="item 1: missing field 'question'"):
         read_qa("hotpotqa", tmp_path / "hp.json")
-    with pytest.raises(LmlabError, match="no popqa file"):
+    with pytest.raises(LmlabError, match="no popqa file or saved dataset folder"):
         read_qa("popqa", tmp_path / "missing.tsv")
     # valid JSON that is not an object: one sentence naming the file and line, in every reader
     (tmp_path / "nq.jsonl").write_text('{"question": "q", "answer": ["a"]}\n[1, 2, 3]\n')

@@ -11,6 +11,7 @@ from lmlab.studies.latent import codes as L
 from lmlab.data.generated.reasoning import generate_problems
 from lmlab.errors import LmlabError
 from lmlab.studies import latent as study
+from lmlab.studies.latent import recipe as latent_recipe
 from lmlab.studies import run_study
 from lmlab.studies.latent.analysis import verdict
 from lmlab.studies.result import from_rows
@@ -152,7 +153,7 @@ def _restating_problems(n, seed=0):
 def test_positive_control_a_restated_first_chunk_is_abstracted_without_loss(tmp_path, monkeypatch):
     """Where the first chunk only restates the prompt, the VQ-VAE reconstructs it and the model given the
     true codes answers as well as CoT: the effect the paper claims must appear if the code is right."""
-    monkeypatch.setattr(study.recipe, "load_problems", lambda config: _restating_problems(config.size("n_train")))
+    monkeypatch.setattr(latent_recipe, "load_problems", lambda config: _restating_problems(config.size("n_train")))
     cfg = dict(model="scratch", rates=[8], chunk=8, codebook=16, n_train=600, n_test=60, base_steps=300,
                finetune_steps=150, vq_steps=300, d_model=48, n_layers=2, batch_size=32, lr=3e-3)
     result = run_study(study.SPEC, study.Config(**cfg), tmp_path)
@@ -185,7 +186,7 @@ def _metrics(result):
 
 def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch):
     whole = run_study(study.SPEC, study.Config(**TINY), tmp_path / "a")
-    interrupt_on_call(monkeypatch, study.recipe, "evaluate", 3)  # killed while evaluating the first latent rate
+    interrupt_on_call(monkeypatch, latent_recipe, "evaluate", 3)  # killed while evaluating the first latent rate
     with pytest.raises(KeyboardInterrupt):
         run_study(study.SPEC, study.Config(**TINY), tmp_path / "b")
     monkeypatch.undo()

@@ -46,60 +46,80 @@ def _json(path: Path):
         raise LmlabError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
 
 
+# --- one row -> one item: the same mapping for a file's rows and a hub dataset's rows -------------------
+
+def popqa_item(row: dict, where: str, i: int) -> QAItem:
+    answers = _need(row, "possible_answers", where)
+    if isinstance(answers, str):
+        try:
+            answers = json.loads(answers)
+        except json.JSONDecodeError:
+            raise LmlabError(f"{where}: field 'possible_answers' is not a JSON list") from None
+    if not isinstance(answers, list) or not answers:
+        raise LmlabError(f"{where}: field 'possible_answers' is not a non-empty list")
+    pop = row.get("s_pop")
+    return QAItem(id=f"popqa-{i:05d}", dataset="popqa", question=_need(row, "question", where),
+                  aliases=[str(a) for a in answers], subject=_need(row, "subj", where), prop=row.get("prop") or None,
+                  popularity=float(pop) if pop not in (None, "") else None)
+
+
+def triviaqa_item(row: dict, where: str, i: int) -> QAItem:
+    """The release's JSON files say Question / Answer{Value, Aliases}; the hub's rows say question /
+    answer{value, aliases}: both read the same."""
+    if not isinstance(row, dict):
+        raise LmlabError(f"{where}: not a JSON object (found {type(row).__name__})")
+    upper = "Question" in row or "Answer" in row
+    answer = _need(row, "Answer" if upper else "answer", where)
+    if not isinstance(answer, dict):
+        raise LmlabError(f"{where}: field '{'Answer' if upper else 'answer'}' is not a JSON object")
+    value, aliases = ("Value", "Aliases") if upper else ("value", "aliases")
+    found = list(answer.get(aliases) or []) + [a for a in [answer.get(value)] if a]
+    if not found:
+        raise LmlabError(f"{where}: missing field '{'Answer' if upper else 'answer'}.{aliases}'")
+    return QAItem(id=f"triviaqa-{i:05d}", dataset="triviaqa", question=_need(row, "Question" if upper else "question",
+                                                                             where), aliases=found)
+
+
+def nq_item(row: dict, where: str, i: int) -> QAItem:
+    answers = _need(row, "answer", where)
+    return QAItem(id=f"nq-{i:05d}", dataset="nq", question=_need(row, "question", where),
+                  aliases=list(answers) if isinstance(answers, list) else [answers])
+
+
+def hotpotqa_item(row: dict, where: str, i: int) -> QAItem:
+    return QAItem(id=f"hotpotqa-{i:05d}", dataset="hotpotqa", question=_need(row, "question", where),
+                  aliases=[_need(row, "answer", where)])
+
+
+QA_ROWS: dict[str, Callable[[dict, str, int], QAItem]] = {
+    "popqa": popqa_item, "triviaqa": triviaqa_item, "nq": nq_item, "hotpotqa": hotpotqa_item}
+
+
 def read_popqa(path: Path) -> list[QAItem]:
     if path.suffix == ".tsv":
         with open(path, encoding="utf-8", newline="") as fh:
             rows = [(f"{path}:{n}", r) for n, r in enumerate(csv.DictReader(fh, delimiter="\t"), 2)]
     else:
         rows = list(_jsonl(path))
-    items = []
-    for where, row in rows:
-        answers = _need(row, "possible_answers", where)
-        if isinstance(answers, str):
-            try:
-                answers = json.loads(answers)
-            except json.JSONDecodeError:
-                raise LmlabError(f"{where}: field 'possible_answers' is not a JSON list") from None
-        pop = row.get("s_pop")
-        items.append(QAItem(id=f"popqa-{len(items):05d}", dataset="popqa", question=_need(row, "question", where),
-                            aliases=list(answers), subject=_need(row, "subj", where), prop=row.get("prop") or None,
-                            popularity=float(pop) if pop not in (None, "") else None))
-    return items
+    return [popqa_item(row, where, i) for i, (where, row) in enumerate(rows)]
 
 
 def read_triviaqa(path: Path) -> list[QAItem]:
     data = _json(path)
     if not isinstance(data, dict) or "Data" not in data:
         raise LmlabError(f"{path}: expected a TriviaQA JSON object with a 'Data' list")
-    items = []
-    for i, row in enumerate(data["Data"]):
-        where = f"{path}: item {i}"
-        answer = _need(row, "Answer", where)
-        if not isinstance(answer, dict):
-            raise LmlabError(f"{where}: field 'Answer' is not a JSON object")
-        aliases = list(answer.get("Aliases") or []) + [a for a in [answer.get("Value")] if a]
-        if not aliases:
-            raise LmlabError(f"{where}: missing field 'Answer.Aliases'")
-        items.append(QAItem(id=f"triviaqa-{i:05d}", dataset="triviaqa", question=_need(row, "Question", where),
-                            aliases=aliases))
-    return items
+    return [triviaqa_item(row, f"{path}: item {i}", i) for i, row in enumerate(data["Data"])]
 
 
 def read_nq(path: Path) -> list[QAItem]:
-    items = []
-    for where, row in _jsonl(path):
-        answers = _need(row, "answer", where)
-        items.append(QAItem(id=f"nq-{len(items):05d}", dataset="nq", question=_need(row, "question", where),
-                            aliases=list(answers) if isinstance(answers, list) else [answers]))
-    return items
+    return [nq_item(row, where, i) for i, (where, row) in enumerate(_jsonl(path))]
 
 
 def read_hotpotqa(path: Path) -> list[QAItem]:
     data = _json(path)
     if not isinstance(data, list):
         raise LmlabError(f"{path}: expected a HotpotQA JSON list")
-    return [QAItem(id=f"hotpotqa-{i:05d}", dataset="hotpotqa", question=_need(r, "question", f"{path}: item {i}"),
-                   aliases=[_need(r, "answer", f"{path}: item {i}")]) for i, r in enumerate(data)]
+    return [hotpotqa_item(r, f"{path}: item {i}", i) for i, r in enumerate(data)]
 
 
 READERS: dict[str, Callable[[Path], list[QAItem]]] = {
@@ -110,9 +130,14 @@ def read_qa(kind: str, path: str | Path) -> list[QAItem]:
     if kind not in READERS:
         raise LmlabError(f"unknown QA file format '{kind}'; known: {', '.join(READERS)}")
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise LmlabError(f"no {kind} file at {path}")
-    items = READERS[kind](path)
+    if path.is_dir():  # a dataset saved with `save_to_disk`
+        from lmlab.data.hubdata import saved_rows
+
+        items = [QA_ROWS[kind](row, where, i) for i, (where, row) in enumerate(saved_rows(path, kind))]
+    elif not path.is_file():
+        raise LmlabError(f"no {kind} file or saved dataset folder at {path}")
+    else:
+        items = READERS[kind](path)
     if not items:
         raise LmlabError(f"{path} holds no questions")
     return items
@@ -159,3 +184,27 @@ def read_glue(task: str, path: str | Path):
     if not out:
         raise LmlabError(f"{path} holds no rows")
     return out
+
+
+# the hub's GLUE (nyu-mll/glue): text columns per task; `label` is the class index in the order of GLUE's
+# label values above (mnli: entailment, neutral, contradiction), a float for stsb, -1 on the hidden test split
+GLUE_HUB_COLUMNS = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+                    "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
+                    "mnli": ("premise", "hypothesis"), "qnli": ("question", "sentence"),
+                    "rte": ("sentence1", "sentence2")}
+
+
+def glue_example(task: str, row: dict, where: str):
+    """One row of the hub's GLUE `task` as an NLUExample; a missing text or label is an error naming the row."""
+    from lmlab.data.generated.nlu import NLUExample
+
+    col_a, col_b = GLUE_HUB_COLUMNS[task]
+    num_labels = GLUE[task][1]
+    a, b = _need(row, col_a, where), (_need(row, col_b, where) if col_b else None)
+    label = row.get("label")
+    if label is None or isinstance(label, bool) or not isinstance(label, (int, float)):
+        raise LmlabError(f"{where}: missing field 'label'")
+    if num_labels > 1 and not (isinstance(label, int) and 0 <= label < num_labels):
+        raise LmlabError(f"{where}: label {label} is not a class of {task} (0..{num_labels - 1}; the test split's "
+                         f"labels are hidden)")
+    return NLUExample(str(a), None if b is None else str(b), float(label) if num_labels == 1 else int(label))

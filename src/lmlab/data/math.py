@@ -105,42 +105,59 @@ def _rows(path: Path, kind: str):
                 yield n, row
 
 
+def gsm8k_row(row: dict, where: str, n: int) -> GsmRow:
+    """One GSM8K row (a file's line or a hub dataset's row): question, answer = reasoning lines then "#### N"."""
+    question, answer = (row.get("question"), row.get("answer")) if isinstance(row, dict) else (None, None)
+    if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or "####" not in answer:
+        raise LmlabError(f"{where}: a GSM8K row needs 'question' and an 'answer' ending in '#### N'")
+    reasoning, final = answer.rsplit("####", 1)
+    final = final.strip().replace(",", "")
+    if not re.fullmatch(r"-?\d+", final):
+        raise LmlabError(f"{where}: the final answer {final!r} is not an integer")
+    steps = tuple(x for x in (_CALC.sub("", line).strip() for line in reasoning.splitlines()) if x)
+    if not steps:
+        raise LmlabError(f"{where}: the answer has no reasoning lines before '####'")
+    return GsmRow(n, question.strip(), steps, str(int(final)))
+
+
+def math500_item(row: dict, where: str, n: int) -> MathItem:
+    """One MATH-500 row: problem, answer (and level, when given)."""
+    question, raw = (row.get("problem"), row.get("answer")) if isinstance(row, dict) else (None, None)
+    answer = normalize_number(str(raw)) if raw not in (None, "") else None
+    if not isinstance(question, str) or not question.strip() or not answer:
+        raise LmlabError(f"{where}: a MATH-500 row needs 'problem' and a non-empty 'answer'")
+    level = int(row.get("level", 0)) if str(row.get("level", "0")).isdigit() else 0
+    return MathItem(f"math500-{n:05d}", "math500", level, question, answer)
+
+
 def read_gsm8k(path: str | Path) -> list[GsmRow]:
-    """Every row of a GSM8K jsonl file (question, answer = reasoning lines then "#### N")."""
+    """Every row of a GSM8K jsonl file, or of a saved dataset folder (`save_to_disk`)."""
     path = Path(path).expanduser()
-    out = []
-    for n, row in _rows(path, "GSM8K"):
-        question, answer = row.get("question"), row.get("answer")
-        if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or "####" not in answer:
-            raise LmlabError(f"{path}:{n}: a GSM8K row needs 'question' and an 'answer' ending in '#### N'")
-        reasoning, final = answer.rsplit("####", 1)
-        final = final.strip().replace(",", "")
-        if not re.fullmatch(r"-?\d+", final):
-            raise LmlabError(f"{path}:{n}: the final answer {final!r} is not an integer")
-        steps = tuple(x for x in (_CALC.sub("", line).strip() for line in reasoning.splitlines()) if x)
-        if not steps:
-            raise LmlabError(f"{path}:{n}: the answer has no reasoning lines before '####'")
-        out.append(GsmRow(n, question.strip(), steps, str(int(final))))
+    if path.is_dir():
+        from lmlab.data.hubdata import saved_rows
+
+        out = [gsm8k_row(row, where, n) for n, (where, row) in enumerate(saved_rows(path, "gsm8k"), 1)]
+    else:
+        out = [gsm8k_row(row, f"{path}:{n}", n) for n, row in _rows(path, "GSM8K")]
     if not out:
         raise LmlabError(f"{path} holds no problems")
     return out
 
 
 def read_math_file(kind: str, path: str | Path) -> list[MathItem]:
-    """The items of a GSM8K or MATH-500 jsonl file; a malformed row or an empty file is an error."""
+    """The items of a GSM8K or MATH-500 jsonl file (or saved dataset folder); a malformed row or an empty
+    file is an error."""
     path = Path(path).expanduser()
     if kind == "gsm8k":
         return [MathItem(f"gsm8k-{r.line:05d}", kind, 0, r.question, r.answer) for r in read_gsm8k(path)]
     if kind != "math500":
         raise LmlabError(f"unknown math file format '{kind}'; known: gsm8k, math500")
-    items = []
-    for n, row in _rows(path, kind):
-        question, raw = row.get("problem"), row.get("answer")
-        answer = normalize_number(str(raw)) if raw not in (None, "") else None
-        if not isinstance(question, str) or not question.strip() or not answer:
-            raise LmlabError(f"{path}:{n}: a MATH-500 row needs 'problem' and a non-empty 'answer'")
-        level = int(row.get("level", 0)) if str(row.get("level", "0")).isdigit() else 0
-        items.append(MathItem(f"{kind}-{n:05d}", kind, level, question, answer))
+    if path.is_dir():
+        from lmlab.data.hubdata import saved_rows
+
+        items = [math500_item(row, where, n) for n, (where, row) in enumerate(saved_rows(path, kind), 1)]
+    else:
+        items = [math500_item(row, f"{path}:{n}", n) for n, row in _rows(path, kind)]
     if not items:
         raise LmlabError(f"{path} holds no problems")
     return items

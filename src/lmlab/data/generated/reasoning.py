@@ -97,9 +97,17 @@ def generate_disjoint(make, n_train: int, n_dev: int, n_test: int, seed: int, tr
     return out
 
 
-def read_gsm8k_problems(path: str | Path) -> list[Problem]:
-    """GSM8K jsonl -> Problems with their reasoning chains (`lmlab.data.math.read_gsm8k` parses the file)."""
-    return [Problem(r.question, r.steps, int(r.answer), (r.question,)) for r in read_gsm8k(path)]
+def read_gsm8k_problems(path: str | Path | None) -> list[Problem]:
+    """GSM8K jsonl (or saved dataset folder) -> Problems with their reasoning chains (`lmlab.data.math.read_gsm8k`
+    parses the file). `path` None: the hub's GSM8K train split (S0 trains on it; `split_problems` then makes
+    its disjoint train/dev/test)."""
+    if path is None:
+        from lmlab.data.hubdata import hub_gsm8k
+
+        rows = hub_gsm8k("train")
+    else:
+        rows = read_gsm8k(path)
+    return [Problem(r.question, r.steps, int(r.answer), (r.question,)) for r in rows]
 
 
 def split_problems(problems: list[Problem], seed: int = 0, fractions=(0.8, 0.1, 0.1)) -> dict[str, list[Problem]]:

@@ -44,9 +44,15 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
         dev, test = split_arithmetic(config.size("n_dev_per_level"), config.size("n_test_per_level"), config.seed)
         return dev, test
     kind, _, path = config.benchmark.partition(":")
-    if not path:
-        raise LmlabError(f"unknown benchmark '{config.benchmark}'; use arithmetic, gsm8k:PATH or math500:PATH")
-    items = read_math_file(kind, path)
+    if kind not in ("gsm8k", "math500"):
+        raise LmlabError(f"unknown benchmark '{config.benchmark}'; use arithmetic, gsm8k or math500 (from the hub), "
+                         f"or gsm8k:PATH / math500:PATH (a jsonl file or a saved dataset folder)")
+    if path:
+        items = read_math_file(kind, path)
+    else:
+        from lmlab.data.hubdata import hub_math_items
+
+        items = hub_math_items(kind)
     random.Random(config.seed).shuffle(items)
     n_dev = min(len(items) // 5, 5 * config.size("n_dev_per_level"))
     return items[:n_dev], items[n_dev:n_dev + 5 * config.size("n_test_per_level")]

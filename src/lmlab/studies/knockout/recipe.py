@@ -53,14 +53,19 @@ def load_items(config: Config) -> list[QAItem]:
     items: list[QAItem] = []
     for entry in config.datasets:
         kind, _, path = entry.partition(":")
+        if entry in geo_qa.RELATIONS:
+            items += geo_qa.generate(entry, n, seed=config.seed)
+            continue
         if path and kind in READERS:
             found = read_qa(kind, path)
-            items += random.Random(config.seed).sample(found, min(n, len(found)))
-        elif entry in geo_qa.RELATIONS:
-            items += geo_qa.generate(entry, n, seed=config.seed)
+        elif entry in READERS:  # a hub id: popqa, triviaqa, nq, hotpotqa
+            from lmlab.data.hubdata import hub_qa
+
+            found = hub_qa(entry)
         else:
-            raise LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.RELATIONS)}; "
-                             f"or a file as FORMAT:PATH with FORMAT one of {', '.join(READERS)}")
+            raise LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.RELATIONS)}; from the hub: "
+                             f"{', '.join(READERS)}; or a file or saved dataset folder as FORMAT:PATH")
+        items += random.Random(config.seed).sample(found, min(n, len(found)))
     return items
 
 

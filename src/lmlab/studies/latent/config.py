@@ -48,7 +48,8 @@ class Config(StudyConfig):
     max_steps_per_problem: int = Field(4, description="arithmetic: reasoning steps per problem (2..this)")
     data: str = Field("walk", description="walk (a maze-style grid walk, the default), classes (ProsQA-style class "
                                           "chains), arithmetic (short +/- chains, a stress test), or "
-                                          "gsm8k:PATH (a GSM8K jsonl file)")
+                                          "gsm8k (the hub's GSM8K train split), or gsm8k:PATH (a GSM8K jsonl "
+                                          "file or saved dataset folder)")
     max_new: int | None = Field(None, description="generated tokens per test problem (default: the longest "
                                                   "training chain + answer, plus 16)")
 
@@ -67,7 +68,7 @@ class Config(StudyConfig):
     @property
     def task(self) -> str:
         """walk, classes, arithmetic or gsm8k ("generated", the name before the walk existed, is arithmetic)."""
-        if self.data.startswith("gsm8k:"):
+        if self.data == "gsm8k" or self.data.startswith("gsm8k:"):
             return "gsm8k"
         return "arithmetic" if self.data == "generated" else self.data
 
@@ -86,4 +87,4 @@ def check_config(config: Config) -> None:
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
                          f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
     if config.task not in (*DATA, "gsm8k"):
-        raise LmlabError(f"unknown --data '{config.data}'; use walk, classes, arithmetic or gsm8k:PATH")
+        raise LmlabError(f"unknown --data '{config.data}'; use walk, classes, arithmetic, gsm8k or gsm8k:PATH")

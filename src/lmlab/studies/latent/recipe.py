@@ -65,7 +65,7 @@ def load_problems(config: Config) -> dict:
     if config.task == "arithmetic":
         return generate_problems(config.size("n_train"), n_test, n_test, seed=config.seed,
                                  max_steps=config.max_steps_per_problem)
-    splits = split_problems(read_gsm8k_problems(config.data.split(":", 1)[1]), seed=config.seed)
+    splits = split_problems(read_gsm8k_problems(config.data.partition(":")[2] or None), seed=config.seed)
     sizes = {"train": config.size("n_train"), "dev": n_test, "test": n_test}
     out = {k: v[:sizes[k]] for k, v in splits.items()}
     empty = [k for k, v in out.items() if not v]

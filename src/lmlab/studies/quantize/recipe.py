@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import random
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -45,11 +46,16 @@ from lmlab.train import train
 def load_task(name: str, config: Config) -> NLUTask:
     if name.startswith("glue-"):
         glue, _, folder = name[5:].partition(":")
-        if glue not in GLUE or not folder:
-            raise LmlabError(f"use glue-NAME:DIR with NAME one of {', '.join(GLUE)}")
+        if glue not in GLUE:
+            raise LmlabError(f"use glue-NAME (from the hub) or glue-NAME:DIR with NAME one of {', '.join(GLUE)}")
         metric, labels = GLUE[glue][0], GLUE[glue][1]
-        train_rows = read_glue(glue, f"{folder}/train.tsv")
-        dev_rows = read_glue(glue, f"{folder}/dev.tsv" if glue != "mnli" else f"{folder}/dev_matched.tsv")
+        from lmlab.data.hubdata import glue_splits, is_saved_dataset
+
+        if not folder or is_saved_dataset(Path(folder).expanduser()):
+            train_rows, dev_rows = glue_splits(glue, Path(folder).expanduser() if folder else None)
+        else:  # the tsv files as distributed
+            train_rows = read_glue(glue, f"{folder}/train.tsv")
+            dev_rows = read_glue(glue, f"{folder}/dev.tsv" if glue != "mnli" else f"{folder}/dev_matched.tsv")
         random.Random(config.seed).shuffle(train_rows)
         half = len(dev_rows) // 2  # GLUE test labels are hidden: dev is split into our dev and test
         return NLUTask(name, metric, labels, tuple(train_rows[: config.size("n_train")]), tuple(dev_rows[:half]),
