@@ -75,3 +75,107 @@ def test_help_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
     assert "sparse-circuits" in out and "quantize" in out
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """The real entry point (`lmlab ...`): exit code, stdout, stderr."""
+    from lmlab.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("args,message", [
+    (("knockout", "--profile", "huge"), "Invalid value for '--profile': 'huge' is not one of 'quick', 'full'"),
+    (("knockout", "--dtype", "int3"), "Invalid value for '--dtype': 'int3' is not one of 'auto', 'float32'"),
+    (("knockout", "--per-dataset", "many"), "Invalid value for '--per-dataset'"),
+    (("knockout", "--per-dataset", "0"), "bad option --per-dataset: Input should be greater than or equal to 1"),
+    (("knockout", "--device", "tpu"), "bad option --device: 'tpu' is not a device; use auto"),
+    (("knockout", "--no-such-option", "1"), "No such option: --no-such-option"),
+    (("nosuch",), "No such command 'nosuch'"),
+])
+def test_every_bad_value_is_one_line_naming_the_option_and_exit_2(capsys, args, message):
+    code, out, err = run_main(capsys, *args)
+    assert code == 2 and message in err and "Traceback" not in err + out
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_help_shows_types_choices_defaults_and_a_sentence_per_option(capsys, monkeypatch):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_main(capsys, "knockout", "--help")
+    assert code == 0
+    text = re.sub(r"[│╭╮╰╯─]", " ", out)
+    assert "<quick|full>" in text and "<auto|float32|bfloat16|float16>" in text and "<each|span>" in text
+    assert "quick 128, full 1000" in text  # a profile size shows both profiles' values
+    assert "<int>" in text and "<float>" in text and "TEXT,..." in text
+    assert "questions per dataset" in text and "FILE.yaml" in text
+    code, out, _ = run_main(capsys, "sparse-circuits", "--help")
+    assert "--mlps" in out and "--no-mlps" in out
+
+
+def test_every_config_field_has_a_sentence_and_every_profile_key_is_a_field():
+    from lmlab.studies import STUDIES
+    from lmlab.studies.base import load_profiles
+
+    for name, spec in STUDIES.items():
+        fields = spec.config.model_fields
+        missing = [f for f, info in fields.items() if not info.description]
+        assert not missing, f"{name}: fields without a description: {missing}"
+        profiles = load_profiles(spec.config.__module__.rpartition(".")[0])
+        tables = [profiles["quick"], profiles["full"]] + [t for v in profiles.get("variants", {}).values()
+                                                           for t in v.values()]
+        stray = {k for t in tables for k in t} - set(fields)
+        assert not stray, f"{name}: profiles.yaml keys that are no field: {stray}"
+        config = spec.config(model=spec.default_model)
+        for key in profiles["quick"]:  # a field left unset takes the profile's value
+            assert config.size(key) == profiles["quick"][key]
+
+
+def test_a_run_config_yaml_passed_back_gives_the_same_table(tmp_path, capsys):
+    import yaml
+
+    from lmlab.studies import load_result
+
+    base = ("knockout", "--model", "tiny-llama", "--datasets", "geo-capital", "--per-dataset", "6",
+            "--sweep-every", "2")
+    code, _, err = run_main(capsys, *base, "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    (first,) = (tmp_path / "a").glob("knockout-*")
+    code, _, err = run_main(capsys, "knockout", "--config", str(first / "config.yaml"), "--out", str(tmp_path / "b"))
+    assert code == 0, err
+    (second,) = (tmp_path / "b").glob("knockout-*")
+    assert (first / "config.yaml").read_text() == (second / "config.yaml").read_text()
+    a, b = load_result(first), load_result(second)
+    assert set(a.tables) == set(b.tables)
+    for kind in a.tables:
+        assert a.tables[kind].equals(b.tables[kind]), kind
+    # an option on the command line wins over the file
+    code, _, err = run_main(capsys, "knockout", "--config", str(first / "config.yaml"), "--per-dataset", "4",
+                            "--out", str(tmp_path / "c"))
+    assert code == 0, err
+    (third,) = (tmp_path / "c").glob("knockout-*")
+    settings = yaml.safe_load((third / "config.yaml").read_text())
+    assert settings["per_dataset"] == 4 and settings["datasets"] == ["geo-capital"] and settings["sweep_every"] == 2
+
+
+def test_a_bad_config_file_is_one_sentence(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: tiny-llama\nper_datset: 3\n")
+    code, _, err = run_main(capsys, "knockout", "--config", str(bad), "--out", str(tmp_path / "runs"))
+    assert code == 2 and "unknown key 'per_datset' for knockout" in err and len(err.strip().splitlines()) == 1
+    bad.write_text("model: tiny-llama\nper_dataset: 0\n")
+    code, _, err = run_main(capsys, "knockout", "--config", str(bad), "--out", str(tmp_path / "runs"))
+    assert code == 2 and "key 'per_dataset': Input should be greater than or equal to 1" in err
+    bad.write_text("- just\n- a list\n")
+    code, _, err = run_main(capsys, "knockout", "--config", str(bad))
+    assert code == 2 and "expected a mapping" in err
+    code, _, err = run_main(capsys, "knockout", "--config", str(tmp_path / "missing.yaml"))
+    assert code == 2 and "cannot read the config file" in err
+    assert not (tmp_path / "runs").exists()

@@ -205,7 +205,9 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
                           max_position_embeddings=256, tie_word_embeddings=True)
         return dataclasses.replace(embedded_smollm, model=LlamaForCausalLM(cfg).eval(), name="tiny-smol")
 
-    monkeypatch.setattr(s2.recipe, "load_model", tiny_smol)
+    import lmlab.models
+
+    monkeypatch.setattr(lmlab.models, "load_model", tiny_smol)  # what Config.load calls
     config = s2.Config(model="tiny-smol", tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"], n_text=8,
                        n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4)
     whole = run_study(s2.SPEC, config, tmp_path / "a")

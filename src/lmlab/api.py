@@ -7,7 +7,9 @@
     again = lmlab.load_result(result.path)             # the same tables, verdicts and figure, from disk
 
 `model` is a name or a `LoadedModel`; `models=[...]` (names or LoadedModels) runs the study on each into
-one result with a row of panels per model. Other keyword arguments are the study's config fields.
+one result with a row of panels per model. Other keyword arguments are the study's config fields, e.g.
+`device="cuda:1"`, `dtype="bfloat16"`, `per_dataset=64`. `config="run/config.yaml"` (a run's config, or any
+YAML file of settings) starts from that file; keyword arguments override it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,16 @@ def load_model(spec: str, **kwargs) -> LoadedModel:
 
 
 def run(study: str, model: str | LoadedModel | None = None, *, models: Sequence[str | LoadedModel] | None = None,
-        profile: str = "quick", seed: int = 0, out: str | Path = "runs", **overrides: Any) -> StudyResult:
+        profile: str | None = None, seed: int | None = None, out: str | Path = "runs", config: str | Path | None = None,
+        **overrides: Any) -> StudyResult:
     """Run `study` (e.g. "knockout") on `model` (or each of `models`) and return its `StudyResult`."""
+    from lmlab.studies.base import read_config_file
+
     spec = get_study(study)
+    settings = read_config_file(config, spec) if config is not None else {}
+    settings.update({k: v for k, v in (("profile", profile), ("seed", seed)) if v is not None})
+    if model is None and models is None and "model" in settings:
+        model = settings["model"]
     chosen = list(models) if models is not None else [model if model is not None else spec.default_model]
     if not chosen:
         raise LmlabError("models=[] names no model")
@@ -49,8 +58,8 @@ def run(study: str, model: str | LoadedModel | None = None, *, models: Sequence[
         loaded = chosen
     names = ",".join(m.name if isinstance(m, LoadedModel) else str(m) for m in chosen)
     try:
-        config = spec.config(model=names, profile=profile, seed=seed, **overrides)
+        study_config = spec.config(**{**settings, **overrides, "model": names})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise LmlabError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    return run_study(spec, config, out, lm=loaded or None)
+    return run_study(spec, study_config, out, lm=loaded or None)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -150,22 +150,32 @@ def _ratio(row: dict) -> str:
 
 @app.command()
 @friendly
-def reproduce(profile: str = typer.Option("quick", help="quick (CPU minutes) or full"),
+def reproduce(profile: Literal["quick", "full"] = typer.Option("quick", help="quick (CPU minutes) or full (the papers' sizes)"),
               out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
               seed: int = typer.Option(0, help="random seed for every study"),
               only: list[str] = typer.Option(None, help="run only these studies (repeatable)"),
               model: list[str] = typer.Option(None, help="STUDY=MODEL to replace a study's default model"),
-              report: bool = typer.Option(True, help="write OUT/report.html at the end")):
+              report: bool = typer.Option(True, help="write OUT/report.html at the end"),
+              device: str = typer.Option("auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"),
+              dtype: Literal["auto", "float32", "bfloat16", "float16"] = typer.Option(
+                  "auto", help="inference weights (auto: float32 on cpu, bfloat16 on a GPU); training keeps float32 "
+                               "master weights under autocast")):
     """Run every registered study on the embedded defaults, then write the report."""
     from lmlab.reproduce import reproduce as run_all
+    from lmlab.studies import STUDIES
+    from lmlab.studies.base import resolve_device
 
+    if device not in ("auto", "cpu", "mps") and not device.startswith("cuda"):
+        raise LmlabError(f"--device {device} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    resolve_device(device)  # a device the machine lacks fails before any study
     models = {}
     for item in model or []:
         study, _, name = item.partition("=")
         if not name:
             raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
         models[study] = name
-    outcomes = run_all(out_dir, profile, seed, models, only, say=out.print)
+    settings = {name: {"device": device, "dtype": dtype} for name in STUDIES}
+    outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print)
     if report:
         from lmlab.report import build_report
 
@@ -188,53 +198,108 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
 
 
 _registered: set[str] = set()
-_COMMON = ("model", "profile", "seed")
 
 
-def _parse_field(raw: str, field):
-    """CLI text -> a value pydantic accepts: lists are comma-separated, the rest pydantic coerces."""
+def _option_kind(field) -> tuple[object, str | None]:
+    """(type for typer, metavar) of a Config field: a Literal stays (typer shows it as a choice), a list is
+    comma-separated text, Optional[X] is X."""
+    import typing
+
+    import types
+
+    kind = field.annotation
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[X] -> X
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        kind = args[0] if len(args) == 1 else kind
+    if typing.get_origin(kind) is typing.Literal:
+        return kind, None
+    if kind is list or typing.get_origin(kind) is list:
+        item = (typing.get_args(kind) or (str,))[0]
+        return str, {int: "INT,...", float: "FLOAT,...", str: "TEXT,..."}.get(item, "LIST")
+    if kind in (int, float, bool, str):
+        return kind, None
+    return str, None
+
+
+def _shown_default(spec, name: str, field) -> str | bool:
+    """What --help shows as the default: the field's, or the quick/full values from profiles.yaml."""
+    from lmlab.studies.base import load_profiles
+
+    def text(value):
+        if isinstance(value, list):
+            return ",".join(map(str, value))
+        return str(value).lower() if isinstance(value, bool) else str(value)
+
+    if name == "model":
+        return spec.default_model
+    default = field.default_factory() if field.default_factory else field.default
+    if default is not None:
+        return text(default)
+    profiles = load_profiles(spec.config.__module__.rpartition(".")[0])
+    if name in profiles["quick"] or name in profiles["full"]:
+        return f"quick {text(profiles['quick'].get(name, '-'))}, full {text(profiles['full'].get(name, '-'))}"
+    return False
+
+
+def _parse_field(raw, field):
+    """CLI value -> a value pydantic accepts: lists are comma-separated, the rest pydantic coerces."""
     import typing
 
     kinds = [field.annotation, *typing.get_args(field.annotation)]  # list[int] | None counts as a list
     is_list = any(k is list or typing.get_origin(k) is list for k in kinds)
-    return [part.strip() for part in raw.split(",") if part.strip()] if is_list else raw
+    return [part.strip() for part in raw.split(",") if part.strip()] if is_list and isinstance(raw, str) else raw
+
+
+def build_config(spec, given: dict, file: Path | None = None):
+    """The study's Config from a --config file (if any) with the given options over it; a bad value is one
+    sentence naming the option (or the file's key)."""
+    from pydantic import ValidationError
+
+    from lmlab.studies.base import read_config_file
+
+    from_file = read_config_file(file, spec) if file else {}
+    values = {**from_file, **given}
+    values.setdefault("model", spec.default_model)
+    try:
+        return spec.config(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(map(str, first["loc"]))
+        where = f"{file}: key '{name}'" if name in from_file and name not in given else f"option --{name.replace('_', '-')}"
+        raise LmlabError(f"bad {where}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def _study_command(spec):
-    """A typer command whose options are the study's Config fields (every knob is on the command line)."""
+    """A typer command whose options are the study's Config fields, typed, with their sentence and default."""
     import inspect
 
-    from pydantic import ValidationError
+    fields = spec.config.model_fields
 
-    extra = {n: f for n, f in spec.config.model_fields.items() if n not in _COMMON}
-
-    def command(model: str, profile: str, seed: int, out_dir: Path, **values):
-        try:
-            given = {k: _parse_field(v, extra[k]) for k, v in values.items() if v is not None}
-            config = spec.config(model=model, profile=profile, seed=seed, **given)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise LmlabError(f"bad option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}") from None
+    def command(out_dir: Path, config: Optional[Path], **values):
+        given = {k: _parse_field(v, fields[k]) for k, v in values.items() if v is not None}
+        settings = build_config(spec, given, config)
         from lmlab.studies import run_study
 
-        result = run_study(spec, config, out_dir)
+        result = run_study(spec, settings, out_dir)
         out.print(f"{spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
         out.print(f"outputs in {result.path}")
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [
-        inspect.Parameter("model", kw, annotation=str, default=typer.Option(
-            spec.default_model, help="embedded name, hub id, local directory or .gguf file")),
-        inspect.Parameter("profile", kw, annotation=str, default=typer.Option("quick", help="quick (CPU minutes) or full")),
-        inspect.Parameter("seed", kw, annotation=int, default=typer.Option(0, help="the same seed gives the same table")),
-        inspect.Parameter("out_dir", kw, annotation=Path, default=typer.Option(Path("runs"), "--out",
-                                                                               help="root folder of run directories")),
+        inspect.Parameter("out_dir", kw, annotation=Path, default=typer.Option(
+            Path("runs"), "--out", help="root folder of run directories")),
+        inspect.Parameter("config", kw, annotation=Optional[Path], default=typer.Option(
+            None, "--config", metavar="FILE.yaml", show_default=False,
+            help="settings from a YAML file (e.g. a run's config.yaml); options given here override it")),
     ]
-    for name, field in extra.items():
-        default = field.default_factory() if field.default_factory else field.default
-        shown = ",".join(map(str, default)) if isinstance(default, list) else default
-        params.append(inspect.Parameter(name, kw, annotation=Optional[str], default=typer.Option(
-            None, f"--{name.replace('_', '-')}", help=f"{field.description or name} (default: {shown})")))
+    for name, field in fields.items():
+        kind, metavar = _option_kind(field)
+        flag = f"--{name.replace('_', '-')}"
+        decls = [f"{flag}/--no-{flag[2:]}"] if kind is bool else [flag]
+        extra = {"metavar": metavar} if metavar else {}
+        params.append(inspect.Parameter(name, kw, annotation=Optional[kind], default=typer.Option(
+            None, *decls, help=field.description or name.replace("_", " "),
+            show_default=_shown_default(spec, name, field), **extra)))
     command.__signature__ = inspect.Signature(params)
     command.__doc__ = f"{spec.title} ({spec.paper})"
     return command
@@ -251,9 +316,33 @@ def _register_study_commands() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line. A bad option or value is one line (`error: ...`) and exit code 2, as every other error."""
+    try:  # typer >= 0.2x carries its own copy of click
+        from typer._click import exceptions as click_errors
+    except ImportError:
+        from click import exceptions as click_errors
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _register_study_commands()
-    app(args=argv if argv is not None else sys.argv[1:], prog_name="lmlab")
+    args = list(argv if argv is not None else sys.argv[1:]) or ["--help"]
+    try:
+        code = typer.main.get_command(app).main(args=args, prog_name="lmlab", standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        out.print(exc.ctx.get_help() if exc.ctx else str(exc), highlight=False)
+        code = 0
+    except click_errors.UsageError as exc:
+        hint = f" (see lmlab {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else " (see lmlab --help)"
+        message = exc.format_message().replace("Value error, ", "").replace("\n", " ")
+        err.print(f"[bold red]error:[/] {message}{hint}", highlight=False)
+        code = 2
+    except typer.Abort:
+        err.print("interrupted")
+        code = 130
+    except click_errors.ClickException as exc:
+        err.print(f"[bold red]error:[/] {exc.format_message()}", highlight=False)
+        code = exc.exit_code
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

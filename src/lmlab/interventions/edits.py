@@ -204,7 +204,7 @@ class SparseAttention(Intervention):
         self.reset()
 
     def reset(self) -> None:
-        self.expected_edges = torch.zeros(())
+        self.expected_edges = torch.zeros((), device="cpu")  # moves to the scores' device on the first call
         self.kept_edges = 0.0
         self.fallback_edges = 0.0
         self.queries = 0.0
@@ -241,7 +241,7 @@ class SparseAttention(Intervention):
         rows = keys > 0
         empty = (gate.detach().sum(-1) == 0) & rows
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
-        diag[torch.arange(ctx.q_len), ctx.query_positions] = 1.0
+        diag[torch.arange(ctx.q_len, device=gate.device), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
         self.fallback_edges += float(empty.sum())
         self.queries += float(rows.sum())

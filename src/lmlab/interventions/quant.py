@@ -20,6 +20,7 @@ fake-quantized weights.
 
 from __future__ import annotations
 
+import math
 import json
 from pathlib import Path
 
@@ -147,14 +148,14 @@ def _pack_codes(codes: torch.Tensor, per_byte: int) -> torch.Tensor:
     width = 8 // per_byte
     flat = codes.flatten().to(torch.uint8)
     pad = (-len(flat)) % per_byte
-    flat = torch.cat([flat, torch.zeros(pad, dtype=torch.uint8)]).view(-1, per_byte)
-    shifts = torch.arange(per_byte, dtype=torch.uint8) * width
+    flat = torch.cat([flat, torch.zeros(pad, dtype=torch.uint8, device=flat.device)]).view(-1, per_byte)
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=flat.device) * width
     return (flat << shifts).sum(-1).to(torch.uint8)
 
 
 def _unpack_codes(packed: torch.Tensor, per_byte: int, numel: int) -> torch.Tensor:
     width = 8 // per_byte
-    shifts = torch.arange(per_byte, dtype=torch.uint8) * width
+    shifts = torch.arange(per_byte, dtype=torch.uint8, device=packed.device) * width
     mask = (1 << width) - 1
     return ((packed[:, None] >> shifts) & mask).flatten()[:numel]
 
@@ -206,7 +207,7 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
             # a tied output layer computed with the latent embeddings in training: it keeps them, untied
             head.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
         shape = meta["shapes"][name]
-        numel = int(torch.tensor(shape).prod())
+        numel = math.prod(shape)
         codes = _unpack_codes(tensors[f"{name}.codes"], 8 if bits == 1 else 4, numel).float()
         values = (codes * 2 - 1) if bits == 1 else (codes - 1)
         alpha = tensors[f"{name}.scale"]

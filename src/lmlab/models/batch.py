@@ -17,12 +17,13 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: str = "
     if not sequences:
         raise LmlabError("no sequences were given")
     width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), -100, dtype=torch.long) if label_from is not None else None
+    host = torch.device("cpu")  # assembled row by row on the host, then moved in one copy per tensor
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=host)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long, device=host)
+    labels = torch.full((len(sequences), width), -100, dtype=torch.long, device=host) if label_from is not None else None
     for i, seq in enumerate(sequences):
         start = width - len(seq) if side == "left" else 0
-        ids[i, start:start + len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        ids[i, start:start + len(seq)] = torch.as_tensor(list(seq), dtype=torch.long, device=host)
         mask[i, start:start + len(seq)] = 1
         if labels is not None:
             skip = label_from[i]

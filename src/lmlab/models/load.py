@@ -66,7 +66,8 @@ class LoadedModel:
         if not batch:
             raise LmlabError("no prompts were given")
         self.tokenizer.padding_side = padding_side
-        enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
+        with torch.device("cpu"):  # tokenized on the host, then moved to the model's device
+            enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens)
         check_context(self, enc["input_ids"].shape[1])
         if position_ids and padding_side == "left" and self.layout.causal:
             enc["position_ids"] = (enc["attention_mask"].cumsum(-1) - 1).clamp_min(0)
@@ -185,6 +186,12 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
     """Load `spec` (see module doc). `head`: None (the family's natural head), 'base' or 'classifier'.
     `spec="scratch"` builds a from-scratch Llama stack from `scratch` (a `ScratchSpec`), with `tokenizer`
     (any object with the ids the caller needs, e.g. a word-level vocabulary) attached as is."""
+    with torch.device("cpu"):  # weights are built (or read) on the CPU, whatever the default device, then moved
+        return _load_model(spec, dtype=dtype, device=device, head=head, num_labels=num_labels,
+                           trust_remote_code=trust_remote_code, seed=seed, scratch=scratch, tokenizer=tokenizer)
+
+
+def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code, seed, scratch, tokenizer):
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
                                                                           else "cpu")

@@ -1,7 +1,9 @@
 """The shape every study shares, and the registry the CLI and the API read.
 
 A study is a package `studies/NAME/` with the same few files:
-    config.py     class Config(StudyConfig): every knob with its default; PROFILES (quick|full)
+    config.py     class Config(StudyConfig): every knob with its default and a sentence
+    profiles.yaml the quick and full sizes (and variants, e.g. S0's pretrained model): a field left unset
+                  (None) takes its value there, through the one resolver `StudyConfig.size`
     recipe.py     run(config, run_dir, lm=None) -> DataFrame: the run as a short sequence of named phases
                   (resumable via run_dir.done/record); rows carry a `kind` that names their table
     measure.py    (and similar) the measurements that drive the model, through lmlab.interventions only
@@ -12,11 +14,12 @@ seeds, resume, tables/figure/verdict files, manifest, several models per result.
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lmlab.errors import LmlabError
 
@@ -26,12 +29,81 @@ if TYPE_CHECKING:  # numpy, pandas and torch load on first use, so the CLI start
 Status = Literal["reproduced", "not reproduced", "inconclusive"]
 
 
+DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"
+
+
+@functools.lru_cache(maxsize=None)
+def load_profiles(package: str) -> dict:
+    """The `profiles.yaml` of a study package: {quick: {...}, full: {...}, variants: {NAME: {quick, full}}}."""
+    from importlib import resources
+
+    import yaml
+
+    return yaml.safe_load(resources.files(package).joinpath("profiles.yaml").read_text(encoding="utf-8"))
+
+
 class StudyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    model: str
-    profile: Literal["quick", "full"] = "quick"
-    seed: int = 0
+    model: str = Field(description="embedded name, hub id, local directory or .gguf file")
+    profile: Literal["quick", "full"] = Field("quick", description="quick (CPU minutes) or full (the paper's sizes)")
+    seed: int = Field(0, description="the same seed gives the same table")
+    device: str = Field("auto", description=DEVICE_HELP)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights for inference (auto: float32 on cpu, bfloat16 on a GPU); a study that trains "
+                            "keeps float32 master weights and trains under autocast in this dtype")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+            raise ValueError(f"'{value}' is not a device; use {DEVICE_HELP}")
+        return value
+
+    # --- where and in what precision the study runs
+    def torch_device(self) -> str:
+        """The device to run on (auto resolved); a device this machine lacks is one sentence."""
+        return resolve_device(self.device)
+
+    def load(self, spec: str | None = None, *, train: bool = False, **kwargs):
+        """`load_model(spec or self.model)` on this config's device. `train`: float32 master weights (the
+        training loop runs the forward pass under autocast in `dtype`, see `mixed_precision`); otherwise the
+        weights are in `dtype` (auto: float32 on cpu, bfloat16 on a GPU)."""
+        import torch
+
+        from lmlab.models import load_model
+
+        dtype = torch.float32 if train else (None if self.dtype == "auto" else getattr(torch, self.dtype))
+        return load_model(spec or self.model, device=self.torch_device(), dtype=dtype, **kwargs)
+
+    def train_settings(self) -> dict:
+        """TrainConfig fields for this config: autocast precision (auto: bf16 on a GPU, none on cpu; float32:
+        none) and whether the loop runs on the CPU."""
+        device = self.torch_device()
+        precision = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype)
+        if precision is None:  # auto
+            precision = "bf16" if device.startswith("cuda") else "no"
+        return {"mixed_precision": precision, "cpu": device == "cpu"}
+
+    # --- sizes: one resolver for every study
+    def variants(self) -> list[str]:
+        """Names of the profiles.yaml variants that apply to this config, most specific first (none here)."""
+        return []
+
+    def size(self, name: str, variant: str | None = None):
+        """The field's value; if unset (None), the first of: `variant`'s table, this config's variants' tables,
+        the profile's table; the field's own None if no table names it."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        profiles = load_profiles(type(self).__module__.rpartition(".")[0])
+        names = ([variant] if variant else []) + self.variants()
+        for table in [profiles["variants"][v][self.profile] for v in names] + [profiles[self.profile]]:
+            if name in table:
+                return table[name]
+        return None
 
 
 class Verdict(BaseModel):
@@ -63,6 +135,26 @@ class StudySpec:
 STUDIES: dict[str, StudySpec] = {}
 
 
+def resolve_device(spec: str) -> str:
+    """auto -> cuda, then mps, then cpu; a device this machine does not have is one sentence."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if spec == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise LmlabError(f"--device {spec}: this machine has no CUDA device that torch can use; use --device cpu "
+                             f"or auto")
+        index = int(spec.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise LmlabError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"numbered from 0")
+    if spec == "mps" and not mps:
+        raise LmlabError("--device mps: this machine has no MPS device; use --device cpu or auto")
+    return spec
+
+
 def register(spec: StudySpec) -> StudySpec:
     STUDIES[spec.name] = spec
     return spec
@@ -74,6 +166,32 @@ def get_study(name: str) -> StudySpec:
     except KeyError:
         known = ", ".join(sorted(STUDIES)) or "(none yet)"
         raise LmlabError(f"unknown study '{name}'; registered studies: {known}") from None
+
+
+def read_config_file(path, spec: StudySpec) -> dict:
+    """The settings of a --config YAML file (a run's config.yaml, or one written by hand); a bad file or an
+    unknown key is one sentence."""
+    from pathlib import Path
+
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LmlabError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise LmlabError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML "
+                         f"({getattr(exc, 'problem', None) or exc})") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise LmlabError(f"{path}: expected a mapping of setting: value, found {type(data).__name__}")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = [k for k in data if k not in spec.config.model_fields]
+    if unknown:
+        raise LmlabError(f"{path}: unknown key '{unknown[0]}' for {spec.name}; known: "
+                         f"{', '.join(spec.config.model_fields)}")
+    return data
 
 
 def seed_everything(seed: int) -> None:

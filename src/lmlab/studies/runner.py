@@ -36,6 +36,7 @@ def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs",
               lm: LoadedModel | Sequence[LoadedModel] | None = None) -> StudyResult:
     """Run (or finish, or just re-read) `spec` with `config` on its model(s); every artefact lands in a run folder."""
     lms = list(lm) if isinstance(lm, (list, tuple)) else ([lm] if lm is not None else [])
+    config.torch_device()  # a device this machine lacks fails here, before any folder or model
     names = [m.name for m in lms] if lms else model_names(config.model)
     if lms and len({m.name for m in lms}) != len(lms):
         raise LmlabError("two models passed in share a name; give each LoadedModel its own .name")

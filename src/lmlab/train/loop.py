@@ -79,7 +79,8 @@ def batch_indices(n_examples: int, step: int, micro: int, config: TrainConfig) -
     out: list[int] = []
     while len(out) < config.batch_size:
         epoch, offset = divmod(flat + len(out), n_examples)
-        perm = torch.randperm(n_examples, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch))
+        perm = torch.randperm(n_examples, generator=torch.Generator().manual_seed(config.seed * 100_003 + epoch),
+                              device="cpu")
         take = min(config.batch_size - len(out), n_examples - offset)
         out.extend(perm[offset:offset + take].tolist())
     return out
@@ -160,6 +161,7 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
 
     out_dir = Path(out_dir)
     cpu = (not torch.cuda.is_available()) if config.cpu is None else config.cpu
+    _fresh_precision(config.mixed_precision, cpu)
     acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
     n_proc = acc.num_processes
     if config.batch_size % n_proc:
@@ -233,6 +235,18 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     model = acc.unwrap_model(model)
     model.eval()
     return result
+
+
+def _fresh_precision(mixed_precision: str, cpu: bool) -> None:
+    """accelerate keeps one process-wide state and refuses an Accelerator with another precision or device; a
+    second study in the same process (a notebook, `lmlab reproduce`) may ask for one. The precision and the
+    device are per-run settings, so the state is cleared before such a run (the distributed setup is kept)."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if shared and (str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision
+                   or (shared.get("device") is not None and (shared["device"].type == "cpu") != cpu)):
+        AcceleratorState._reset_state()
 
 
 def _to(batch, device):

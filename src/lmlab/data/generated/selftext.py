@@ -30,9 +30,9 @@ def sample_text(lm, n: int, new_tokens: int = 48, seed: int = 0, batch_size: int
     pad = lm.tokenizer.pad_token_id
     for start in range(0, n, batch_size):
         k = min(batch_size, n - start)
-        openers = [OPENERS[int(i)] for i in torch.randint(len(OPENERS), (k,), generator=gen)]
+        openers = [OPENERS[int(i)] for i in torch.randint(len(OPENERS), (k,), generator=gen, device="cpu")]
         enc = lm.encode(openers, position_ids=False)
-        torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=gen)))
+        torch.manual_seed(int(torch.randint(2**31 - 1, (1,), generator=gen, device="cpu")))
         ids = lm.model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                 max_new_tokens=new_tokens, pad_token_id=pad,
                                 **({"min_new_tokens": new_tokens} if exact else {}))

@@ -143,10 +143,10 @@ def _answer_row(lm, job: Job, item: MathItem, out: list[int], sample: int, budge
 def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:
     """pattern (heads, T, T) -> (heads, len(keep) - 1): for each kept key j (sink = keep[0] excluded), the
     mean over kept queries i > j of A[i, j]."""
-    idx = torch.tensor(keep)
+    idx = torch.tensor(keep, device=pattern.device)
     a = pattern[:, idx][:, :, idx]
     n = len(keep)
-    later = torch.tril(torch.ones(n, n, dtype=torch.bool), diagonal=-1)  # query i > key j
+    later = torch.tril(torch.ones(n, n, dtype=torch.bool, device=pattern.device), diagonal=-1)  # query i > key j
     sums = (a * later).sum(1)
     counts = later.sum(0).clamp_min(1)
     return (sums / counts)[:, 1:]

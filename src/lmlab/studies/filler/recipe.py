@@ -27,7 +27,7 @@ import pandas as pd
 
 from lmlab.data.math import MathItem, read_math_file, split_arithmetic
 from lmlab.errors import LmlabError
-from lmlab.models import LoadedModel, load_model
+from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.filler.config import Config
 from lmlab.studies.filler.measure import FILLERS, Job, build_ids, evaluate, evaluate_many, profile_and_mechanism_rows
@@ -59,7 +59,7 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
-    lm = lm or load_model(config.model)
+    lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
     dev, test = load_problems(config)

@@ -41,7 +41,7 @@ from lmlab.data.qa import QAItem
 from lmlab.data.scoring import alias_match
 from lmlab.errors import LmlabError
 from lmlab.generation import greedy_answers, last_token_features
-from lmlab.models import LoadedModel, load_model
+from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config
 from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers
@@ -49,7 +49,7 @@ from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, grou
 
 
 def load_items(config: Config) -> list[QAItem]:
-    n = config.sizes()["per_dataset"]
+    n = config.size("per_dataset")
     items: list[QAItem] = []
     for entry in config.datasets:
         kind, _, path = entry.partition(":")
@@ -141,7 +141,7 @@ def _knockout_rows(item, probe_set, res, probes, layers) -> list[dict]:
 def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
     """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes."""
     bests = {f["best"] for f in fitted.values()}
-    layers = sorted(set(sweep_layers(lm.layout.n_layers, config.sizes()["sweep_every"], 0)) | bests)
+    layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
     done = run_dir.done("knockout")
     rng = random.Random(config.seed)
     ko_rows: list[dict] = []
@@ -168,7 +168,7 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
-    lm = lm or load_model(config.model)
+    lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
     items = load_items(config)

@@ -309,7 +309,7 @@ class Quantizer(nn.Module):
         if len(dead) == 0:
             return 0
         flat = z.reshape(-1, z.shape[-1])
-        pick = flat[torch.randint(len(flat), (len(dead),))]
+        pick = flat[torch.randint(len(flat), (len(dead),), device=flat.device)]
         self.codebook.weight[dead] = pick + 0.01 * torch.randn_like(pick)
         self.usage[dead] = 1.0
         return len(dead)

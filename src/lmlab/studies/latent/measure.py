@@ -27,7 +27,7 @@ def lm_loss(model, batch):
 def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) -> TrainConfig:
     return TrainConfig(steps=steps, batch_size=config.size("batch_size"), lr=lr or config.size("lr"), weight_decay=0.1,
                        warmup_steps=max(1, steps // 20), schedule="cosine", checkpoint_every=max(50, steps // 4),
-                       seed=config.seed, description=desc)
+                       seed=config.seed, description=desc, **config.train_settings())
 
 
 def padded(ids: list[int], chunk: int, pad: int) -> list[int]:
@@ -57,15 +57,16 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
     """Train the VQ-VAE for `rate` on chunks of the training sequences (resumable)."""
     chunks = vq_chunks(examples, config.chunk, vocab.pad)
     torch.manual_seed(config.seed + rate)
-    vq = L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
-                      max_prompt=max(len(p) for p, _, _ in chunks) + 8, pad_id=vocab.pad,
-                      max_offset=max_offset(examples) + 64)
+    with torch.device(config.torch_device()):  # built where it trains and runs
+        vq = L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
+                          max_prompt=max(len(p) for p, _, _ in chunks) + 8, pad_id=vocab.pad,
+                          max_offset=max_offset(examples) + 64)
     pad = vocab.pad
 
     def collate(items):
         prompt, mask = L.pad_left([p for p, _, _ in items], pad)
-        return {"prompt": prompt, "mask": mask, "chunk": torch.tensor([c for _, c, _ in items]),
-                "offset": torch.tensor([o for _, _, o in items])}
+        return {"prompt": prompt, "mask": mask, "chunk": torch.tensor([c for _, c, _ in items], device="cpu"),
+                "offset": torch.tensor([o for _, _, o in items], device="cpu")}  # the loop moves batches
 
     state = {}
 
@@ -89,10 +90,15 @@ def chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
     segs = L.segments(ex, chunk)
     if not segs:
         return []
-    prompt, mask = L.pad_left([ex.prompt] * len(segs), vocab.pad)
-    ids = torch.tensor([padded(ex.chain[a:b], chunk, vocab.pad) for a, b in segs])
-    offset = torch.tensor([len(ex.prompt) + a for a, _ in segs])
+    device = _device(vq)
+    prompt, mask = (t.to(device) for t in L.pad_left([ex.prompt] * len(segs), vocab.pad))
+    ids = torch.tensor([padded(ex.chain[a:b], chunk, vocab.pad) for a, b in segs], device=device)
+    offset = torch.tensor([len(ex.prompt) + a for a, _ in segs], device=device)
     return vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
+
+
+def _device(module) -> torch.device:
+    return next(module.parameters()).device
 
 
 def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[list[int], int]:
@@ -145,13 +151,14 @@ def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks)
             offsets.append(len(ex.prompt) + a)
             ids.append(padded(ex.chain[a:b], config.chunk, vocab.pad))
             hot.append(padded([int(x) for x in ex.computed[a:b]], config.chunk, -1))
+    device = _device(vq)
     if ids:
-        prompt, mask = L.pad_left(prompts, vocab.pad)
-        ids_t = torch.tensor(ids)
-        rec = vq.reconstruct(prompt, mask, ids_t, torch.tensor(offsets))
+        prompt, mask = (t.to(device) for t in L.pad_left(prompts, vocab.pad))
+        ids_t = torch.tensor(ids, device=device)
+        rec = vq.reconstruct(prompt, mask, ids_t, torch.tensor(offsets, device=device))
         real = ids_t != vocab.pad
         same = (rec == ids_t) & real
-        kind = torch.tensor(hot)
+        kind = torch.tensor(hot, device=device)
         out["vq_dev_token_acc"] = float(same.sum() / real.sum())
         for name, flag in (("computed", 1), ("copied", 0)):
             sel = kind == flag
@@ -159,7 +166,8 @@ def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks)
         out["vq_dev_chunk_exact"] = float((same | ~real).all(1).float().mean())
     sample = train_chunks[:2000]
     if sample:
-        prompt, mask = L.pad_left([p for p, _, _ in sample], vocab.pad)
-        used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample]), torch.tensor([o for _, _, o in sample]))
+        prompt, mask = (t.to(device) for t in L.pad_left([p for p, _, _ in sample], vocab.pad))
+        used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample], device=device),
+                        torch.tensor([o for _, _, o in sample], device=device))
         out["codebook_used"] = int(used.unique().numel())
     return out

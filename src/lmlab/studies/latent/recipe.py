@@ -78,7 +78,7 @@ def _pretrained(config: Config, lm: LoadedModel | None = None):
     """(model, vocab) for the pretrained option: the tokenizer grown by the markers and codes, the
     embeddings resized to match (models.resize_vocabulary)."""
     # the vocabulary grows: a model passed in is copied, never resized in place
-    lm = copy.deepcopy(lm) if lm is not None else load_model(config.model, dtype=torch.float32)
+    lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     vocab = L.TokenizerVocab(lm.tokenizer, config.codebook)
     resize_vocabulary(lm.model, len(vocab))
     return lm.model, vocab
@@ -110,7 +110,7 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
     max_new = config.max_new or max(len(ex.chain) + len(ex.answer) for ex in train_ex) + 16
     longest = max(len(ex.prompt) for ex in train_ex + test_ex + dev_ex) + max_new
     if config.model not in PRETRAINED:
-        base = load_model("scratch", dtype=torch.float32, device="cpu", scratch=ScratchSpec(
+        base = load_model("scratch", dtype=torch.float32, device=config.torch_device(), scratch=ScratchSpec(
             vocab_size=len(vocab), d_model=config.size("d_model"), n_layers=config.size("n_layers"), n_heads=4,
             max_positions=max(256, longest + 64), bos=vocab.bos, eos=vocab.eos, pad=vocab.pad, seed=config.seed)).model
         base.train()  # as built: the training loop decides the mode

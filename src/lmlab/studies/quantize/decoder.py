@@ -39,17 +39,9 @@ from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
 
-DECODER_PROFILES = {
-    "quick": dict(n_text=96, n_eval_text=32, text_tokens=40, n_prompts=48, epochs_a=1, budgets=["A"], batch_size=8,
-                  student_lr=2e-4),
-    "full": dict(n_text=4000, n_eval_text=256, text_tokens=128, n_prompts=200, epochs_a=3, budgets=["A", "B", "C"],
-                 batch_size=16, student_lr=2e-4),
-}
-
-
 def _size(config, name: str):
-    value = getattr(config, name, None) if name in config.model_fields_set else None
-    return DECODER_PROFILES[config.profile][name] if value is None else value
+    """A size for the decoder option: the field, else profiles.yaml's `decoder` variant, else the profile."""
+    return config.size(name, "decoder")
 
 
 def _texts(lm, config, run_dir: RunDir) -> dict:
@@ -68,8 +60,9 @@ def _texts(lm, config, run_dir: RunDir) -> dict:
     return data
 
 
-def _batch(seqs) -> dict:
-    ids = torch.tensor(seqs, dtype=torch.long)
+def _batch(seqs, device="cpu") -> dict:
+    """Equal-length sequences as a batch on `device` (cpu for the training loop, which moves batches itself)."""
+    ids = torch.tensor(seqs, dtype=torch.long, device=device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
@@ -77,7 +70,8 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
     model.eval()
     view = dataclasses.replace(lm, model=model)
     with torch.no_grad():
-        per_seq, _ = causal_lm_ce(model, (_batch(eval_text[i:i + batch_size])
+        device = next(model.parameters()).device
+        per_seq, _ = causal_lm_ce(model, (_batch(eval_text[i:i + batch_size], device)
                                           for i in range(0, len(eval_text), batch_size)))
         correct = {t.name: metric_values(view, t, batch_size=16) > 0 for t in tasks}
     return {"ce": float(np.mean(per_seq)), "perplexity": float(math.exp(np.mean(per_seq)))}, \
@@ -92,7 +86,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
         names = list(config.tasks)
     else:
         names = list(CIRCUIT_TASKS)
-    budgets = config.budgets or _size(config, "budgets")
+    budgets = _size(config, "budgets")
     bad = [b for b in budgets if b not in MULTIPLIER]
     if bad:
         raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
@@ -119,7 +113,8 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                 quantize_model(model, bits)
                 steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
                 tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
-                                 warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD")
+                                 warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD",
+                                 **config.train_settings())
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
                 work = run_dir.path / "work" / key
                 train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)

@@ -25,10 +25,11 @@ def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = Fa
     def collate(examples):
         a = [e.text_a for e in examples]
         b = [e.text_b for e in examples] if examples[0].text_b is not None else None
-        enc = tokenizer(a, b, padding="max_length" if pad_to_max else True, truncation=True, max_length=max_length,
-                        return_tensors="pt")
+        with torch.device("cpu"):  # tokenized on the host; the loop and `predict` move batches to the model
+            enc = tokenizer(a, b, padding="max_length" if pad_to_max else True, truncation=True,
+                            max_length=max_length, return_tensors="pt")
         dtype = torch.float if task.num_labels == 1 else torch.long
-        enc["labels"] = torch.tensor([e.label for e in examples], dtype=dtype)
+        enc["labels"] = torch.tensor([e.label for e in examples], dtype=dtype, device="cpu")
         return dict(enc)
     return collate
 
@@ -36,13 +37,15 @@ def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = Fa
 @torch.no_grad()
 def predict(model, collate, examples, batch_size: int = 64) -> np.ndarray:
     model.eval()
+    device = next(model.parameters()).device
     out = []
     for start in range(0, len(examples), batch_size):
         batch = collate(list(examples[start:start + batch_size]))
         batch.pop("labels")
+        batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(**batch).logits
         out.append(logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1))
-    return torch.cat(out).float().numpy()
+    return torch.cat(out).float().cpu().numpy()
 
 
 def seed_unit(seed: int, task: str, unit: str) -> None:
@@ -51,10 +54,10 @@ def seed_unit(seed: int, task: str, unit: str) -> None:
 
 
 def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weight_decay: float = 0.0) -> TrainConfig:
-    per_epoch = max(1, n // config.batch_size)
-    return TrainConfig(steps=epochs * per_epoch, batch_size=config.batch_size, lr=lr, schedule="linear",
+    per_epoch = max(1, n // config.size("batch_size"))
+    return TrainConfig(steps=epochs * per_epoch, batch_size=config.size("batch_size"), lr=lr, schedule="linear",
                        warmup_steps=per_epoch, seed=config.seed, weight_decay=weight_decay, description=desc,
-                       checkpoint_every=per_epoch)
+                       checkpoint_every=per_epoch, **config.train_settings())
 
 
 class _BestDev:

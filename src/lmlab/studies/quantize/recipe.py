@@ -29,13 +29,12 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from lmlab.data.formats import GLUE, read_glue
 from lmlab.data.generated.nlu import NLUTask, generate_task
 from lmlab.errors import LmlabError
 from lmlab.interventions.quant import check_bits
-from lmlab.models import LoadedModel, classifier_from, load_model
+from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.studies.quantize.decoder import run_decoder
@@ -71,19 +70,19 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if bad:
         raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
     # a model passed in is copied wherever the recipe changes it (the teacher is cast and frozen)
-    probe = copy.deepcopy(lm) if lm is not None else load_model(config.model, dtype=torch.float32)
+    probe = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     if probe.layout.causal:  # the decoder option: KD on self-sampled text, perplexity and circuit-task accuracy
         return run_decoder(config, run_dir, probe)
     del probe
     tasks = [load_task(name, config) for name in config.size("tasks")]
-    base = lm or load_model(config.model, head="classifier", num_labels=2)
+    base = lm or config.load(train=True, head="classifier", num_labels=2)
     rows: list[dict] = []
     done = run_dir.done("results")
     for task in tasks:
         collate = collate_for(base.tokenizer, task, config.max_length)
         teacher_dir = run_dir.path / "teachers" / task.name
         teacher = (classifier_from(lm, task.num_labels, config.seed) if lm is not None else
-                   load_model(config.model, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
+                   config.load(train=True, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
         if (teacher_dir / "model.safetensors").exists():
             teacher = type(teacher).from_pretrained(teacher_dir).eval()
         else:

@@ -80,7 +80,7 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
     layout = lm.layout
     z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
     mlps = _has_mlps(z_corr)
-    total = torch.zeros(layout.n_layers, layout.n_heads + int(mlps), dtype=torch.float64)
+    total = torch.zeros(layout.n_layers, layout.n_heads + int(mlps), dtype=torch.float64, device="cpu")  # on the host
     points = ("z", "mlp_out") if mlps else ("z",)
     for prompts, ref in zip(_batches(task, batch_size), z_corr):
         with torch.enable_grad(), intervene(lm, Capture(*points, grad=True)) as cap:

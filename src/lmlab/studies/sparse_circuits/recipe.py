@@ -56,7 +56,7 @@ from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce_edges
 from lmlab.files import atomic_write
 from lmlab.interventions import SparseAttention, intervene
-from lmlab.models import LoadedModel, load_model, save_model
+from lmlab.models import LoadedModel, save_model
 from lmlab.runs import RunDir
 from lmlab.stats import bootstrap
 from lmlab.studies.result import split_tables
@@ -113,7 +113,8 @@ def _post_train(lm, config: Config, run_dir: RunDir):
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(steps, config.slack)
     tc = TrainConfig(steps=steps, batch_size=config.size("sparse_batch"), lr=config.sparse_lr,
                      schedule="constant", warmup_steps=0, checkpoint_every=5, seed=config.seed,
-                     lr_scale=qk_scale(config.qk_lr_scale), description="sparse post-training")
+                     lr_scale=qk_scale(config.qk_lr_scale), description="sparse post-training",
+                     **config.train_settings())
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
                             run_dir.path / "sparse_train", rate=rate, initial_multiplier=config.geco_initial)
     save_model(lm, folder, sparse_attention=True)
@@ -146,10 +147,11 @@ def _toy(config: Config, run_dir: RunDir) -> None:
     if run_dir.done("toy"):
         return
     data = toy.addition_data(seed=config.seed)
-    model = toy.build_toy(seed=config.seed, d_model=config.size("toy_width")).model
+    model = toy.build_toy(seed=config.seed, d_model=config.size("toy_width"), device=config.torch_device()).model
     steps = config.size("toy_steps")
     tc = TrainConfig(steps=steps, batch_size=128, lr=3e-3, weight_decay=0.1, warmup_steps=steps // 20,
-                     schedule="cosine", checkpoint_every=200, seed=config.seed, description="toy: addition")
+                     schedule="cosine", checkpoint_every=200, seed=config.seed, description="toy: addition",
+                     **config.train_settings())
     train(model, data.train, toy.collate, toy.answer_loss, tc, run_dir.path / "toy_dense")
     dense = toy.evaluate(model, data.test)
     dense_train = toy.evaluate(model, data.train[:2000])
@@ -158,7 +160,8 @@ def _toy(config: Config, run_dir: RunDir) -> None:
     sparse_steps = config.size("toy_sparse_steps")
     tau = dense_train["ce"] + config.toy_slack
     tc = TrainConfig(steps=sparse_steps, batch_size=128, lr=1e-3, schedule="constant", checkpoint_every=100,
-                     seed=config.seed, lr_scale=qk_scale(config.qk_lr_scale), description="toy: sparse post-training")
+                     seed=config.seed, lr_scale=qk_scale(config.qk_lr_scale), description="toy: sparse post-training",
+                     **config.train_settings())
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(sparse_steps, config.toy_slack)
     out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, tau, tc, run_dir.path / "toy_sparse",
                             rate=rate, initial_multiplier=config.geco_initial)
@@ -184,7 +187,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if name not in TASKS:
             raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
     # post-training changes the weights: a model passed in is copied, never trained in place
-    lm = copy.deepcopy(lm) if lm is not None else load_model(config.model)
+    lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; sparse-circuits needs one")
     for name in config.tasks:  # fail fast on answer tokens the tokenizer splits
@@ -198,7 +201,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
     folder, info = _post_train(lm, config, run_dir)
     del lm
-    sparse_lm = load_model(str(folder))  # through load_model: the deterministic gate comes back with it
+    sparse_lm = config.load(str(folder), train=True)  # through load_model: the deterministic gate comes back with it
     if not sparse_lm.meta.get("sparse_attention"):
         raise LmlabError(f"{folder} did not load back as a sparse-attention model")
     if not run_dir.done("sparsity"):

@@ -63,20 +63,25 @@ def addition_data(n_test: int = 1000, seed: int = 0, repeats: int = 4) -> Additi
     return AdditionData(train=train, test=test)
 
 
-def build_toy(seed: int = 0, d_model: int = 128, n_layers: int = 4, n_heads: int = 4):
+def build_toy(seed: int = 0, d_model: int = 128, n_layers: int = 4, n_heads: int = 4, device: str = "cpu"):
     """The toy as a `LoadedModel` (through `load_model("scratch")`), fp32 for training."""
     from lmlab.models import ScratchSpec, load_model
 
     spec = ScratchSpec(vocab_size=len(VOCAB), d_model=d_model, n_layers=n_layers, n_heads=n_heads, max_positions=64,
                        bos=BOS, eos=PAD, pad=PAD, tie_embeddings=False, seed=seed)
-    return load_model("scratch", scratch=spec, dtype=torch.float32, device="cpu")
+    return load_model("scratch", scratch=spec, dtype=torch.float32, device=device)
 
 
 def collate(seqs: list[list[int]]) -> dict:
-    ids = torch.tensor(seqs, dtype=torch.long)
+    ids = torch.tensor(seqs, dtype=torch.long, device="cpu")  # the training loop moves batches to its device
     labels = torch.full_like(ids, -100)
     labels[:, ANSWER_POS] = ids[:, ANSWER_POS]
     return {"input_ids": ids, "labels": labels}
+
+
+def _device(model) -> torch.device:
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 def answer_loss(model, batch) -> torch.Tensor:
@@ -88,9 +93,10 @@ def evaluate(model, seqs: list[list[int]], batch_size: int = 500) -> dict:
     """Exact match per problem (all three answer digits right) and the answer cross-entropy."""
     model.eval()
     correct, ce, n = 0, 0.0, 0
-    pos = torch.tensor(ANSWER_POS)
+    device = _device(model)
+    pos = torch.tensor(ANSWER_POS, device=device)
     for start in range(0, len(seqs), batch_size):
-        batch = collate(seqs[start:start + batch_size])
+        batch = {k: v.to(device) for k, v in collate(seqs[start:start + batch_size]).items()}
         out = model(input_ids=batch["input_ids"], labels=batch["labels"])
         pred = out.logits[:, pos - 1].argmax(-1).view(-1, PROBLEMS, 3)
         gold = batch["input_ids"][:, pos].view(-1, PROBLEMS, 3)
@@ -112,6 +118,6 @@ def edge_usage(model, seqs: list[list[int]], interventions=()) -> np.ndarray:
     model.eval()
     with intervene(model, *interventions, Capture("pattern")) as ivs:
         cap = ivs[-1] if isinstance(ivs, tuple) else ivs
-        model(input_ids=torch.tensor(seqs, dtype=torch.long))
+        model(input_ids=torch.tensor(seqs, dtype=torch.long, device=_device(model)))
         pattern = cap.stacked("pattern")  # (layers, batch, heads, q, k)
-    return pattern.mean(1).numpy()
+    return pattern.mean(1).float().cpu().numpy()
