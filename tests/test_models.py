@@ -181,3 +181,23 @@ def test_hub_offline_setting_answers_without_trying(monkeypatch):
         assert hub.hub_reachable() is False
     finally:
         hub.hub_reachable.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-bert"])
+def test_the_catalog_describes_models_as_built(name):
+    """`lmlab models` reads shapes without loading weights: the catalog agrees with the built model."""
+    from lmlab.models.catalog import TINY_SHAPES, describe_config
+
+    lm = load_model(name)
+    built = {k: v for k, v in lm.layout.describe().items() if k in ("family", "layers", "heads", "kv_heads")}
+    assert TINY_SHAPES[name] == built == describe_config(lm.model.config.to_dict())
+
+
+@pytest.mark.embedded
+def test_the_catalog_describes_the_embedded_models_from_their_config_files(embedded_smollm):
+    from lmlab.models.catalog import describe_folder
+    from lmlab.models.embedded import cached_model_dir
+
+    built = {k: v for k, v in embedded_smollm.layout.describe().items() if k in ("family", "layers", "heads", "kv_heads")}
+    assert describe_folder(cached_model_dir("smollm2-135m")) == built == dict(family="llama", layers=30, heads=9,
+                                                                               kv_heads=3)

@@ -57,29 +57,35 @@ def friendly(fn: Callable) -> Callable:
 @app.command()
 @friendly
 def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now")):
-    """List the embedded, test and cached models."""
-    from lmlab.models import EMBEDDED, cache_dir, load_model
-    from lmlab.models.embedded import is_cached
-    from lmlab.models.tiny import TINY_NAMES
+    """List the embedded, test and cached models (read from their config.json; no weights load)."""
+    from lmlab.models import EMBEDDED, cache_dir
+    from lmlab.models.catalog import TINY_NAMES, TINY_SHAPES, describe_folder
+    from lmlab.models.embedded import cached_model_dir, is_cached
+
+    def shape(d: dict) -> list:
+        return [d["family"], d["layers"], d["heads"], d["kv_heads"]]
 
     rows: list[list[str]] = []
     for name, entry in EMBEDDED.items():
         try:
             entry.package_dir()
             ready = (not entry.gguf_file) or is_cached(entry)
-            if prepare or ready:
-                lm = load_model(name)
-                d = lm.layout.describe()
-                status = "ready" if ready else f"cached now ({lm.load_seconds:.0f}s)"
-                rows.append([name, d["family"], d["layers"], d["heads"], d["kv_heads"], entry.description, status])
+            if prepare and not ready:
+                from lmlab.models import load_model
+
+                seconds = load_model(name).load_seconds
+                ready, status = True, f"cached now ({seconds:.0f}s)"
+            else:
+                status = "ready"
+            if ready:
+                folder = entry.package_dir() if not entry.gguf_file else cached_model_dir(name)
+                rows.append([name, *shape(describe_folder(folder)), entry.description, status])
             else:
                 rows.append([name, "", "", "", "", entry.description, "installed; first load de-quantizes (~20 s)"])
         except LmlabError as exc:
             rows.append([name, "", "", "", "", entry.description, f"[red]missing[/]: {exc}"])
     for name in TINY_NAMES:
-        d = load_model(name).layout.describe()
-        rows.append([name, d["family"], d["layers"], d["heads"], d["kv_heads"], "tiny random model for tests",
-                     "built in-process"])
+        rows.append([name, *shape(TINY_SHAPES[name]), "tiny random model for tests", "built in-process"])
     extra = sorted(p.name for p in (cache_dir() / "models").glob("*") if p.is_dir() and p.name not in EMBEDDED) \
         if (cache_dir() / "models").exists() else []
     for name in extra:

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,16 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """Wilson score interval for a proportion (scipy's binomtest); defined (0 to 1) even for n = 0."""
     if n == 0:
         return Interval(float("nan"), 0.0, 1.0, 0)
+    from scipy import stats as _st  # on first use: scipy.stats takes 0.5 s to import
+
     ci = _st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
     return Interval(successes / n, float(ci.low), float(ci.high), n)
 
 
 def _percentile_bootstrap(samples: tuple, stat, n_resamples: int, confidence: float, seed: int) -> tuple[float, float]:
     """scipy's percentile bootstrap, each sample resampled on its own; `stat(*xs, axis)` is vectorised."""
+    from scipy import stats as _st
+
     res = _st.bootstrap(samples, stat, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
                         rng=np.random.default_rng(seed), vectorized=True, paired=False)
     return float(res.confidence_interval.low), float(res.confidence_interval.high)

@@ -12,10 +12,13 @@ are the two sub-blocks' outputs before they are added to the residual stream.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from torch import nn
 
 from lmlab.errors import LmlabError
+
+if TYPE_CHECKING:  # torch loads with the model, not with this table
+    from torch import nn
 
 
 @dataclass(frozen=True)

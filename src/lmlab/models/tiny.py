@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import (AutoModel, AutoModelForSequenceClassification, BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           PreTrainedTokenizerFast)
 
-TINY_NAMES = ("tiny-llama", "tiny-gpt2", "tiny-bert")
+from lmlab.models.catalog import TINY_NAMES  # noqa: F401  (torch-free, for `lmlab models`)
 
 _WORDS = ("the a of to and in is was for on with as at by from that it his her their when then after "
           "Mary John Anna Tom Paris France Berlin Germany Rome Italy Madrid Spain London capital city "

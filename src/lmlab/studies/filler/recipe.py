@@ -59,10 +59,10 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    dev, test = load_problems(config)  # a bad file or an unreachable hub fails before the model loads
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
-    dev, test = load_problems(config)
     run_dir.log(f"{len(dev)} dev and {len(test)} test problems")
     n = config.insert_count
     rows: list[dict] = []

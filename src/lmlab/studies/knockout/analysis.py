@@ -14,7 +14,7 @@ import pandas as pd
 
 from lmlab.stats import bootstrap, percentile_interval, wilson
 from lmlab.studies.base import Verdict, canvas, finish
-from lmlab.studies.knockout.probes import MIN_GROUP
+from lmlab.studies.knockout.config import MIN_GROUP
 
 CLAIM = ("Q-Anchored ΔP falls far below A-Anchored ΔP in middle and late layers, on every dataset, and "
          "knocking out E_Q flips the probe far more often than knocking out random question tokens")

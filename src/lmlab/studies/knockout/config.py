@@ -9,6 +9,8 @@ from pydantic import Field
 from lmlab.data.generated import geo_qa
 from lmlab.studies.base import StudyConfig
 
+MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its own, a verdict on the set)
+
 
 class Config(StudyConfig):
     datasets: list[str] = Field(default_factory=lambda: list(geo_qa.RELATIONS),

@@ -16,8 +16,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from lmlab.stats import Interval, percentile_interval
-
-MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its own, a verdict on the set)
+from lmlab.studies.knockout.config import MIN_GROUP
 
 
 def group_split(groups: list[str], test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -168,10 +168,10 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    items = load_items(config)  # a bad file or an unreachable hub fails before the model loads
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
-    items = load_items(config)
     encoded, skipped = {}, 0
     for item in items:
         enc = encode_item(lm, item)
