@@ -100,3 +100,40 @@ def test_bf16_inference_weights_but_float32_master_weights_for_training(tmp_path
                    TrainConfig(steps=2, batch_size=4, progress=False, **config.train_settings()), tmp_path)
     assert torch.bfloat16 in seen and all(p.dtype == torch.float32 for p in lm.model.parameters())
     assert all(map(lambda x: x == x, result.losses))
+
+
+@pytest.fixture
+def tiny_smol(embedded_smollm, tmp_path):
+    """A tiny random Llama that speaks SmolLM2's tokenizer (the circuit tasks need its single-token names),
+    saved and loaded back through load_model like any local model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmlab.models import load_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    folder = tmp_path / "tiny-smol"
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    embedded_smollm.tokenizer.save_pretrained(folder)
+    return load_model(str(folder))
+
+
+@pytest.mark.embedded
+def test_the_decoder_studies_make_no_tensor_off_the_models_device(tiny_smol, tmp_path):
+    """S2's decoder option (KD batches, perplexity, circuit accuracy) and S4 end to end (sampling, sparse
+    post-training, circuits, held-out sparsity, the toy), with stray tensors sent to meta."""
+    s2, s4 = get_study("quantize"), get_study("sparse-circuits")
+    c2 = s2.config(model="tiny-smol", tasks=["ioi"], bits=[2], budgets=["A"], n_text=8, n_eval_text=4, text_tokens=12,
+                   n_prompts=4, batch_size=4)
+    c4 = s4.config(model="tiny-smol", n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2,
+                   text_tokens=6, n_eval_text=2, eval_tokens=8, toy_steps=3, toy_sparse_steps=2, toy_width=32,
+                   verify_heads=4, batch_size=4, fine_grid=False)
+    torch.set_default_device("meta")
+    try:
+        for spec, config in ((s2, c2), (s4, c4)):
+            result = run_study(spec, config, tmp_path / spec.name, lm=tiny_smol)
+            assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")
+    finally:
+        torch.set_default_device(None)
