@@ -100,7 +100,6 @@ def test_hub_id_without_a_hub_is_one_sentence(monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hubdata, "load_hub", hubdata.load_hub)  # the real one
     import lmlab.hub
 
     monkeypatch.setattr(lmlab.hub, "hub_reachable", lambda: False)

@@ -8,11 +8,11 @@ from lmlab.lazy import lazy_exports
 from lmlab.models.embedded import EMBEDDED, cache_dir
 
 __all__ = ["EMBEDDED", "FAMILIES", "Layout", "LoadedModel", "ScratchSpec", "cache_dir", "check_context", "classifier_from",
-           "known_names", "layout_of", "load_model", "pad_sequences", "resize_vocabulary", "save_model",
+           "known_names", "layout_of", "load_model", "module_device", "pad_sequences", "resize_vocabulary", "save_model",
            "weights_fingerprint"]
 
 __getattr__ = lazy_exports(__name__, {
-    "FAMILIES": "layout", "Layout": "layout", "layout_of": "layout", "pad_sequences": "batch",
+    "FAMILIES": "layout", "Layout": "layout", "layout_of": "layout", "pad_sequences": "batch", "module_device": "batch",
     "LoadedModel": "load", "check_context": "load", "classifier_from": "load", "known_names": "load",
     "load_model": "load", "resize_vocabulary": "load", "save_model": "load", "weights_fingerprint": "load",
     "ScratchSpec": "scratch"})

@@ -9,6 +9,12 @@ import torch
 from lmlab.errors import LmlabError
 
 
+def module_device(module: torch.nn.Module) -> torch.device:
+    """Where a module's weights are (cpu for a module without any)."""
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, side: str = "left", device=None,
                   position_ids: bool = False, label_from: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
     """`input_ids` and `attention_mask` padded on `side`; `position_ids` counted from each row's first real

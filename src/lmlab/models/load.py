@@ -26,7 +26,7 @@ from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.hub import cached_locally, hub_reachable, unreachable_message
 from lmlab.models import embedded, tiny
-from lmlab.models.batch import pad_sequences
+from lmlab.models.batch import module_device, pad_sequences
 from lmlab.models.scratch import ScratchSpec, build_scratch
 from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
 
@@ -48,7 +48,7 @@ class LoadedModel:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return module_device(self.model)
 
     @property
     def family(self) -> str:

@@ -30,6 +30,7 @@ Status = Literal["reproduced", "not reproduced", "inconclusive"]
 
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"
+DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,7 +59,7 @@ class StudyConfig(BaseModel):
     def _device(cls, value: str) -> str:
         import re
 
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+        if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"'{value}' is not a device; use {DEVICE_HELP}")
         return value
 
@@ -69,7 +70,7 @@ class StudyConfig(BaseModel):
 
     def load(self, spec: str | None = None, *, train: bool = False, **kwargs):
         """`load_model(spec or self.model)` on this config's device. `train`: float32 master weights (the
-        training loop runs the forward pass under autocast in `dtype`, see `mixed_precision`); otherwise the
+        training loop runs the forward pass under autocast in `dtype`, see `train_settings`); otherwise the
         weights are in `dtype` (auto: float32 on cpu, bfloat16 on a GPU)."""
         import torch
 
@@ -136,8 +137,13 @@ STUDIES: dict[str, StudySpec] = {}
 
 
 def resolve_device(spec: str) -> str:
-    """auto -> cuda, then mps, then cpu; a device this machine does not have is one sentence."""
+    """auto -> cuda, then mps, then cpu; a misspelt device or one this machine does not have is one sentence."""
+    import re
+
     import torch
+
+    if not re.fullmatch(DEVICE_PATTERN, spec):
+        raise LmlabError(f"--device {spec}: not a device; use {DEVICE_HELP}")
 
     mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if spec == "auto":

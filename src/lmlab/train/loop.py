@@ -13,6 +13,7 @@ the run with a clear message and leaves the last good checkpoint in place.
 from __future__ import annotations
 
 import json
+import os
 import math
 import shutil
 import tempfile
@@ -161,6 +162,9 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
 
     out_dir = Path(out_dir)
     cpu = (not torch.cuda.is_available()) if config.cpu is None else config.cpu
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type == "cuda" and first.device.index is not None and not _distributed():
+        torch.cuda.set_device(first.device.index)  # accelerate's "cuda" is the current device: keep the model's
     _fresh_precision(config.mixed_precision, cpu)
     acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
     n_proc = acc.num_processes
@@ -235,6 +239,10 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     model = acc.unwrap_model(model)
     model.eval()
     return result
+
+
+def _distributed() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def _fresh_precision(mixed_precision: str, cpu: bool) -> None:

@@ -388,7 +388,7 @@ class ChunkVQVAE(nn.Module):
         return self.decode(prompt, prompt_mask, quantized, offset).argmax(-1)
 
 
-def pad_left(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and a boolean mask of the real tokens."""
-    batch = pad_sequences(seqs, pad, side="left")
+def pad_left(seqs: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and a boolean mask of the real tokens, on `device` (None: the host)."""
+    batch = pad_sequences(seqs, pad, side="left", device=device)
     return batch["input_ids"], batch["attention_mask"].bool()

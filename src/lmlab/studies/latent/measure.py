@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from lmlab.models import pad_sequences
+from lmlab.models import module_device, pad_sequences
 from lmlab.runs import RunDir
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import Config
@@ -90,15 +90,11 @@ def chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
     segs = L.segments(ex, chunk)
     if not segs:
         return []
-    device = _device(vq)
-    prompt, mask = (t.to(device) for t in L.pad_left([ex.prompt] * len(segs), vocab.pad))
+    device = module_device(vq)
+    prompt, mask = L.pad_left([ex.prompt] * len(segs), vocab.pad, device)
     ids = torch.tensor([padded(ex.chain[a:b], chunk, vocab.pad) for a, b in segs], device=device)
     offset = torch.tensor([len(ex.prompt) + a for a, _ in segs], device=device)
     return vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
-
-
-def _device(module) -> torch.device:
-    return next(module.parameters()).device
 
 
 def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[list[int], int]:
@@ -118,15 +114,14 @@ def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_s
     """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>; a forced prefix
     counts as generated), latents used. `prefixes`: ids forced after each prompt (the true codes)."""
     model.eval()
-    device = next(model.parameters()).device
+    device = module_device(model)
     correct, tokens, latents = [], [], []
     prefixes = prefixes or [[] for _ in examples]
     t0 = time.perf_counter()
     for start in range(0, len(examples), batch_size):
         part = examples[start:start + batch_size]
         forced = prefixes[start:start + batch_size]
-        ids, mask = L.pad_left([ex.prompt + f for ex, f in zip(part, forced)], vocab.pad)
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = L.pad_left([ex.prompt + f for ex, f in zip(part, forced)], vocab.pad, device)
         out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=max_new, do_sample=False,
                              eos_token_id=vocab.eos, pad_token_id=vocab.pad)
         for ex, f, row in zip(part, forced, out[:, ids.shape[1]:].tolist()):
@@ -151,9 +146,9 @@ def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks)
             offsets.append(len(ex.prompt) + a)
             ids.append(padded(ex.chain[a:b], config.chunk, vocab.pad))
             hot.append(padded([int(x) for x in ex.computed[a:b]], config.chunk, -1))
-    device = _device(vq)
+    device = module_device(vq)
     if ids:
-        prompt, mask = (t.to(device) for t in L.pad_left(prompts, vocab.pad))
+        prompt, mask = L.pad_left(prompts, vocab.pad, device)
         ids_t = torch.tensor(ids, device=device)
         rec = vq.reconstruct(prompt, mask, ids_t, torch.tensor(offsets, device=device))
         real = ids_t != vocab.pad
@@ -166,7 +161,7 @@ def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks)
         out["vq_dev_chunk_exact"] = float((same | ~real).all(1).float().mean())
     sample = train_chunks[:2000]
     if sample:
-        prompt, mask = (t.to(device) for t in L.pad_left([p for p, _, _ in sample], vocab.pad))
+        prompt, mask = L.pad_left([p for p, _, _ in sample], vocab.pad, device)
         used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample], device=device),
                         torch.tensor([o for _, _, o in sample], device=device))
         out["codebook_used"] = int(used.unique().numel())

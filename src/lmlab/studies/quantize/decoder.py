@@ -32,6 +32,7 @@ from lmlab.data.generated.selftext import sample_text
 from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce, metric_values
 from lmlab.interventions.quant import quantize_model, save_packed
+from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER
@@ -70,7 +71,7 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
     model.eval()
     view = dataclasses.replace(lm, model=model)
     with torch.no_grad():
-        device = next(model.parameters()).device
+        device = module_device(model)
         per_seq, _ = causal_lm_ce(model, (_batch(eval_text[i:i + batch_size], device)
                                           for i in range(0, len(eval_text), batch_size)))
         correct = {t.name: metric_values(view, t, batch_size=16) > 0 for t in tasks}

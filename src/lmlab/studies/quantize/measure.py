@@ -14,6 +14,7 @@ from torch.nn.utils import parametrize
 from lmlab.data.generated.nlu import NLUTask
 from lmlab.evaluation import metric_value
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
+from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.train import TrainConfig, train
@@ -37,7 +38,7 @@ def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = Fa
 @torch.no_grad()
 def predict(model, collate, examples, batch_size: int = 64) -> np.ndarray:
     model.eval()
-    device = next(model.parameters()).device
+    device = module_device(model)
     out = []
     for start in range(0, len(examples), batch_size):
         batch = collate(list(examples[start:start + batch_size]))

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from lmlab.models.batch import module_device
+
 VOCAB = [str(d) for d in range(10)] + ["+", "=", "<bos>", "<pad>"]
 TOK = {t: i for i, t in enumerate(VOCAB)}
 BOS, PAD = TOK["<bos>"], TOK["<pad>"]
@@ -79,11 +81,6 @@ def collate(seqs: list[list[int]]) -> dict:
     return {"input_ids": ids, "labels": labels}
 
 
-def _device(model) -> torch.device:
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
 def answer_loss(model, batch) -> torch.Tensor:
     return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
 
@@ -93,7 +90,7 @@ def evaluate(model, seqs: list[list[int]], batch_size: int = 500) -> dict:
     """Exact match per problem (all three answer digits right) and the answer cross-entropy."""
     model.eval()
     correct, ce, n = 0, 0.0, 0
-    device = _device(model)
+    device = module_device(model)
     pos = torch.tensor(ANSWER_POS, device=device)
     for start in range(0, len(seqs), batch_size):
         batch = {k: v.to(device) for k, v in collate(seqs[start:start + batch_size]).items()}
@@ -118,6 +115,6 @@ def edge_usage(model, seqs: list[list[int]], interventions=()) -> np.ndarray:
     model.eval()
     with intervene(model, *interventions, Capture("pattern")) as ivs:
         cap = ivs[-1] if isinstance(ivs, tuple) else ivs
-        model(input_ids=torch.tensor(seqs, dtype=torch.long, device=_device(model)))
+        model(input_ids=torch.tensor(seqs, dtype=torch.long, device=module_device(model)))
         pattern = cap.stacked("pattern")  # (layers, batch, heads, q, k)
     return pattern.mean(1).float().cpu().numpy()
