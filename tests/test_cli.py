@@ -179,3 +179,36 @@ def test_a_bad_config_file_is_one_sentence(tmp_path, capsys):
     code, _, err = run_main(capsys, "knockout", "--config", str(tmp_path / "missing.yaml"))
     assert code == 2 and "cannot read the config file" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
+    """Each error class of the bad-input benchmark: one sentence, exit 2, and neither torch nor transformers
+    imported (the benchmark times them; this checks what they say and what they load)."""
+    import subprocess
+    import sys
+
+    from lmlab.benchmarks.inputs import bad_inputs
+
+    expected = {"missing data file": "no popqa file", "a line that is not JSON": "bad.jsonl:2: not valid JSON",
+                "a malformed GSM8K row": "bad.jsonl:1: a GSM8K row needs", "--bits 3": "3-bit weights are not supported",
+                "--rates 0": "rate 0 does not divide", "unknown task": "unknown circuit task 'nope'",
+                "a folder that is not a model": "is not a model directory (no config.json)",
+                "no such model path": "no such file or directory", "unknown model name": "unknown model 'no-such-model'"}
+    probe = ("import sys\nfrom lmlab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    print('EXIT', e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+    cases = bad_inputs(tmp_path)
+    assert {c for c, _ in cases} == set(expected)
+    for case, args in cases:
+        done = subprocess.run([sys.executable, "-c", probe, *args, "--out", str(tmp_path / "runs")],
+                              capture_output=True, text=True)
+        assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False False", (case, done.stdout, done.stderr)
+        lines = [l for l in done.stderr.splitlines() if l.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:") and expected[case] in lines[0], (case, lines)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_study_config_knows_the_quantizers_bit_widths():
+    from lmlab.interventions.quant import BITS
+    from lmlab.studies.quantize.config import BITS as CONFIG_BITS
+
+    assert CONFIG_BITS == BITS

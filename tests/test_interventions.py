@@ -391,11 +391,11 @@ def test_retired_rows_leave_the_leading_rows_as_they_were(decoder, batch):
     rest = {k: v[:, 3:] for k, v in batch.items() if k != "attention_mask"}
     results = []
     for retire in (False, True):
-        cache = decoder.model(**prefix, use_cache=True).past_key_values
+        cache = decoder.model(**prefix, use_cache=True).cache
         cap = Capture("resid_post")
         edits = [Knockout(keys, layer_mask=layer_mask), cap] + ([RetireRows(active)] if retire else [])
         with intervene(decoder, *edits):
-            decoder.model(**rest, attention_mask=batch["attention_mask"], past_key_values=cache, use_cache=True)
+            decoder.model(**rest, attention_mask=batch["attention_mask"], cache=cache, use_cache=True)
         results.append({l: cap["resid_post", l] for l in range(n_layers)})
     full, cut = results
     for layer in range(n_layers):

@@ -112,7 +112,7 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     prefix_cache = None
     if prefix:
         prefix_cache = lm.forward_last(dict(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device),
-                                            use_cache=True)).past_key_values
+                                            use_cache=True)).cache
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
     out: list[list[int]] = [[] for _ in range(n)]
     waiting = list(range(n))[::-1]  # popped from the end: prompts join in order
@@ -131,9 +131,9 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
             new_mask = torch.cat([torch.ones((len(join), prefix), dtype=own["attention_mask"].dtype, device=device),
                                   own["attention_mask"]], dim=1)
             result = lm.forward_last(dict(input_ids=own["input_ids"], attention_mask=new_mask,
-                                          position_ids=own["position_ids"] + prefix, past_key_values=new_cache,
+                                          position_ids=own["position_ids"] + prefix, cache=new_cache,
                                           use_cache=True))
-            new_cache = result.past_key_values
+            new_cache = result.cache
             new_token = next_token(result.logits[:, -1], temperature, top_p, generator)
             new_following = own["position_ids"][:, -1] + prefix + 1
             new_rows = torch.tensor(join, dtype=torch.long, device=device)
@@ -148,8 +148,8 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
         else:  # one step: every row's newest token goes into the cache and the next one comes out
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             result = lm.forward_last(dict(input_ids=token[:, None], attention_mask=mask,
-                                          position_ids=following[:, None], past_key_values=cache, use_cache=True))
-            cache = result.past_key_values
+                                          position_ids=following[:, None], cache=cache, use_cache=True))
+            cache = result.cache
             token = next_token(result.logits[:, -1], temperature, top_p, generator)
             following = following + 1
             fresh = 0

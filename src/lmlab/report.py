@@ -14,6 +14,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from lmlab.environment import describe
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.studies import STUDIES, load_result
@@ -77,7 +78,8 @@ def _section(run: Path) -> dict:
                 evidence=json.dumps({m: v.evidence for m, v in result.verdicts.items()} if len(rows) > 1
                                     else result.verdict.evidence, indent=1, default=str),
                 config=json.dumps(result.config), profile=result.config.get("profile"),
-                seed=result.config.get("seed"), folder=str(run), per_model=rows if len(rows) > 1 else [])
+                seed=result.config.get("seed"), folder=str(run), per_model=rows if len(rows) > 1 else [],
+                environment=describe(manifest.get("environment") or {}))
 
 
 def build_report(paths: list[str | Path], out_file: str | Path) -> Path:

@@ -20,6 +20,6 @@ def benchmark(name: str):
 
 
 def load_all() -> dict[str, Callable[..., list[dict]]]:
-    from lmlab.benchmarks import circuits, filler, interventions, knockout, latent, quantize  # noqa: F401  (they register themselves)
+    from lmlab.benchmarks import circuits, filler, inputs, interventions, knockout, latent, quantize  # noqa: F401  (they register themselves)
 
     return BENCHMARKS

@@ -26,3 +26,41 @@ def describe_config(config: dict) -> dict:
 
 def describe_folder(folder: Path) -> dict:
     return describe_config(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
+
+
+def known_names() -> list[str]:
+    from lmlab.models.embedded import EMBEDDED
+
+    return list(EMBEDDED) + list(TINY_NAMES)
+
+
+def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
+    """What `spec` names, checked without torch: 'scratch', 'tiny', 'embedded', 'gguf', 'folder' or 'hub'. A
+    path that is not a model, or an unknown name, is the one sentence load_model gives (it calls this too)."""
+    from lmlab.errors import LmlabError
+    from lmlab.models.embedded import EMBEDDED
+
+    if spec == "scratch":
+        if not scratch_ok:
+            raise LmlabError("--model scratch is a model trained in the run; only studies that train one "
+                             "(latent) accept it")
+        return "scratch"
+    if spec in TINY_NAMES:
+        return "tiny"
+    if spec in EMBEDDED:
+        return "embedded"
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise LmlabError(f"no GGUF file at {spec}")
+        return "gguf"
+    if path.exists():
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
+        return "folder"
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
+        return "hub"
+    if "/" in spec or spec.startswith((".", "~")):
+        raise LmlabError(f"no such file or directory: {spec}")
+    raise LmlabError(f"unknown model '{spec}'; embedded models: {', '.join(known_names())} "
+                     f"(or give a hub id, a local model directory or a .gguf file)")

@@ -26,6 +26,7 @@ from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.hub import cached_locally, hub_reachable, unreachable_message
 from lmlab.models import embedded, tiny
+from lmlab.models.catalog import check_model_spec, known_names  # noqa: F401  (known_names: lmlab.models exports it)
 from lmlab.models.batch import module_device, pad_sequences
 from lmlab.models.scratch import ScratchSpec, build_scratch
 from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
@@ -198,45 +199,35 @@ def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code
     dtype = _default_dtype(device, dtype)
     kw = dict(head=head, num_labels=num_labels, dtype=dtype, trust_remote_code=trust_remote_code)
 
-    if spec == "scratch":
-        if scratch is None:
-            raise LmlabError("--model scratch is a model trained in the run; only studies that train one "
-                             "(latent) accept it")
+    kind = check_model_spec(spec, scratch_ok=scratch is not None)  # a path that is not a model: one sentence
+    if kind == "scratch":
         model = build_scratch(scratch).to(device=device, dtype=dtype).eval()
         return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name="scratch",
                            source=f"random init, seed {scratch.seed}", load_seconds=time.perf_counter() - t0)
-    if spec in tiny.TINY_NAMES:
+    if kind == "tiny":
         model, tok = tiny.build_tiny(spec, seed=seed, head=head, num_labels=num_labels)
         return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0)
-    if spec in embedded.EMBEDDED:
+    if kind == "embedded":
         return _load_embedded(embedded.EMBEDDED[spec], head=head, num_labels=num_labels, dtype=dtype,
                               device=device, t0=t0)
 
     path = Path(spec).expanduser()
-    if spec.endswith(".gguf"):
-        if not path.is_file():
-            raise LmlabError(f"no GGUF file at {spec}")
+    if kind == "gguf":
         _require_gguf()
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path.parent), gguf_file=path.name, **kw))
         return _finish(model, tok, path.stem, f"GGUF file {path}", device, dtype, t0)
-    if path.exists():
-        if not (path.is_dir() and (path / "config.json").is_file()):
-            raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
+    if kind == "folder":
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path), **kw))
         loaded = _finish(model, tok, path.name, f"directory {path}", device, dtype, t0)
         _apply_lmlab_extras(loaded, path)
         return loaded
-    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
-        if not hub_reachable():  # once, fast: never minutes of retries on a machine without a hub
-            if not cached_locally(spec):
-                raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
-            kw["local_files_only"] = True
-        model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
-        return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
-    if "/" in spec or spec.startswith((".", "~")):
-        raise LmlabError(f"no such file or directory: {spec}")
-    raise LmlabError(f"unknown model '{spec}'; embedded models: {', '.join(known_names())} "
-                     f"(or give a hub id, a local model directory or a .gguf file)")
+    # kind == "hub"
+    if not hub_reachable():  # once, fast: never minutes of retries on a machine without a hub
+        if not cached_locally(spec):
+            raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
+        kw["local_files_only"] = True
+    model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
+    return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
 
 
 LMLAB_FILE = "lmlab.json"  # what lmlab adds to a saved HF folder (e.g. the sparse attention gate)
@@ -298,8 +289,6 @@ def _wrap_load_errors(spec: str, fn):
         raise LmlabError(f"could not load '{spec}': {first}") from exc
 
 
-def known_names() -> list[str]:
-    return list(embedded.EMBEDDED) + list(tiny.TINY_NAMES)
 
 
 def classifier_from(loaded: LoadedModel, num_labels: int, seed: int = 0):

@@ -37,5 +37,25 @@ class Config(StudyConfig):
     arm_scope: Literal["call", "row", "token"] = Field("call", description="ARM statistics over the whole activation "
                                                        "tensor of a call (the authors' code), each sequence, or each token")
     arm_p_min: float = Field(0.02, description="ARM's least edited share (METHODS.md 0.02; the authors' code 0.2)")
+    def check_inputs(self) -> None:
+        """The benchmark's name, and a gsm8k:PATH / math500:PATH file read and parsed (the first bad row named)."""
+        super().check_inputs()
+        from lmlab.data.math import read_math_file
+
+        if self.benchmark == "arithmetic":
+            return
+        kind, _, path = self.benchmark.partition(":")
+        if kind not in ("gsm8k", "math500"):
+            raise unknown_benchmark(self.benchmark)
+        if path:
+            read_math_file(kind, path)
+
     batch_size: int = Field(64, ge=1, description="prompts generated together (64: a chunk in one batch; decoding is "
                                            "bound by reading the weights, so 64 rows cost 21% less than 2 x 32)")
+
+
+def unknown_benchmark(name: str):
+    from lmlab.errors import LmlabError
+
+    return LmlabError(f"unknown benchmark '{name}'; use arithmetic, gsm8k or math500 (from the hub), or "
+                      f"gsm8k:PATH / math500:PATH (a jsonl file or a saved dataset folder)")

@@ -29,7 +29,7 @@ from lmlab.data.math import MathItem, read_math_file, split_arithmetic
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
-from lmlab.studies.filler.config import Config
+from lmlab.studies.filler.config import Config, unknown_benchmark
 from lmlab.studies.filler.measure import FILLERS, Job, build_ids, evaluate, evaluate_many, profile_and_mechanism_rows
 
 
@@ -45,8 +45,7 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
         return dev, test
     kind, _, path = config.benchmark.partition(":")
     if kind not in ("gsm8k", "math500"):
-        raise LmlabError(f"unknown benchmark '{config.benchmark}'; use arithmetic, gsm8k or math500 (from the hub), "
-                         f"or gsm8k:PATH / math500:PATH (a jsonl file or a saved dataset folder)")
+        raise unknown_benchmark(config.benchmark)
     if path:
         items = read_math_file(kind, path)
     else:

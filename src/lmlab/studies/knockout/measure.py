@@ -96,7 +96,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
     out = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True))  # hidden states and cache only
-    cache = out.past_key_values
+    cache = out.cache
     cache.batch_repeat_interleave(n_rows)
     suffix = tokens[:, prefix:].expand(n_rows, -1)
     mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)
@@ -106,7 +106,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     if not keep_positions:  # each row stops after the layer it is read at (all rows kept when every position is)
         edits.append(RetireRows(active))
     with intervene(lm, *edits):
-        lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, cache=cache,
                              use_cache=True))
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
     result = SweepResult(clean={k: last[k][0] for k in layers},

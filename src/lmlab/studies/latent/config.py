@@ -35,6 +35,17 @@ class Config(StudyConfig):
     max_new: int | None = Field(None, ge=1, description="generated tokens per test problem (default: the longest "
                                                   "training chain + answer, plus 16)")
 
+    trains_own_model = True
+
+    def check_inputs(self) -> None:
+        """check_config, and a gsm8k:PATH file read and parsed."""
+        super().check_inputs()
+        check_config(self)
+        if self.data.startswith("gsm8k:"):
+            from lmlab.data.math import read_gsm8k
+
+            read_gsm8k(self.data.partition(":")[2])
+
     def variants(self) -> list[str]:
         if self.model in PRETRAINED:
             return ["pretrained"]

@@ -8,6 +8,7 @@ from pydantic import Field
 from lmlab.studies.base import StudyConfig
 
 MULTIPLIER = {"A": 1, "B": 3, "C": 6}
+BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a test keeps the two equal)
 
 
 class Config(StudyConfig):
@@ -27,6 +28,8 @@ class Config(StudyConfig):
     weight_decay: float | None = Field(None, ge=0, description="students' weight decay")
     best_dev: bool | None = Field(None, description="keep the student's best dev checkpoint, scored each epoch")
     max_length: int = Field(64, ge=8, description="tokens per encoder input (longer inputs are cut)")
+    teacher_cache: bool = Field(True, description="compute the teacher's KD outputs once per task and reuse them "
+                                                  "(false: recompute them every step; the same loss)")
     layer_reduction: bool = Field(False, description="students keep every other teacher layer (1, 3, 5, ...)")
     kd_logit: float = Field(1.0, ge=0, description="weight of the logit term (KL, or MSE for regression)")
     kd_attention: float = Field(1.0, ge=0, description="weight of the attention-score MSE")
@@ -35,3 +38,39 @@ class Config(StudyConfig):
     n_eval_text: int | None = Field(None, ge=1, description="decoders: held-out sampled sequences for perplexity")
     text_tokens: int | None = Field(None, ge=1, description="decoders: tokens per sampled sequence")
     n_prompts: int | None = Field(None, ge=1, description="decoders: prompts per circuit task")
+
+    def check_inputs(self) -> None:
+        """Bits, budgets and task names, and a glue-NAME:DIR folder's files read and parsed."""
+        super().check_inputs()
+        from pathlib import Path
+
+        from lmlab.data.formats import GLUE, read_glue
+        from lmlab.data.generated.nlu import TASKS
+        from lmlab.data.hubdata import is_saved_dataset
+        from lmlab.errors import LmlabError
+
+        for bits in self.bits:
+            check_bits(bits)
+        bad = [b for b in self.size("budgets") if b not in MULTIPLIER]
+        if bad:
+            raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
+        for name in self.size("tasks"):
+            if name in TASKS:
+                continue
+            if not name.startswith("glue-"):
+                raise LmlabError(f"unknown task '{name}'; generated: {', '.join(TASKS)}; or glue-NAME (the hub) or "
+                                 f"glue-NAME:DIR")
+            glue, _, folder = name[5:].partition(":")
+            if glue not in GLUE:
+                raise LmlabError(f"use glue-NAME (from the hub) or glue-NAME:DIR with NAME one of {', '.join(GLUE)}")
+            if folder and not is_saved_dataset(Path(folder).expanduser()):
+                read_glue(glue, f"{folder}/train.tsv")
+                read_glue(glue, f"{folder}/dev.tsv" if glue != "mnli" else f"{folder}/dev_matched.tsv")
+
+
+def check_bits(bits: int) -> int:
+    from lmlab.errors import LmlabError
+
+    if bits not in BITS:
+        raise LmlabError(f"{bits}-bit weights are not supported; use one of {', '.join(map(str, BITS))}")
+    return bits

@@ -12,6 +12,8 @@ MIN_PROMPTS = 64  # the issue's bar for a multiplier verdict with power (12-16 p
 
 class Config(StudyConfig):
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), description=f"circuit tasks ({', '.join(TASKS)})")
+    circuits: bool | None = Field(None, description="run the model's circuit discovery and sparse post-training "
+                                                    "(false: the addition toy alone, judged on its own)")
     n_prompts: int | None = Field(None, ge=1, description="prompt pairs per task")
     threshold: float = Field(0.9, gt=0, le=1, description="explained effect the circuit must reach")
     fine_grid: bool | None = Field(None, description="circuit-size grid: every N to 8, then +2, then x1.15 (false: x1.4 steps)")
@@ -39,3 +41,11 @@ class Config(StudyConfig):
     toy_width: int | None = Field(None, ge=8, description="toy: d_model")
     toy_slack: float = Field(0.03, description="toy: tau = dense answer CE + this (nats)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
+
+    def check_inputs(self) -> None:
+        super().check_inputs()
+        from lmlab.errors import LmlabError
+
+        for name in self.tasks:
+            if name not in TASKS:
+                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")

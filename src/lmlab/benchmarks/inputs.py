@@ -1,0 +1,47 @@
+"""How fast a bad input fails: each error class that needs no model, as `lmlab` on the command line, timed by
+the clock (wall seconds for the whole process, Python's start included). Aim: under 1 s each; the error is
+raised before torch and transformers load (tests/test_cli.py checks the sentences and that torch stays out)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lmlab.benchmarks import benchmark
+
+
+def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
+    """(error class, lmlab arguments) for every input error that needs no model."""
+    (folder / "bad.jsonl").write_text('{"question": "q", "answers": ["a"]}\nnot json\n')
+    (folder / "not-a-model").mkdir(exist_ok=True)
+    return [("missing data file", ["knockout", "--datasets", f"popqa:{folder / 'missing.jsonl'}"]),
+            ("a line that is not JSON", ["knockout", "--datasets", f"popqa:{folder / 'bad.jsonl'}"]),
+            ("a malformed GSM8K row", ["filler", "--benchmark", f"gsm8k:{folder / 'bad.jsonl'}"]),
+            ("--bits 3", ["quantize", "--bits", "3"]),
+            ("--rates 0", ["latent", "--rates", "0"]),
+            ("unknown task", ["sparse-circuits", "--tasks", "nope"]),
+            ("a folder that is not a model", ["knockout", "--model", str(folder / "not-a-model")]),
+            ("no such model path", ["knockout", "--model", str(folder / "nothere")]),
+            ("unknown model name", ["knockout", "--model", "no-such-model"])]
+
+
+@benchmark("bad-input")
+def bad_input_bench(repeats: int = 3, **_) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for case, args in bad_inputs(folder):
+            times, code = [], None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                done = subprocess.run([sys.executable, "-m", "lmlab", *args, "--out", str(folder / "runs")],
+                                      capture_output=True, text=True)
+                times.append(time.perf_counter() - t0)
+                code = done.returncode
+            rows.append(dict(benchmark="bad-input", case=case, value=round(min(times), 2), unit="s to the error",
+                             ratio=None, target=None, note="aim < 1 s",
+                             setup=f"exit {code}: {done.stderr.strip().splitlines()[-1][:90] if done.stderr else ''}"))
+    return rows
