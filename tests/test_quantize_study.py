@@ -46,6 +46,43 @@ def test_kd_loss_is_zero_for_a_student_identical_to_its_teacher():
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in other.parameters())
 
 
+def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients():
+    """Every student reads the teacher from a TeacherCache built once; its loss and gradients must be those of
+    running the teacher on the same padded batch, and an example's loss must not depend on its batch's padding."""
+    from lmlab.studies.quantize.measure import collate_for
+    from lmlab.train.kd import Indexed, TeacherCache, indexed_collate
+
+    torch.manual_seed(0)
+    for regression, name in ((False, "fact-mnli"), (True, "fact-stsb")):
+        lm = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3)
+        task = generate_task(name, 24, 4, seed=0)
+        collate = collate_for(lm.tokenizer, task, 64)
+        cache = TeacherCache(lm.model.eval(), task.train, collate, batch_size=5)  # other batches than training's
+        data, batches = Indexed(task.train), indexed_collate(collate)
+        student = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
+        batch = batches([data[i] for i in (3, 17, 0, 9, 22, 11)])
+        grads = []
+        for use in (None, cache):
+            student.zero_grad()
+            loss, parts = kd_loss(student, lm.model, batch, regression, cache=use)
+            loss.backward()
+            grads.append(torch.cat([p.grad.flatten() for p in student.parameters() if p.grad is not None]))
+            if use is None:
+                first = loss.item(), parts
+        assert loss.item() == pytest.approx(first[0], rel=1e-5, abs=1e-6)
+        assert all(parts[k] == pytest.approx(first[1][k], rel=1e-5, abs=1e-6) for k in parts)
+        assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+        # one example alone vs padded inside a wider batch: the same loss terms
+        width = [batches([data[i]])["input_ids"].shape[1] for i in range(24)]
+        short, longest = int(np.argmin(width)), int(np.argmax(width))
+        assert width[short] < width[longest]
+        alone = kd_loss(student, lm.model, batches([data[short]]), regression)[1]
+        both = kd_loss(student, lm.model, batches([data[short], data[longest]]), regression, cache=cache)[1]
+        single = kd_loss(student, lm.model, batches([data[longest]]), regression)[1]
+        for k in ("attention", "hidden"):  # a pair's feature terms are weighted means of each row's
+            assert min(alone[k], single[k]) - 1e-6 <= both[k] <= max(alone[k], single[k]) + 1e-6
+
+
 def test_tasks_hold_out_their_dev_and_test_countries():
     split = _split_entities(0)
     names = {k: {c["name"] for c in v} for k, v in split.items()}

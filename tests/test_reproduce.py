@@ -50,3 +50,64 @@ def test_a_failing_study_does_not_stop_the_others_and_shows_in_the_report(tmp_pa
     assert "unknown model &#39;no-such-model&#39;" in page and page.count('class="v failed"') >= 2
     assert "data:image/png;base64," in page and "http" not in page.split("<body>")[1].split("data:image")[0]
     assert quantize.SPEC.title in page and filler_study.SPEC.title in page
+
+
+# --- the demo profile: every registered study has one, and `reproduce --profile demo` runs them all
+def test_every_registered_study_has_a_demo_profile_that_resolves_every_size():
+    from lmlab.studies import STUDIES
+    from lmlab.studies.base import load_profiles
+
+    for name, spec in STUDIES.items():
+        profiles = load_profiles(spec.config.__module__.rpartition(".")[0])
+        assert set(profiles) >= {"demo", "quick", "full"}, name
+        sized = set(profiles["quick"]) | set(profiles["full"])
+        assert sized <= set(profiles["demo"]), f"{name}: demo leaves {sized - set(profiles['demo'])} to quick"
+        config = spec.config(model=spec.default_model, profile="demo")
+        for key in profiles["demo"]:
+            assert config.size(key) == profiles["demo"][key]
+        assert profiles.get("seconds", {}).get("demo"), f"{name}: no measured demo time for the ETA"
+
+
+def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_path):
+    from lmlab.studies import STUDIES
+
+    models = dict(TINY, **{"sparse-circuits": "tiny-llama", "latent": "scratch"})
+    small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32),
+                           "latent": dict(rates=[16], n_train=300, n_test=12, base_steps=12, finetune_steps=6,
+                                          vq_steps=10, d_model=32, n_layers=2, batch_size=16)})
+    small["knockout"] = dict(per_dataset=12)  # the demo's own datasets: capital and continent
+    seen = []
+    outcomes = reproduce(tmp_path, profile="demo", models=models, overrides=small, say=lambda s: None,
+                         progress=lambda names, done, running, left: seen.append((running, len(done), left)))
+    assert [o.study for o in outcomes] == list(STUDIES)
+    assert all(o.status == "ok" and o.verdict in ("reproduced", "not reproduced", "inconclusive") for o in outcomes)
+    assert seen[0] == (list(STUDIES)[0], 0, seen[0][2]) and seen[-1] == (None, len(STUDIES), 0.0)
+    knockout = load_result(outcomes[0].path)
+    assert sorted(knockout.table("answer").dataset.unique()) == ["geo-capital", "geo-continent"]
+    toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)
+    assert toy.table("curve").empty and len(toy.table("toy")) == 2 and toy.verdict.evidence.get("part") == "toy"
+    page = build_report([tmp_path], tmp_path / "report.html").read_text()
+    for o in outcomes:
+        assert STUDIES[o.study].title in page
+    assert page.count('class="v ') >= 2 * len(outcomes)  # a badge in the table and one per section
+    manifest = json.loads((outcomes[0].path / "manifest.json").read_text())
+    env = manifest["environment"]
+    import torch
+    import transformers
+
+    assert env["torch"] == torch.__version__.split("+")[0] or env["torch"] == torch.__version__
+    assert env["transformers"] == transformers.__version__ and env["accelerate"] and env["datasets"]
+    assert env["cpu"] and env["device"] == "cpu"
+    assert f"transformers {transformers.__version__}" in page
+
+
+def test_time_left_scales_the_measured_shares_by_this_machines_pace():
+    from lmlab.reproduce import Outcome, expected_seconds, time_left
+
+    names = ["knockout", "quantize", "filler"]
+    e = {n: expected_seconds(n, "demo") for n in names}
+    assert time_left(names, [], "demo") == pytest.approx(sum(e.values()))
+    slow = [Outcome("knockout", "m", "ok", seconds=2 * e["knockout"])]  # this machine runs at half the pace
+    assert time_left(names, slow, "demo") == pytest.approx(2 * (e["quantize"] + e["filler"]))
+    reused = [Outcome("knockout", "m", "ok", seconds=0.1, resumed=True)]  # a reused run says nothing of the pace
+    assert time_left(names, reused, "demo") == pytest.approx(e["quantize"] + e["filler"])

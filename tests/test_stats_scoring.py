@@ -51,3 +51,62 @@ def test_last_number_in_free_text():
     assert last_number("answer: 7/8.") == "7/8"
     assert last_number("none") is None
     assert not math_equal(None, "1")
+
+
+def test_the_size_that_decides_a_known_effect_detects_it_at_80_percent_power():
+    """A synthetic paired effect of +2 points, spread sd 0.3: the size n_to_decide gives from a small run must
+    detect +2 points in about 80% of simulated runs of that size (and a run of the small size far less often)."""
+    import numpy as np
+
+    from lmlab.stats import decide_sentence, n_to_decide
+
+    rng = np.random.default_rng(0)
+    effect, sd, small = 0.02, 0.3, 200
+    pilot = rng.normal(effect, sd, small)
+    half = 1.96 * pilot.std(ddof=1) / np.sqrt(small)
+    needed = n_to_decide(small, half, effect)
+    assert needed == pytest.approx((2.8 * sd / effect) ** 2, rel=0.15)  # (z_a + z_b)^2 sd^2 / effect^2
+
+    def power(n, runs=400):
+        x = rng.normal(effect, sd, (runs, n))
+        low = x.mean(1) - 1.96 * x.std(1, ddof=1) / np.sqrt(n)
+        return float((low > 0).mean())
+    assert 0.70 <= power(needed) <= 0.90
+    assert power(small) < 0.2
+    text = decide_sentence("problems", small, needed, 60.0, "+2 points")
+    assert f"about {needed:,} problems (this run: 200)" in text and "min" in text or " h " in text
+    assert n_to_decide(small, float("nan"), effect) is None and n_to_decide(0, half, effect) is None
+
+
+def test_s3_verdict_prints_the_problems_and_time_that_would_decide_the_papers_gain():
+    """A synthetic S3 result with a small true gain: inconclusive, and the size it prints matches the paired formula."""
+    import numpy as np
+    import pandas as pd
+
+    from lmlab.studies import filler
+    from lmlab.studies.filler.analysis import PAPER_GAIN
+    from lmlab.studies.result import from_rows
+
+    rng = np.random.default_rng(1)
+    n = 60
+    base = rng.random(n) < 0.3
+    rows = []
+    for cond, flip in (("w/o", 0.0), ("Mless", 0.05), ("Mful", 0.05), ("ARM", 0.0)):
+        correct = base | (rng.random(n) < flip)
+        rows += [dict(kind="answer", split="test", sweep="", condition=cond, id=f"p{i}", level=1, sample=0,
+                      correct=int(c), hit_budget=0) for i, c in enumerate(correct)]
+    for cond in ("None", "Mless", "Mful"):
+        rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j, head=0, layer=0,
+                      attention=(0.5 if cond == "None" else 0.3) * (j == 0) + 0.01) for p in range(6) for j in range(3)]
+    rows += [dict(kind="mlp", condition=c, near_zero_share=0.1) for c in ("None", "Mless", "Mful")]
+    rows.append(dict(kind="counts", max_new_tokens=64, benchmark="arithmetic"))
+    result = from_rows("filler", pd.DataFrame(rows), "m")
+    result.seconds = 120.0
+    v = filler.SPEC.verdict(result)
+    assert v.status == "inconclusive"
+    decide = v.evidence["to_decide"]
+    gains = v.evidence["gain_over_w/o"]
+    worst = max(g["min_detectable_effect"] for c, g in gains.items() if v.evidence["checks"][f"{c} raises accuracy"] == "unclear")
+    assert decide["test_problems"] == int(np.ceil(n * (worst / PAPER_GAIN) ** 2))
+    assert f"about {decide['test_problems']:,} test problems (this run: {n})" in v.summary
+    assert "on this machine at this run's pace" in v.summary

@@ -156,7 +156,9 @@ def _ratio(row: dict) -> str:
 
 @app.command()
 @friendly
-def reproduce(profile: Literal["quick", "full"] = typer.Option("quick", help="quick (CPU minutes) or full (the papers' sizes)"),
+def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
+                  "quick", help="demo (a first run, ~10 min on 2 cores), quick (about an hour) or full (the papers' "
+                                "sizes, a GPU)"),
               out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
               seed: int = typer.Option(0, help="random seed for every study"),
               only: list[str] = typer.Option(None, help="run only these studies (repeatable)"),
@@ -179,7 +181,8 @@ def reproduce(profile: Literal["quick", "full"] = typer.Option("quick", help="qu
             raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
         models[study] = name
     settings = {name: {"device": device, "dtype": dtype} for name in STUDIES}
-    outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print)
+    outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print,
+                       progress=functools.partial(_progress_table, profile))
     if report:
         from lmlab.report import build_report
 
@@ -189,6 +192,29 @@ def reproduce(profile: Literal["quick", "full"] = typer.Option("quick", help="qu
     if failed:
         err.print(f"{len(failed)} of {len(outcomes)} studies failed: " + "; ".join(f"{o.study}: {o.reason}" for o in failed))
         raise typer.Exit(code=1)
+
+
+def _progress_table(profile: str, names: list[str], outcomes: list, running: str | None, left: float | None) -> None:
+    """The whole run as one table: each study's state, time and verdict, and the time left."""
+    from lmlab.reproduce import expected_seconds
+    from lmlab.stats import duration
+    from lmlab.studies import STUDIES
+
+    done = {o.study: o for o in outcomes}
+    rows = []
+    for name in names:
+        o = done.get(name)
+        expected = expected_seconds(name, profile)
+        if o is None:
+            state, took, verdict = ("running" if name == running else "waiting"), "", ""
+        else:
+            state = "reused" if o.resumed else o.status
+            took, verdict = duration(o.seconds), (o.verdict or o.reason or "")
+        rows.append([STUDIES[name].title, state, took, duration(expected) if expected else "", verdict])
+    elapsed = sum(o.seconds for o in outcomes)
+    title = f"lmlab reproduce --profile {profile}: {duration(elapsed)} so far" + (
+        "" if left is None else f", about {duration(left)} left" if left else ", done")
+    out.print(_table(title, ["study", "state", "took", "measured", "verdict"], rows, keep=("state",)))
 
 
 @app.command()
@@ -225,7 +251,7 @@ def _option_kind(field) -> tuple[object, str | None]:
 
 
 def _shown_default(spec, name: str, field) -> str | bool:
-    """What --help shows as the default: the field's, or the quick/full values from profiles.yaml."""
+    """What --help shows as the default: the field's, or the demo/quick/full values from profiles.yaml."""
     from lmlab.studies.base import load_profiles
 
     def text(value):
@@ -239,8 +265,9 @@ def _shown_default(spec, name: str, field) -> str | bool:
     if default is not None:
         return text(default)
     profiles = load_profiles(spec.config.__module__.rpartition(".")[0])
-    if name in profiles["quick"] or name in profiles["full"]:
-        return f"quick {text(profiles['quick'].get(name, '-'))}, full {text(profiles['full'].get(name, '-'))}"
+    names = ("demo", "quick", "full")
+    if any(name in profiles[p] for p in names):
+        return ", ".join(f"{p} {text(profiles[p].get(name, profiles['quick'].get(name, '-')))}" for p in names)
     return False
 
 
@@ -281,6 +308,7 @@ def _study_command(spec):
     def command(out_dir: Path, config: Optional[Path], **values):
         given = {k: _parse_field(v, fields[k]) for k, v in values.items() if v is not None}
         settings = build_config(spec, given, config)
+        settings.check_inputs()  # files, names and model paths: before torch and transformers load
         from lmlab.studies import run_study
 
         result = run_study(spec, settings, out_dir)

@@ -31,16 +31,44 @@ class Outcome:
     reason: str | None = None
 
 
+def expected_seconds(name: str, profile: str) -> float | None:
+    """The study's measured run time for the profile (its profiles.yaml `seconds`, on the machine named there)."""
+    from lmlab.studies.base import load_profiles
+
+    spec = STUDIES[name]
+    table = load_profiles(spec.config.__module__.rpartition(".")[0]).get("seconds") or {}
+    value = table.get(profile)
+    return float(value) if value else None
+
+
+def time_left(names: list[str], outcomes: list["Outcome"], profile: str) -> float | None:
+    """Seconds left for the studies not yet run: their measured shares, scaled by how this machine compared on
+    the studies already run (fresh runs only; a reused run took no time)."""
+    done = {o.study for o in outcomes}
+    left = [expected_seconds(n, profile) for n in names if n not in done]
+    if not left or any(v is None for v in left):
+        return None
+    ran = [(o.seconds, expected_seconds(o.study, profile)) for o in outcomes if not o.resumed and o.status == "ok"]
+    ran = [(a, e) for a, e in ran if e]
+    speed = sum(a for a, _ in ran) / sum(e for _, e in ran) if ran else 1.0
+    return speed * sum(left)
+
+
 def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, models: dict[str, str] | None = None,
               only: list[str] | None = None, overrides: dict[str, dict] | None = None,
-              say: Callable[[str], None] = print) -> list[Outcome]:
+              say: Callable[[str], None] = print,
+              progress: Callable[[list[str], list["Outcome"], str | None, float | None], None] | None = None
+              ) -> list[Outcome]:
+    """`progress(names, outcomes, running, seconds_left)` is called before each study and after the last."""
     out = Path(out)
     names = only or list(STUDIES)
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
         raise LmlabError(f"unknown study '{unknown[0]}'; registered: {', '.join(STUDIES)}")
-    outcomes = []
+    outcomes: list[Outcome] = []
     for i, name in enumerate(names, 1):
+        if progress:
+            progress(names, outcomes, name, time_left(names, outcomes, profile))
         spec = STUDIES[name]
         # the full profile runs the decoder studies on every embedded decoder (one figure, a row per model)
         default = ",".join(spec.full_models) if profile == "full" and spec.full_models else spec.default_model
@@ -63,6 +91,8 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
             say(f"      failed: {reason}")
         outcomes.append(outcome)
         _write_summary(out, profile, outcomes)
+    if progress:
+        progress(names, outcomes, None, 0.0)
     return outcomes
 
 

@@ -90,3 +90,38 @@ def percentile_interval(estimate: float, samples: np.ndarray, confidence: float 
         return Interval(float(estimate), float("nan"), float("nan"), len(samples))
     low, high = np.nanpercentile(samples, [alpha, 100 - alpha], axis=0)
     return Interval(float(estimate), float(low), float(high), len(samples))
+
+
+# --- what would decide an undecided check: sample size at 80% power, and its time at the run's own pace
+Z_80 = 1.96 + 0.84  # two-sided 5%, 80% power
+
+
+def n_to_decide(n: int, half_width: float, effect: float) -> int | None:
+    """The sample size at which an effect of `effect` (same units as the interval) is detected with 80% power,
+    two-sided 5%, from a run of `n` whose 95% interval had `half_width`: the standard error shrinks as 1/sqrt(n).
+    None when the run gives no spread to scale."""
+    if not n or not np.isfinite(half_width) or half_width <= 0 or not effect:
+        return None
+    se = half_width / 1.96
+    return int(np.ceil(n * (Z_80 * se / abs(effect)) ** 2))
+
+
+def duration(seconds: float) -> str:
+    """3 h 10 min, 12 min, 40 s."""
+    if not np.isfinite(seconds):
+        return "unknown"
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def decide_sentence(unit: str, n: int, needed: int | None, seconds: float | None, effect: str,
+                    closest: str = "") -> str:
+    """'to decide ... needs about N units (this run: n), about T here at this run's pace ...'."""
+    if needed is None:
+        return f"this run gives no spread to size a larger one ({effect})"
+    text = f"to detect {effect} at 80% power needs about {needed:,} {unit} (this run: {n:,})"
+    if seconds and n:
+        text += (f", about {duration(seconds * needed / n)} on this machine at this run's pace ({duration(seconds)} for "
+                 f"{n:,}, fixed costs included)")
+    return text + (f"; {closest}" if closest else "")

@@ -2,7 +2,7 @@
 
 A study is a package `studies/NAME/` with the same few files:
     config.py     class Config(StudyConfig): every knob with its default and a sentence
-    profiles.yaml the quick and full sizes (and variants, e.g. S0's pretrained model): a field left unset
+    profiles.yaml the demo, quick and full sizes (and variants, e.g. S0's pretrained model): a field left unset
                   (None) takes its value there, through the one resolver `StudyConfig.size`
     recipe.py     run(config, run_dir, lm=None) -> DataFrame: the run as a short sequence of named phases
                   (resumable via run_dir.done/record); rows carry a `kind` that names their table
@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -35,7 +35,7 @@ DEVICE_PATTERN = r"auto|cpu|mps|cuda(:\d+)?"
 
 @functools.lru_cache(maxsize=None)
 def load_profiles(package: str) -> dict:
-    """The `profiles.yaml` of a study package: {quick: {...}, full: {...}, variants: {NAME: {quick, full}}}."""
+    """The `profiles.yaml` of a study package: {demo: {...}, quick: {...}, full: {...}, variants: {NAME: {...}}}."""
     from importlib import resources
 
     import yaml
@@ -47,7 +47,9 @@ class StudyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
     model: str = Field(description="embedded name, hub id, local directory or .gguf file")
-    profile: Literal["quick", "full"] = Field("quick", description="quick (CPU minutes) or full (the paper's sizes)")
+    profile: Literal["demo", "quick", "full"] = Field(
+        "quick", description="demo (a first run: minutes on a CPU, where the embedded model can show the effect), "
+                             "quick (what a CPU decides in about an hour) or full (the paper's sizes, a GPU)")
     seed: int = Field(0, description="the same seed gives the same table")
     device: str = Field("auto", description=DEVICE_HELP)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -62,6 +64,17 @@ class StudyConfig(BaseModel):
         if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"'{value}' is not a device; use {DEVICE_HELP}")
         return value
+
+    # --- inputs that need no model, checked before torch and transformers load (the CLI calls this first)
+    def check_inputs(self) -> None:
+        """Every input that can be checked without a model: each model name or path, then the study's own (files
+        exist and parse, names and values known). Each failure is the sentence the run itself would give."""
+        from lmlab.models.catalog import check_model_spec
+
+        for name in (m.strip() for m in str(self.model).split(",") if m.strip()):
+            check_model_spec(name, scratch_ok=self.trains_own_model)
+
+    trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
 
     # --- where and in what precision the study runs
     def torch_device(self) -> str:
@@ -101,7 +114,10 @@ class StudyConfig(BaseModel):
             return value
         profiles = load_profiles(type(self).__module__.rpartition(".")[0])
         names = ([variant] if variant else []) + self.variants()
-        for table in [profiles["variants"][v][self.profile] for v in names] + [profiles[self.profile]]:
+        # a variant without a demo table takes its quick one (its model or data differs from the defaults')
+        variant_tables = [profiles["variants"][v].get(self.profile) or
+                          (profiles["variants"][v].get("quick", {}) if self.profile == "demo" else {}) for v in names]
+        for table in variant_tables + [profiles[self.profile]]:
             if name in table:
                 return table[name]
         return None
@@ -217,6 +233,14 @@ def canvas(fig, size: tuple[float, float], *grid, **kwargs):
 
         fig = plt.figure(figsize=size)
     return fig, fig.subplots(*grid, **kwargs)
+
+
+def caption(fig, text: str) -> None:
+    """Name the figure's model(s) and data in its title: a figure a reader can cite (a SubFigure of a several-model
+    figure is titled by its model instead, by the runner)."""
+    if hasattr(fig, "tight_layout"):
+        old = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""
+        fig.suptitle(text + (f"\n{old}" if old else ""), fontsize=10)
 
 
 def finish(fig):

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lmlab.environment import environment
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, weights_fingerprint
 from lmlab.runs import RunDir
@@ -64,6 +65,8 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
     tables, meta = split_tables(frame, config.model)
     result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
                          config.model_dump(), run.path, _spec=spec)
+    # the verdict sizes what would decide it from this run's pace: every session of a resumed run counts
+    result.seconds = max(time.perf_counter() - t0, run.logged_seconds())
     result.verdict = spec.verdict(result)
     result.verdicts = {config.model: result.verdict}
     _write(run, result)
@@ -71,7 +74,8 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
     run.log(f"done in {result.seconds:.1f}s: {result.verdict.status}")
     total = max(result.seconds, run.logged_seconds())  # every session of a resumed run counts
     run.finish(model=config.model, models=[config.model], verdict=result.verdict.status,
-               run_seconds=round(total, 1), session_seconds=round(result.seconds, 1),
+               run_seconds=round(total, 1), session_seconds=round(time.perf_counter() - t0, 1),
+               environment=environment(config.torch_device()),
                **({"weights": tag} if tag else {}))
     return result
 

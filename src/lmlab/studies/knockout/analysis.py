@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.stats import bootstrap, percentile_interval, wilson
-from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.stats import bootstrap, decide_sentence, n_to_decide, percentile_interval, wilson
+from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.knockout.config import MIN_GROUP
 
 CLAIM = ("Q-Anchored ΔP falls far below A-Anchored ΔP in middle and late layers, on every dataset, and "
@@ -46,10 +46,12 @@ def figure(result, fig=None):
         _line(left, control, "delta_p", "random tokens (control, all sets)", "grey", ":")
     left.axhline(0, color="black", lw=0.5)
     left.set(xlabel="Layer (probe trained on; E_Q knocked out in layers 0..k)", ylabel="ΔP (pp)",
-             title=f"{result.info.get('model', '')}: ΔP, split per layer")
+             title="ΔP, split per probe layer (Q- vs A-Anchored)")
     right.set(xlabel="Layer", ylabel="probe predictions flipped (%)", title="flip rate: E_Q vs control", ylim=(0, 100))
     for ax in (left, right):
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7, frameon=False)
+    caption(fig, f"{result.models[0]}: attention knockout of the question's key tokens, "
+                 f"{', '.join(sorted(ko.dataset.unique()))} ({ko.id.nunique()} answered questions with probes)")
     return finish(fig)
 
 
@@ -182,7 +184,45 @@ def verdict(result) -> Verdict:
     status = ("not reproduced" if "not reproduced" in statuses else
               "reproduced" if statuses == {"reproduced"} else "inconclusive")
     summary = f"over layers {late[0]}-{late[-1]}: " + "; ".join(notes)
+    if status == "inconclusive":
+        evidence["to_decide"] = to_decide(evidence, status_of, meta, getattr(result, "seconds", 0.0))
+        summary += f". {evidence['to_decide']['text'].capitalize()}"
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
+
+
+def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> dict:
+    """Questions a set that would decide every undecided set at 80% power: for an open check, the size at which
+    its bar (10 pp of gap, 10 points of flips) is detected; for a set short of Q- or A-Anchored samples, the
+    size that gives MIN_GROUP of each. Its time is this run's pace (every question of every set)."""
+    per_set: dict[str, int] = {}
+    sets = evidence["datasets"]
+    n_sets = max(len(status_of), 1)
+    asked = int(meta.get("questions", 0)) // n_sets or 1  # questions a set
+    for name, status in status_of.items():
+        if status != "inconclusive" or name not in sets:
+            continue
+        entry = sets[name]
+        n = entry["n_samples"]
+        scale = asked / max(n, 1)  # questions asked per sample that has probes
+        needs = []
+        if min(entry["q_mean_count"], entry["a_mean_count"]) < MIN_GROUP:
+            fewest = max(min(entry["q_mean_count"], entry["a_mean_count"]), 0.5)
+            needs.append(int(np.ceil(n * MIN_GROUP / fewest)))
+        for check, bar in (("Q-A gap <= -10 pp", (entry["q_minus_a"], -FAR)),
+                           ("E_Q flips more than control", (entry["eq_minus_control_flip_rate"], FLIP_MARGIN))):
+            if entry["checks"].get(check) == "unclear":
+                iv, effect = bar
+                needs.append(n_to_decide(n, (iv["high"] - iv["low"]) / 2, effect) or 0)
+        if needs:
+            per_set[name] = int(np.ceil(max(needs) * scale))
+    if not per_set:
+        return {"per_set": {}, "text": "a set without probes needs more answers of each kind (more questions, or an "
+                                       "easier set)"}
+    most = max(per_set.values())
+    text = decide_sentence("questions", asked * n_sets, most * n_sets, seconds,
+                           "the 10-point bars on " + ", ".join(f"{k} ({v:,} a set)" for k, v in per_set.items()),
+                           "the full profile asks 1,000 a set")
+    return {"per_set": per_set, "questions_per_set": most, "text": text}
 
 
 def _add_side_evidence(result, evidence: dict) -> None:

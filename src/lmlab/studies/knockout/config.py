@@ -13,9 +13,9 @@ MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its ow
 
 
 class Config(StudyConfig):
-    datasets: list[str] = Field(default_factory=lambda: list(geo_qa.RELATIONS),
-                                description="generated sets, hub ids (popqa, triviaqa, nq, hotpotqa), or "
-                                            "FORMAT:PATH for a real file or saved dataset folder")
+    datasets: list[str] | None = Field(None, description="generated sets (" + ", ".join(geo_qa.RELATIONS) + "), hub "
+                                       "ids (popqa, triviaqa, nq, hotpotqa), or FORMAT:PATH for a real file or saved "
+                                       "dataset folder")
     per_dataset: int | None = Field(None, ge=1, description="questions per dataset")
     sweep_every: int | None = Field(None, ge=1, description="knock out every n-th layer (plus the best probe layers)")
     scope: Literal["each", "span"] = Field("each", description="knock out each E_Q token from every later "
@@ -26,3 +26,25 @@ class Config(StudyConfig):
     batch_size: int = Field(16, ge=1, description="prompts per forward pass")
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of questions held out to score the probes")
     min_per_class: int = Field(10, ge=1, description="fewest right and wrong answers a probe is trained on")
+
+    def check_inputs(self) -> None:
+        """Known dataset names, and every FORMAT:PATH file read and parsed (the first bad row named)."""
+        super().check_inputs()
+        from lmlab.data.formats import READERS, read_qa
+
+        for entry in self.size("datasets"):
+            kind, _, path = entry.partition(":")
+            if entry in geo_qa.RELATIONS or entry in READERS:
+                continue
+            if path and kind in READERS:
+                read_qa(kind, path)
+                continue
+            raise unknown_dataset(entry)
+
+
+def unknown_dataset(entry: str):
+    from lmlab.data.formats import READERS
+    from lmlab.errors import LmlabError
+
+    return LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.RELATIONS)}; from the hub: "
+                      f"{', '.join(READERS)}; or a file or saved dataset folder as FORMAT:PATH")

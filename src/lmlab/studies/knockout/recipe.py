@@ -43,7 +43,7 @@ from lmlab.errors import LmlabError
 from lmlab.generation import greedy_answers, last_token_features
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
-from lmlab.studies.knockout.config import Config
+from lmlab.studies.knockout.config import Config, unknown_dataset
 from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers
 from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
@@ -51,7 +51,7 @@ from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, grou
 def load_items(config: Config) -> list[QAItem]:
     n = config.size("per_dataset")
     items: list[QAItem] = []
-    for entry in config.datasets:
+    for entry in config.size("datasets"):
         kind, _, path = entry.partition(":")
         if entry in geo_qa.RELATIONS:
             items += geo_qa.generate(entry, n, seed=config.seed)
@@ -63,8 +63,7 @@ def load_items(config: Config) -> list[QAItem]:
 
             found = hub_qa(entry)
         else:
-            raise LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.RELATIONS)}; from the hub: "
-                             f"{', '.join(READERS)}; or a file or saved dataset folder as FORMAT:PATH")
+            raise unknown_dataset(entry)
         items += random.Random(config.seed).sample(found, min(n, len(found)))
     return items
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.stats import bootstrap
-from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.stats import duration, bootstrap
+from lmlab.studies.base import Verdict, canvas, caption, finish
 
 POINT = 0.01  # "within about one point" of accuracy
 MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not exercised
@@ -89,6 +89,9 @@ def figure(result, fig=None):
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14),
               ncol=3, fontsize=7, frameon=False)
     ax.set_title("Accuracy and tokens vs latent compression rate")
+    data = result.config.get("data", "walk")
+    caption(fig, f"{result.models[0]} on the {data} task: latent compression of reasoning chains "
+                 f"({len(_correct(result, 'cot'))} test problems)")
     return finish(fig)
 
 
@@ -168,7 +171,9 @@ def verdict(result) -> Verdict:
             text += (" Not decided within one point at r=" + ", ".join(map(str, open_rates)) + ": minimum detectable "
                      "difference " + ", ".join(f"{100 * diffs[r]['mde']:.1f} pp" for r in open_rates)
                      + f" at n = {diffs[open_rates[0]]['n']} (one-sided 5%, 80% power); one point needs about "
-                     + ", ".join(f"{diffs[r]['n_for_one_point']}" for r in open_rates) + " test problems.")
+                     + ", ".join(f"{diffs[r]['n_for_one_point']}" for r in open_rates) + " test problems: a rerun with "
+                     f"--n-test {max(diffs[r]['n_for_one_point'] for r in open_rates)} (only the evaluation grows; "
+                     f"this whole run took {duration(getattr(result, 'seconds', 0.0))} on this machine).")
         if not steady:
             text += " Tokens do not fall steadily with r."
     evidence = {"token_reduction_at_max_rate": reduction, "tokens_fall": fewer, "tokens_steady": steady,

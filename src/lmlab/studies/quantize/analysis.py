@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 
 from lmlab.evaluation import metric_value
-from lmlab.stats import percentile_interval
-from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.stats import duration, n_to_decide, percentile_interval
+from lmlab.studies.base import Verdict, canvas, caption, finish
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
 NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (paper: 83.95 vs ~84.0 at 2 bits)
@@ -127,6 +127,16 @@ def verdict(result) -> Verdict:
     for k, v in reported.items():
         summary += (f"; {k}: {v} (reported only: the paper's effect is {PAPER_GAP_EFFECT} points, this run resolves "
                     f"about ±{evidence['gap_difference_halfwidth']:.1f})")
+    if checks.get("2-bit close to teacher") == "unclear":
+        iv = evidence["teacher_minus_2bit"]
+        n_eval = int(result.info.get("n_eval", 0) or 0)
+        needed = n_to_decide(n_eval, (iv["high"] - iv["low"]) / 2, max(abs(NEAR - iv["estimate"]), 0.25))
+        if needed:
+            evidence["to_decide"] = {"n_eval": needed}
+            summary += (f"; to decide '2-bit close' at 80% power (the interval clear of {NEAR:.0f} points at this gap) "
+                        f"needs about {needed:,} test examples a task (this run: {n_eval:,}): a rerun with --n-eval "
+                        f"{needed} trains the same students and scores more examples, about "
+                        f"{duration(getattr(result, 'seconds', 0.0))} on this machine as this run took")
     if excluded:
         summary += f"; left out of the average: {', '.join(excluded)} (teacher below {MIN_TEACHER:.0f})"
     lm = result.table("lm")
@@ -173,6 +183,9 @@ def figure(result, fig=None):
         ax.set_ylabel({"matthews": "Mcc", "f1": "F1", "accuracy": "Acc.", "pearson": "Pearson",
                        "perplexity": "perplexity (log)"}.get(metric, "score"))
     axes[0][0].legend(fontsize=7)
+    n_eval = int(result.info.get("n_eval", 0) or 0)
+    caption(fig, f"{result.models[0]}: XTC weight quantization with one-stage KD on {', '.join(tasks)}"
+                 + (f" ({n_eval} test examples a task)" if n_eval else ""))
     return finish(fig)
 
 

@@ -18,7 +18,7 @@ from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.train import TrainConfig, train
-from lmlab.train.kd import kd_loss
+from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
 
 
 def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = False):
@@ -86,7 +86,16 @@ class _BestDev:
         return self.best[1], 100 * self.best[0]
 
 
-def run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> list[dict]:
+def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:
+    """The teacher's outputs over the task's KD pool, computed once for every student (None: recompute them
+    every step, `--no-teacher-cache`)."""
+    if not config.teacher_cache:
+        return None
+    return TeacherCache(teacher, task.train, collate, batch_size=64, scores=config.kd_attention > 0)
+
+
+def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None
+             ) -> list[dict]:
     """One configuration of one task: the teacher's own score, or one quantized student trained with KD."""
     labels = np.array([e.label for e in task.test])
     info: dict = {}
@@ -110,8 +119,9 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key) -> list
         work = run_dir.path / "work" / f"{task.name}-{key}"
         weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
         best = _BestDev(model, collate, task, tc.checkpoint_every) if config.size("best_dev") else None
-        train(model, task.train, collate, lambda m, b: kd_loss(m, teacher, b, regression, **weights)[0], tc, work,
-              on_step=best)
+        data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
+        train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0], tc,
+              work, on_step=best)
         if best is not None:
             info["best_dev_step"], info["best_dev"] = best.restore()
         shutil.rmtree(work, ignore_errors=True)

@@ -38,7 +38,7 @@ from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.studies.quantize.decoder import run_decoder
-from lmlab.studies.quantize.measure import collate_for, run_unit, seed_unit, train_config
+from lmlab.studies.quantize.measure import collate_for, run_unit, seed_unit, teacher_cache, train_config
 from lmlab.train import train
 
 
@@ -95,14 +95,17 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         teacher.eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
+        cache = None
         units = [("teacher", 32, None)] + [(f"{bits}bit-{b}", bits, b) for bits in config.bits for b in budgets]
         for key, bits, budget in units:
             unit_key = f"{task.name}|{key}"
             if unit_key not in done:
-                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key)
+                if bits != 32 and cache is None:  # once per task, for all its students
+                    cache = teacher_cache(config, task, teacher, collate)
+                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache)
                 run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]
-        del teacher
+        del teacher, cache
     rows.append(dict(kind="counts", model=base.name, tasks=",".join(t.name for t in tasks),
                      n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a")))
     return pd.DataFrame(rows)

@@ -186,6 +186,11 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     for name in config.tasks:
         if name not in TASKS:
             raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+    if not config.size("circuits"):  # the toy alone: no model to load
+        _toy(config, run_dir)
+        table = pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
+        _toy_figures(config, run_dir, table)
+        return table
     # post-training changes the weights: a model passed in is copied, never trained in place
     lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     if not lm.layout.causal:
@@ -226,6 +231,12 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
             for rs in run_dir.done(part).values() for r in rs]
     table = derive(pd.DataFrame(rows), config.threshold, config.seed)
+    _toy_figures(config, run_dir, table)
+    return table
+
+
+def _toy_figures(config: Config, run_dir: RunDir, table: pd.DataFrame) -> None:
+    """The toy's edge drawing and the post-training trajectories, as extra figures of the run."""
     import matplotlib.pyplot as plt
 
     usage = _load_usage(run_dir)
@@ -236,7 +247,6 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     fig = geco_figure(split_tables(table, config.model)[0])
     run_dir.write_figure(fig, name="geco_figure")
     plt.close(fig)
-    return table
 
 
 def _load_usage(run_dir: RunDir):
