@@ -515,3 +515,28 @@ def test_heads_needed_ignores_an_early_spike():
     assert curve.heads_needed(0.9) == 4
     never = circuits.EffectCurve([0, 1, 2], np.array([[0.0], [0.5], [0.0 + 1e-9]]), np.array([1.0]), np.array([0.0]))
     assert never.heads_needed(0.9) is None
+
+
+def test_toy_only_verdict_decides_on_the_toy_and_knows_when_it_cannot():
+    """The demo's S4 runs the addition toy alone: reproduced when the sparse toy keeps <= 5% of edges within 2
+    points of the dense toy's exact match, not reproduced when it keeps many more, inconclusive when the dense
+    toy never learned addition or the constraint is still violated."""
+    from lmlab.studies.result import from_rows
+    from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
+
+    def result(dense_em=0.994, sparse_em=0.982, kept=0.043, converged=True):
+        rows = [dict(kind="toy", variant="dense", value=dense_em, ce=0.01, kept=1.0, edges_per_query=23.5, floor=0.043),
+                dict(kind="toy", variant="sparse", value=sparse_em, ce=0.02, kept=kept, edges_per_query=1.0,
+                     fallback=0.0, floor=0.043, multiplier=2.0, final_ema=-0.03 if converged else 0.05,
+                     converged=converged, tau=0.04, steps=300)]
+        rows += [dict(kind="toy_geco", step=i + 1, ce=0.03, tau=0.04, ema=-0.01, multiplier=1.0, kept_edges=kept)
+                 for i in range(40)]
+        return from_rows("sparse-circuits", rows, "toy")
+
+    assert s4_verdict(result()).status == "reproduced"
+    assert s4_verdict(result(kept=0.20)).status == "not reproduced"
+    assert s4_verdict(result(sparse_em=0.90)).status == "not reproduced"
+    undecided = s4_verdict(result(dense_em=0.30))
+    assert undecided.status == "inconclusive" and "did not learn addition" in undecided.summary
+    assert s4_verdict(result(converged=False)).status == "inconclusive"
+    assert "64 prompt pairs" in s4_verdict(result()).summary  # what the multiplier half would take

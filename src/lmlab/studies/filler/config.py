@@ -32,8 +32,9 @@ class Config(StudyConfig):
     profile_layer: int = Field(0, ge=0, description="layer whose attention is profiled")
     head: int | None = Field(None, description="head for the profile (default: the one that changes most)")
     arm_layer: int = Field(0, ge=0, description="layer whose attention output ARM edits")
-    arm_c: list[float] = Field(default_factory=lambda: [0.13, 0.32], description="ARM's c values tried on dev")
-    arm_p1: list[float] = Field(default_factory=lambda: [90.0, 99.5], description="ARM's P1 percentiles tried on dev")
+    arm_c: list[float] | None = Field(None, description="ARM's c values tried on dev (the paper: 0.13 for "
+                                                        "Qwen2.5-Math-1.5B, 0.32 for Llama-3.1-8B)")
+    arm_p1: list[float] | None = Field(None, description="ARM's P1 percentiles tried on dev (the paper: 99.5, 90)")
     arm_scope: Literal["call", "row", "token"] = Field("call", description="ARM statistics over the whole activation "
                                                        "tensor of a call (the authors' code), each sequence, or each token")
     arm_p_min: float = Field(0.02, description="ARM's least edited share (METHODS.md 0.02; the authors' code 0.2)")

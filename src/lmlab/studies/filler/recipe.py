@@ -77,8 +77,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
 
     # ARM: tune (c, p1) on dev, then the test split with the chosen pair
     tuning = []
-    for c in config.arm_c:
-        for p1 in config.arm_p1:
+    for c in config.size("arm_c"):
+        for p1 in config.size("arm_p1"):
             got = evaluate(lm, run_dir, dev, "ARM", config, arm=dict(c=c, p1=p1), split="dev", sweep=f"c={c},p1={p1}")
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=sum(r["correct"] for r in got) / len(got)))
     best = max(tuning, key=lambda r: r["dev_accuracy"])

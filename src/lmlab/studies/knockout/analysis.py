@@ -192,8 +192,9 @@ def verdict(result) -> Verdict:
 
 def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> dict:
     """Questions a set that would decide every undecided set at 80% power: for an open check, the size at which
-    its bar (10 pp of gap, 10 points of flips) is detected; for a set short of Q- or A-Anchored samples, the
-    size that gives MIN_GROUP of each. Its time is this run's pace (every question of every set)."""
+    the interval would clear its bar (10 pp of gap, 10 points of flips) at the estimated effect, which is the
+    effect's distance to the bar (an estimate on the bar needs a size no run can reach); for a set short of Q-
+    or A-Anchored samples, the size that gives MIN_GROUP of each. Its time is this run's pace."""
     per_set: dict[str, int] = {}
     sets = evidence["datasets"]
     n_sets = max(len(status_of), 1)
@@ -208,11 +209,20 @@ def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> di
         if min(entry["q_mean_count"], entry["a_mean_count"]) < MIN_GROUP:
             fewest = max(min(entry["q_mean_count"], entry["a_mean_count"]), 0.5)
             needs.append(int(np.ceil(n * MIN_GROUP / fewest)))
-        for check, bar in (("Q-A gap <= -10 pp", (entry["q_minus_a"], -FAR)),
-                           ("E_Q flips more than control", (entry["eq_minus_control_flip_rate"], FLIP_MARGIN))):
+        # distance from the estimate to the edge of the interval that would decide the check either way
+        def gap_distance(iv):  # "far below": est <= -10 with the interval below 0; "no": the interval above -10
+            return abs(iv["estimate"]) if iv["estimate"] <= FAR else iv["estimate"] - FAR
+
+        flips = entry["eq_minus_control_flip_rate"]
+        checks = [("Q-A gap <= -10 pp", entry["q_minus_a"], gap_distance(entry["q_minus_a"])),
+                  ("E_Q flips more than control", flips, flips["estimate"] if flips["estimate"] >= FLIP_MARGIN
+                   else FLIP_MARGIN - flips["estimate"])]
+        if "gap_minus_control_gap" in entry:
+            beyond = entry["gap_minus_control_gap"]
+            checks.append(("Q-A gap beyond the control's", beyond, gap_distance(beyond)))
+        for check, iv, distance in checks:
             if entry["checks"].get(check) == "unclear":
-                iv, effect = bar
-                needs.append(n_to_decide(n, (iv["high"] - iv["low"]) / 2, effect) or 0)
+                needs.append(n_to_decide(n, (iv["high"] - iv["low"]) / 2, max(distance, 1e-9)) or 0)
         if needs:
             per_set[name] = int(np.ceil(max(needs) * scale))
     if not per_set:
@@ -220,7 +230,8 @@ def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> di
                                        "easier set)"}
     most = max(per_set.values())
     text = decide_sentence("questions", asked * n_sets, most * n_sets, seconds,
-                           "the 10-point bars on " + ", ".join(f"{k} ({v:,} a set)" for k, v in per_set.items()),
+                           "the estimated effects against the 10-point bars on "
+                           + ", ".join(f"{k} ({v:,} a set)" for k, v in per_set.items()),
                            "the full profile asks 1,000 a set")
     return {"per_set": per_set, "questions_per_set": most, "text": text}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.stats import percentile_interval
-from lmlab.studies.base import Verdict, canvas, caption, finish
+from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
 from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
@@ -273,8 +273,9 @@ def summary(result) -> pd.DataFrame:
     rows = []
     tasks = result.table("task")
     needed = result.table("heads_needed")
-    mult = result.table("multiplier").set_index("task")
-    for name in dict.fromkeys(tasks["task"]):
+    mult = result.table("multiplier")
+    mult = mult.set_index("task") if "task" in mult else mult
+    for name in dict.fromkeys(tasks["task"] if "task" in tasks else []):
         row = {"task": name}
         for variant in ("dense", "sparse"):
             t = tasks[(tasks["task"] == name) & (tasks["variant"] == variant)]
