@@ -91,7 +91,7 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("args,message", [
-    (("knockout", "--profile", "huge"), "Invalid value for '--profile': 'huge' is not one of 'quick', 'full'"),
+    (("knockout", "--profile", "huge"), "Invalid value for '--profile': 'huge' is not one of 'demo', 'quick', 'full'"),
     (("knockout", "--dtype", "int3"), "Invalid value for '--dtype': 'int3' is not one of 'auto', 'float32'"),
     (("knockout", "--per-dataset", "many"), "Invalid value for '--per-dataset'"),
     (("knockout", "--per-dataset", "0"), "bad option --per-dataset: Input should be greater than or equal to 1"),
@@ -112,8 +112,8 @@ def test_help_shows_types_choices_defaults_and_a_sentence_per_option(capsys, mon
     code, out, _ = run_main(capsys, "knockout", "--help")
     assert code == 0
     text = re.sub(r"[│╭╮╰╯─]", " ", out)
-    assert "<quick|full>" in text and "<auto|float32|bfloat16|float16>" in text and "<each|span>" in text
-    assert "quick 128, full 1000" in text  # a profile size shows both profiles' values
+    assert "<demo|quick|full>" in text and "<auto|float32|bfloat16|float16>" in text and "<each|span>" in text
+    assert "demo 96, quick 128, full 1000" in text  # a profile size shows every profile's value
     assert "<int>" in text and "<float>" in text and "TEXT,..." in text
     assert "questions per dataset" in text and "FILE.yaml" in text
     code, out, _ = run_main(capsys, "sparse-circuits", "--help")
