@@ -62,8 +62,5 @@ def run(study: str, model: str | LoadedModel | None = None, *, models: Sequence[
     except ValidationError as exc:
         first = exc.errors()[0]
         raise LmlabError(f"bad setting {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    if not loaded:  # models passed in need no name check; files and names are checked either way
-        study_config.check_inputs()
-    else:
-        type(study_config).check_inputs(study_config.model_copy(update={"model": "tiny-llama"}))
+    study_config.check_inputs(models=not loaded)  # models passed in need no name check; files and names do
     return run_study(spec, study_config, out, lm=loaded or None)

@@ -66,12 +66,13 @@ class StudyConfig(BaseModel):
         return value
 
     # --- inputs that need no model, checked before torch and transformers load (the CLI calls this first)
-    def check_inputs(self) -> None:
-        """Every input that can be checked without a model: each model name or path, then the study's own (files
-        exist and parse, names and values known). Each failure is the sentence the run itself would give."""
+    def check_inputs(self, models: bool = True) -> None:
+        """Every input that can be checked without a model: each model name or path (unless `models` is False:
+        models passed in as LoadedModels), then the study's own (files exist and parse, names and values known).
+        Each failure is the sentence the run itself would give."""
         from lmlab.models.catalog import check_model_spec
 
-        for name in (m.strip() for m in str(self.model).split(",") if m.strip()):
+        for name in (m.strip() for m in str(self.model).split(",") if m.strip() and models):
             check_model_spec(name, scratch_ok=self.trains_own_model)
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run

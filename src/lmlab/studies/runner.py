@@ -70,11 +70,12 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
     result.verdict = spec.verdict(result)
     result.verdicts = {config.model: result.verdict}
     _write(run, result)
-    result.seconds = time.perf_counter() - t0
-    run.log(f"done in {result.seconds:.1f}s: {result.verdict.status}")
-    total = max(result.seconds, run.logged_seconds())  # every session of a resumed run counts
+    session = time.perf_counter() - t0
+    run.log(f"done in {session:.1f}s: {result.verdict.status}")
+    total = max(session, run.logged_seconds())
+    result.seconds = session
     run.finish(model=config.model, models=[config.model], verdict=result.verdict.status,
-               run_seconds=round(total, 1), session_seconds=round(time.perf_counter() - t0, 1),
+               run_seconds=round(total, 1), session_seconds=round(session, 1),
                environment=environment(config.torch_device()),
                **({"weights": tag} if tag else {}))
     return result

@@ -38,9 +38,9 @@ class Config(StudyConfig):
     arm_scope: Literal["call", "row", "token"] = Field("call", description="ARM statistics over the whole activation "
                                                        "tensor of a call (the authors' code), each sequence, or each token")
     arm_p_min: float = Field(0.02, description="ARM's least edited share (METHODS.md 0.02; the authors' code 0.2)")
-    def check_inputs(self) -> None:
+    def check_inputs(self, models: bool = True) -> None:
         """The benchmark's name, and a gsm8k:PATH / math500:PATH file read and parsed (the first bad row named)."""
-        super().check_inputs()
+        super().check_inputs(models)
         from lmlab.data.math import read_math_file
 
         if self.benchmark == "arithmetic":

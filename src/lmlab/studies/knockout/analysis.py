@@ -190,6 +190,12 @@ def verdict(result) -> Verdict:
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
 
 
+def _gap_distance(iv: dict) -> float:
+    """A gap check says yes when the estimate is <= -10 with the interval below 0, no when the interval lies above
+    -10: the distance its interval has to clear from the estimate."""
+    return abs(iv["estimate"]) if iv["estimate"] <= FAR else iv["estimate"] - FAR
+
+
 def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> dict:
     """Questions a set that would decide every undecided set at 80% power: for an open check, the size at which
     the interval would clear its bar (10 pp of gap, 10 points of flips) at the estimated effect, which is the
@@ -209,17 +215,14 @@ def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> di
         if min(entry["q_mean_count"], entry["a_mean_count"]) < MIN_GROUP:
             fewest = max(min(entry["q_mean_count"], entry["a_mean_count"]), 0.5)
             needs.append(int(np.ceil(n * MIN_GROUP / fewest)))
-        # distance from the estimate to the edge of the interval that would decide the check either way
-        def gap_distance(iv):  # "far below": est <= -10 with the interval below 0; "no": the interval above -10
-            return abs(iv["estimate"]) if iv["estimate"] <= FAR else iv["estimate"] - FAR
-
+        # the distance from each estimate to the bar its interval has to clear, either way
         flips = entry["eq_minus_control_flip_rate"]
-        checks = [("Q-A gap <= -10 pp", entry["q_minus_a"], gap_distance(entry["q_minus_a"])),
+        checks = [("Q-A gap <= -10 pp", entry["q_minus_a"], _gap_distance(entry["q_minus_a"])),
                   ("E_Q flips more than control", flips, flips["estimate"] if flips["estimate"] >= FLIP_MARGIN
                    else FLIP_MARGIN - flips["estimate"])]
         if "gap_minus_control_gap" in entry:
             beyond = entry["gap_minus_control_gap"]
-            checks.append(("Q-A gap beyond the control's", beyond, gap_distance(beyond)))
+            checks.append(("Q-A gap beyond the control's", beyond, _gap_distance(beyond)))
         for check, iv, distance in checks:
             if entry["checks"].get(check) == "unclear":
                 needs.append(n_to_decide(n, (iv["high"] - iv["low"]) / 2, max(distance, 1e-9)) or 0)

@@ -27,9 +27,9 @@ class Config(StudyConfig):
     test_fraction: float = Field(0.3, gt=0, lt=1, description="share of questions held out to score the probes")
     min_per_class: int = Field(10, ge=1, description="fewest right and wrong answers a probe is trained on")
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, models: bool = True) -> None:
         """Known dataset names, and every FORMAT:PATH file read and parsed (the first bad row named)."""
-        super().check_inputs()
+        super().check_inputs(models)
         from lmlab.data.formats import READERS, read_qa
 
         for entry in self.size("datasets"):

@@ -37,9 +37,9 @@ class Config(StudyConfig):
 
     trains_own_model = True
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, models: bool = True) -> None:
         """check_config, and a gsm8k:PATH file read and parsed."""
-        super().check_inputs()
+        super().check_inputs(models)
         check_config(self)
         if self.data.startswith("gsm8k:"):
             from lmlab.data.math import read_gsm8k

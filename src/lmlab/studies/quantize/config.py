@@ -39,9 +39,9 @@ class Config(StudyConfig):
     text_tokens: int | None = Field(None, ge=1, description="decoders: tokens per sampled sequence")
     n_prompts: int | None = Field(None, ge=1, description="decoders: prompts per circuit task")
 
-    def check_inputs(self) -> None:
+    def check_inputs(self, models: bool = True) -> None:
         """Bits, budgets and task names, and a glue-NAME:DIR folder's files read and parsed."""
-        super().check_inputs()
+        super().check_inputs(models)
         from pathlib import Path
 
         from lmlab.data.formats import GLUE, read_glue

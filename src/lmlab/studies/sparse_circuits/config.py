@@ -42,8 +42,8 @@ class Config(StudyConfig):
     toy_slack: float = Field(0.03, description="toy: tau = dense answer CE + this (nats)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
 
-    def check_inputs(self) -> None:
-        super().check_inputs()
+    def check_inputs(self, models: bool = True) -> None:
+        super().check_inputs(models)
         from lmlab.errors import LmlabError
 
         for name in self.tasks:
