@@ -173,6 +173,11 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     from lmlab.studies import STUDIES
     from lmlab.studies.base import resolve_device
 
+    from lmlab.parallel import is_distributed
+
+    if is_distributed():
+        raise LmlabError("lmlab reproduce runs in one process; launch one study at a time instead "
+                         "(accelerate launch -m lmlab knockout ...), see docs/scaling.md")
     resolve_device(device)  # a misspelt device, or one the machine lacks, fails before any study
     models = {}
     for item in model or []:
@@ -312,6 +317,8 @@ def _study_command(spec):
         from lmlab.studies import run_study
 
         result = run_study(spec, settings, out_dir)
+        if result is None:  # another process of a launch: rank 0 reports
+            return
         out.print(f"{spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
         out.print(f"outputs in {result.path}")
 

@@ -4,7 +4,8 @@
         config.yaml   the full config (its hash names the folder)
         tables/NAME.csv, tables/NAME.parquet   the named tidy tables (studies/result.py)
         meta.json, verdict.json, figure.png / figure.svg, log.txt, manifest.json
-        partial/*.jsonl   results of finished work units, appended as they finish
+        partial/*.jsonl   results of finished work units, appended as they finish (one file per process
+                          when a study runs over several, see lmlab.parallel)
 
 A study asks `run.done(part)` for the units already finished and `run.record(part, key, rows)` after
 each unit; a killed run, restarted with the same config, lands in the same folder and skips them.
@@ -26,6 +27,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from lmlab import parallel
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 
@@ -53,14 +55,14 @@ class RunDir:
         path = root / f"{study}-{slug(model)}-{config_hash(config if tag is None else {**config, '_weights': tag})}"
         try:
             path.mkdir(parents=True, exist_ok=True)
-            probe = path / ".write-test"
+            probe = path / f".write-test{parallel.world()[0]}"
             probe.write_text("ok")
             probe.unlink()
         except OSError as exc:
             raise LmlabError(f"cannot write to the output directory {root}: {exc.strerror or exc}") from exc
         run = cls(path, study, config)
         cfg_file = path / "config.yaml"
-        if cfg_file.exists():
+        if cfg_file.exists():  # (processes of one launch may all write it: the same bytes, renamed atomically)
             if yaml.safe_load(cfg_file.read_text()) != json.loads(json.dumps(config, default=str)):
                 raise LmlabError(f"{path} holds a run with a different config; use another --out")
         else:
@@ -69,20 +71,25 @@ class RunDir:
 
     # --- progress of a long run
     def _partial(self, part: str) -> Path:
-        return self.path / "partial" / f"{slug(part)}.jsonl"
+        """This process's file of `part` (one file per process when several share the run)."""
+        rank, size = parallel.world()
+        return self.path / "partial" / (f"{slug(part)}.rank{rank}.jsonl" if size > 1 else f"{slug(part)}.jsonl")
 
     def done(self, part: str) -> dict[str, list[dict]]:
-        """Finished units of `part`: key -> rows. A torn last line (killed mid-write) is ignored."""
-        file = self._partial(part)
+        """Finished units of `part`, by any process of this or an earlier session: key -> rows. A torn last line
+        (killed mid-write) is ignored."""
+        folder = self.path / "partial"
+        files = [folder / f"{slug(part)}.jsonl"] + sorted(folder.glob(f"{glob_escape(slug(part))}.rank*.jsonl"))
         out: dict[str, list[dict]] = {}
-        if not file.exists():
-            return out
-        for line in file.read_text().splitlines():
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
+        for file in files:
+            if not file.exists():
                 continue
-            out[str(item["key"])] = item["rows"]
+            for line in file.read_text().splitlines():
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                out[str(item["key"])] = item["rows"]
         return out
 
     def record(self, part: str, key: Any, rows: list[dict]) -> None:
@@ -108,8 +115,10 @@ class RunDir:
         return self.path / name
 
     def log(self, message: str) -> None:
+        """A line in log.txt (rank 0's; another process of a launch writes log.rankR.txt)."""
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        with open(self.path / "log.txt", "a", encoding="utf-8") as fh:
+        rank = parallel.world()[0]
+        with open(self.path / ("log.txt" if rank == 0 else f"log.rank{rank}.txt"), "a", encoding="utf-8") as fh:
             fh.write(f"{stamp} {message}\n")
 
     def logged_seconds(self, now: datetime | None = None) -> float:
@@ -139,6 +148,8 @@ class RunDir:
         return total
 
     def finish(self, status: str = "complete", **extra) -> None:
+        if not parallel.is_main():  # rank 0 alone writes the run's files
+            return
         manifest = {"study": self.study, "status": status, "config_hash": config_hash(self.config),
                     "seconds": round(time.perf_counter() - self._t0, 1),
                     "finished": datetime.now(timezone.utc).isoformat(), **extra}
@@ -146,11 +157,14 @@ class RunDir:
 
     def has_progress(self) -> bool:
         """Anything besides the config and the log: a recorded unit, a checkpoint, an artefact."""
-        return any(p.name not in ("config.yaml", "log.txt") and not p.name.startswith(".") for p in self.path.iterdir())
+        return any(p.name != "config.yaml" and not p.name.startswith((".", "log.")) for p in self.path.iterdir())
 
     def fail(self, reason: str) -> None:
         """A run that stopped on an error. With nothing to resume from its folder is removed (a failed command
         leaves no empty run behind); otherwise it is marked failed with the reason, and resumes when rerun."""
+        if not parallel.is_main():
+            self.log(f"failed: {reason}")
+            return
         if not self.has_progress():
             shutil.rmtree(self.path, ignore_errors=True)
             return
@@ -164,6 +178,10 @@ class RunDir:
 
     def files(self) -> Iterable[Path]:
         return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _jsonable(value):

@@ -1,5 +1,5 @@
 """S4's toy training (the study's own model, data, collate, loss and settings), a few steps; run alone or under
-torchrun / accelerate launch. Writes the loss curve as JSON on rank 0."""
+torchrun. Writes the loss curve and the number of processes as JSON on rank 0."""
 
 import json
 import sys
@@ -28,4 +28,4 @@ if __name__ == "__main__":
 
     if not dist.is_initialized() or dist.get_rank() == 0:
         with open(sys.argv[2], "w") as fh:
-            json.dump(losses, fh)
+            json.dump({"losses": losses, "processes": dist.get_world_size() if dist.is_initialized() else 1}, fh)

@@ -173,6 +173,7 @@ def where_rows(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) 
     """`new` where mask (broadcast over trailing dims), else `old`; gradient-friendly."""
     if mask is None:
         return new
+    mask = mask.to(new.device)
     while mask.dim() < new.dim():
         mask = mask.unsqueeze(-1)
     return torch.where(mask, new, old)

@@ -73,7 +73,8 @@ class Capture(Intervention):
     def stacked(self, point: str) -> torch.Tensor:
         """All captured layers of `point`, stacked on a new first dimension, in layer order."""
         layers = sorted(self.store[point])
-        return torch.stack([self.store[point][l] for l in layers])
+        first = self.store[point][layers[0]]  # layers may sit on different devices (a dispatched model)
+        return torch.stack([self.store[point][l].to(first.device) for l in layers])
 
     def _keep(self, point: str, layer: int, value: torch.Tensor) -> None:
         self.store[point][layer] = value if self.grad else value.detach()
@@ -131,7 +132,7 @@ class PatchResid(Intervention):
         if hidden.shape[:2] != self.values.shape[:2]:
             raise LmlabError(f"PatchResid: values of shape {tuple(self.values.shape[:2])} do not match the "
                              f"forward pass's (batch, positions) {tuple(hidden.shape[:2])}")
-        return where_rows(self.positions, self.values.to(hidden.dtype), hidden)
+        return where_rows(self.positions, self.values.to(hidden), hidden)  # the layer's device and dtype
 
     def hooks(self, layout):
         block = layout.block(self.layer)
@@ -179,7 +180,7 @@ class PatchOutput(Intervention):
         if ref.shape != out.shape:
             raise LmlabError(f"PatchOutput: values of shape {tuple(ref.shape)} do not match layer {layer}'s "
                              f"{self.point} {tuple(out.shape)}")
-        return where_rows(self.positions, ref.to(out.dtype), out)
+        return where_rows(self.positions, ref.to(out), out)
 
     def hooks(self, layout):
         return [_module_for(layout, self.point, layer).register_forward_hook(

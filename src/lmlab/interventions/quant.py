@@ -129,6 +129,9 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
     `weights=False` adds only the activation quantizers (for weights that already hold quantized values)."""
     check_bits(bits)
     targets = quant_targets(model)
+    if any(module.weight.device.type == "meta" for module, _ in targets.values()):
+        raise LmlabError("cannot quantize weights that a device map offloads to the CPU or disk (they are loaded "
+                         "only during the forward pass); give the model room on its devices (--max-memory)")
     for name, (module, rowwise) in targets.items():
         if weights and rowwise:
             module.register_forward_hook(RowQuantizer(bits))

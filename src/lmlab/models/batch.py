@@ -10,8 +10,14 @@ from lmlab.errors import LmlabError
 
 
 def module_device(module: torch.nn.Module) -> torch.device:
-    """Where a module's weights are (cpu for a module without any)."""
-    param = next(module.parameters(), None)
+    """Where a module's inputs go: where its weights are (cpu for a module without any); for a model dispatched
+    over devices by accelerate (`hf_device_map`), the device its input embeddings run on, offloaded or not."""
+    if getattr(module, "hf_device_map", None) and hasattr(module, "get_input_embeddings"):
+        hook = getattr(module.get_input_embeddings(), "_hf_hook", None)
+        device = getattr(hook, "execution_device", None)
+        if device is not None:
+            return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    param = next((p for p in module.parameters() if p.device.type != "meta"), None)
     return param.device if param is not None else torch.device("cpu")
 
 

@@ -28,6 +28,7 @@ from lmlab.hub import cached_locally, hub_reachable, unreachable_message
 from lmlab.models import embedded, tiny
 from lmlab.models.catalog import check_model_spec, known_names  # noqa: F401  (known_names: lmlab.models exports it)
 from lmlab.models.batch import module_device, pad_sequences
+from lmlab.models.placement import Placement, dispatch
 from lmlab.models.scratch import ScratchSpec, build_scratch
 from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
 
@@ -123,7 +124,7 @@ def _auto_class(model_type: str, head: str | None):
 
 
 def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None,
-                     local_files_only=False):
+                     local_files_only=False, placement: Placement | None = None):
     kwargs = dict(trust_remote_code=trust_remote_code, **({"local_files_only": True} if local_files_only else {}))
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
@@ -134,6 +135,8 @@ def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_c
     hf_logging.set_verbosity_error()  # keep GGUF/weight-loading chatter out of the user's terminal
     hf_logging.disable_progress_bar()
     try:
+        if placement is not None:  # the weights stream to their devices (accelerate's big-model loading)
+            extra.update(placement.from_pretrained_kwargs())
         model = cls.from_pretrained(path_or_id, dtype=dtype, **kwargs, **extra)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
     finally:
@@ -143,19 +146,29 @@ def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_c
     return model, tokenizer
 
 
-def _finish(model, tokenizer, name, source, device, dtype, t0, **meta) -> LoadedModel:
-    model = model.to(device=device, dtype=dtype).eval()
+def _finish(model, tokenizer, name, source, device, dtype, t0, placement: Placement | None = None,
+            **meta) -> LoadedModel:
+    if placement is None:
+        model = model.to(device=device, dtype=dtype).eval()
+    elif getattr(model, "hf_device_map", None):  # loaded onto its devices already
+        model = model.eval()
+        placement.needs_offload_folder(model.hf_device_map)
+    else:  # built or loaded in memory: dispatched now
+        model = dispatch(model.to(dtype=dtype), placement, dtype).eval()
+    if placement is not None:
+        meta["device_map"] = {k: str(v) for k, v in model.hf_device_map.items()}
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name=name, source=source,
                        load_seconds=time.perf_counter() - t0, meta=meta)
 
 
-def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, device, t0) -> LoadedModel:
+def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, device, t0,
+                   placement: Placement | None = None) -> LoadedModel:
     kw = dict(head=head, num_labels=num_labels, dtype=torch.float32, trust_remote_code=False)
     if entry.gguf_file is None:  # an ordinary HF folder inside a package
         model, tok = _from_pretrained(str(entry.package_dir()), **kw)
-        return _finish(model, tok, entry.name, f"package {entry.pip}", device, dtype, t0, cached=True)
+        return _finish(model, tok, entry.name, f"package {entry.pip}", device, dtype, t0, placement, cached=True)
     cached = embedded.is_cached(entry)
     if not cached:
         _require_gguf()
@@ -171,7 +184,7 @@ def _load_embedded(entry: embedded.EmbeddedModel, *, head, num_labels, dtype, de
     else:  # the model just de-quantized serves; the tokenizer is the cache's, as every later load's is
         tok = AutoTokenizer.from_pretrained(str(cache_dir), trust_remote_code=False)
     return _finish(model, tok, entry.name, f"package {entry.pip} (GGUF de-quantized, cached)", device, dtype, t0,
-                   cached=cached)
+                   placement, cached=cached)
 
 
 def _require_gguf() -> None:
@@ -183,16 +196,24 @@ def _require_gguf() -> None:
 
 def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str | torch.device | None = None,
                head: str | None = None, num_labels: int | None = None, trust_remote_code: bool = False,
-               seed: int = 0, scratch: ScratchSpec | None = None, tokenizer: Any = None) -> LoadedModel:
+               seed: int = 0, scratch: ScratchSpec | None = None, tokenizer: Any = None,
+               device_map: str | dict | None = None, max_memory: str | dict | None = None,
+               offload: str | Path | None = None) -> LoadedModel:
     """Load `spec` (see module doc). `head`: None (the family's natural head), 'base' or 'classifier'.
     `spec="scratch"` builds a from-scratch Llama stack from `scratch` (a `ScratchSpec`), with `tokenizer`
-    (any object with the ids the caller needs, e.g. a word-level vocabulary) attached as is."""
+    (any object with the ids the caller needs, e.g. a word-level vocabulary) attached as is.
+    `device_map` (auto, balanced, balanced_low_0, sequential, a {module: device} dict or a JSON file of one),
+    `max_memory` and `offload` spread a model over devices and disk (models/placement.py); `device` is then
+    unused."""
+    placement = Placement.parse(device_map, max_memory, offload)
     with torch.device("cpu"):  # weights are built (or read) on the CPU, whatever the default device, then moved
         return _load_model(spec, dtype=dtype, device=device, head=head, num_labels=num_labels,
-                           trust_remote_code=trust_remote_code, seed=seed, scratch=scratch, tokenizer=tokenizer)
+                           trust_remote_code=trust_remote_code, seed=seed, scratch=scratch, tokenizer=tokenizer,
+                           placement=placement)
 
 
-def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code, seed, scratch, tokenizer):
+def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code, seed, scratch, tokenizer,
+                placement=None):
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
                                                                           else "cpu")
@@ -201,24 +222,27 @@ def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code
 
     kind = check_model_spec(spec, scratch_ok=scratch is not None)  # a path that is not a model: one sentence
     if kind == "scratch":
+        if placement is not None:
+            raise LmlabError("a from-scratch model is trained: --device-map is for loading a model to study")
         model = build_scratch(scratch).to(device=device, dtype=dtype).eval()
         return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name="scratch",
                            source=f"random init, seed {scratch.seed}", load_seconds=time.perf_counter() - t0)
     if kind == "tiny":
         model, tok = tiny.build_tiny(spec, seed=seed, head=head, num_labels=num_labels)
-        return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0)
+        return _finish(model, tok, spec, f"random init, seed {seed}", device, dtype, t0, placement)
     if kind == "embedded":
         return _load_embedded(embedded.EMBEDDED[spec], head=head, num_labels=num_labels, dtype=dtype,
-                              device=device, t0=t0)
+                              device=device, t0=t0, placement=placement)
+    kw["placement"] = placement
 
     path = Path(spec).expanduser()
     if kind == "gguf":
         _require_gguf()
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path.parent), gguf_file=path.name, **kw))
-        return _finish(model, tok, path.stem, f"GGUF file {path}", device, dtype, t0)
+        return _finish(model, tok, path.stem, f"GGUF file {path}", device, dtype, t0, placement)
     if kind == "folder":
         model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(str(path), **kw))
-        loaded = _finish(model, tok, path.name, f"directory {path}", device, dtype, t0)
+        loaded = _finish(model, tok, path.name, f"directory {path}", device, dtype, t0, placement)
         _apply_lmlab_extras(loaded, path)
         return loaded
     # kind == "hub"
@@ -227,7 +251,7 @@ def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code
             raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
         kw["local_files_only"] = True
     model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
-    return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0)
+    return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0, placement)
 
 
 LMLAB_FILE = "lmlab.json"  # what lmlab adds to a saved HF folder (e.g. the sparse attention gate)
@@ -308,7 +332,12 @@ def classifier_from(loaded: LoadedModel, num_labels: int, seed: int = 0):
 def weights_fingerprint(loaded: LoadedModel) -> str:
     """A short hash of every parameter and buffer: a model edited in memory gets its own run folder."""
     digest = hashlib.blake2b(digest_size=8)
-    for name, tensor in sorted(loaded.model.state_dict().items()):
+    state = loaded.model.state_dict()
+    if any(t.device.type == "meta" for t in state.values()):  # offloaded layers: read back from their store
+        from accelerate.utils.modeling import get_state_dict_offloaded_model
+
+        state = get_state_dict_offloaded_model(loaded.model)
+    for name, tensor in sorted(state.items()):
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

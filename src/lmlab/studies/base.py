@@ -56,6 +56,13 @@ class StudyConfig(BaseModel):
         "auto", description="weights for inference (auto: float32 on cpu, bfloat16 on a GPU); a study that trains "
                             "keeps float32 master weights and trains under autocast in this dtype")
 
+    device_map: str | None = Field(
+        None, description="spread the model over devices with accelerate: auto, balanced, balanced_low_0, "
+                          "sequential or a JSON file {module: device} (studies that only run the model)")
+    max_memory: str | None = Field(None, description="with --device-map: what each device may hold, e.g. "
+                                                        "0=20GiB,1=20GiB,cpu=64GiB")
+    offload: str | None = Field(None, description="with --device-map: a folder for the weights it puts on disk")
+
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
@@ -74,8 +81,32 @@ class StudyConfig(BaseModel):
 
         for name in (m.strip() for m in str(self.model).split(",") if m.strip() and models):
             check_model_spec(name, scratch_ok=self.trains_own_model)
+        self.placement()
+        self.check_launch()
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
+    # why the study cannot run a model spread over devices (None: it can); see docs/scaling.md
+    device_map_refusal: ClassVar[str | None] = "this study trains the model: run it on one device per process"
+
+    # why the study cannot run as a whole over several processes yet (None: it shares its units out by rank)
+    launch_refusal: ClassVar[str | None] = ("this study does not share its work out over processes yet; run it in one "
+                                            "process (its training loop, lmlab.train.train, runs data-parallel)")
+
+    def check_launch(self) -> None:
+        """One sentence when the study is launched over several processes and cannot share its work out."""
+        from lmlab.parallel import is_distributed
+
+        if is_distributed() and self.launch_refusal:
+            raise LmlabError(f"several processes (WORLD_SIZE > 1): {self.launch_refusal}")
+
+    def placement(self):
+        """The device map asked for (models/placement.py), or None; one sentence where the study cannot take one."""
+        from lmlab.models.placement import Placement
+
+        placement = Placement.parse(self.device_map, self.max_memory, self.offload)
+        if placement is not None and self.device_map_refusal:
+            raise LmlabError(f"--device-map: {self.device_map_refusal}")
+        return placement
 
     # --- where and in what precision the study runs
     def torch_device(self) -> str:
@@ -91,6 +122,9 @@ class StudyConfig(BaseModel):
         from lmlab.models import load_model
 
         dtype = torch.float32 if train else (None if self.dtype == "auto" else getattr(torch, self.dtype))
+        placement = None if train else self.placement()
+        if placement is not None:
+            kwargs.update(device_map=placement.device_map, max_memory=placement.max_memory, offload=placement.offload)
         return load_model(spec or self.model, device=self.torch_device(), dtype=dtype, **kwargs)
 
     def train_settings(self) -> dict:
@@ -164,7 +198,9 @@ def resolve_device(spec: str) -> str:
 
     mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
     if spec == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+        from lmlab.parallel import local_device
+
+        return local_device() or ("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
             raise LmlabError(f"--device {spec}: this machine has no CUDA device that torch can use; use --device cpu "

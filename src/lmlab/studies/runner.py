@@ -5,6 +5,9 @@ in is fingerprinted by its weights, so an edited model never reuses the run fold
 Several models: each runs as its own single-model run (reused and resumed like any other), and a parent
 folder holds the combined result: the tables stacked (every row carries `model`), a verdict per model and
 an overall one, and a figure with one row of panels per model.
+
+Under a launcher (`accelerate launch -m lmlab ...`, see lmlab.parallel) every process runs the study on its
+share of the units; rank 0 alone finishes it and writes the folder, and `run_study` returns None elsewhere.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from lmlab import parallel
 from lmlab.environment import environment
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, weights_fingerprint
@@ -34,31 +38,41 @@ def model_names(model: str) -> list[str]:
 
 
 def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs",
-              lm: LoadedModel | Sequence[LoadedModel] | None = None) -> StudyResult:
-    """Run (or finish, or just re-read) `spec` with `config` on its model(s); every artefact lands in a run folder."""
+              lm: LoadedModel | Sequence[LoadedModel] | None = None) -> StudyResult | None:
+    """Run (or finish, or just re-read) `spec` with `config` on its model(s); every artefact lands in a run folder.
+    On a process other than rank 0 of a launch: its share of the work, then None."""
     lms = list(lm) if isinstance(lm, (list, tuple)) else ([lm] if lm is not None else [])
     config.torch_device()  # a device this machine lacks fails here, before any folder or model
+    config.check_launch()  # a study that cannot share its work out over processes says so
     names = [m.name for m in lms] if lms else model_names(config.model)
     if lms and len({m.name for m in lms}) != len(lms):
         raise LmlabError("two models passed in share a name; give each LoadedModel its own .name")
+    if parallel.is_distributed() and len(names) > 1:
+        raise LmlabError("several models under one launch: launch one command per model (each model's run "
+                         "shards its own units)")
     children = [_run_one(spec, config.model_copy(update={"model": name}), out, lms[i] if lms else None)
                 for i, name in enumerate(names)]
+    if children[0] is None:  # a follower process: its share is recorded, rank 0 finishes the run
+        return None
     if len(children) == 1:
         return children[0]
     return _combine(spec, config.model_copy(update={"model": ",".join(names)}), out, children, lms)
 
 
-def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) -> StudyResult:
+def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) -> StudyResult | None:
     tag = weights_fingerprint(lm) if lm is not None else None
     run = RunDir.open(out, spec.name, config.model, config.model_dump(), tag=tag)
     if run.complete:
-        return _with_spec(load_result(run.path), spec)
+        return _with_spec(load_result(run.path), spec) if parallel.is_main() else None
     t0 = time.perf_counter()
     run.log(f"start {spec.name} model={config.model} profile={config.profile} seed={config.seed}"
             + (f" weights={tag}" if tag else ""))
     seed_everything(config.seed)
     try:
         frame = spec.run(config, run, lm)
+        parallel.main_only()  # a study that does not shard its work runs whole on rank 0 alone (see below)
+    except parallel.Follower:
+        return None
     except Exception as exc:  # an interrupt (KeyboardInterrupt) keeps the folder as it is, to resume
         run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise

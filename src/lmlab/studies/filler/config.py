@@ -11,6 +11,8 @@ from lmlab.studies.base import StudyConfig
 
 
 class Config(StudyConfig):
+    device_map_refusal = None  # inference only: the model may be spread over devices and disk
+    launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
     benchmark: str = Field("arithmetic", description="arithmetic (generated), gsm8k or math500 (the hub), or "
                                                       "gsm8k:PATH / math500:PATH (a jsonl file or saved dataset folder)")
     n_test_per_level: int | None = Field(None, ge=1, description="test problems per level")

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from lmlab import parallel
 from lmlab.data.math import MathItem
 from lmlab.data.scoring import last_boxed, last_number, math_equal
 from lmlab.errors import LmlabError
@@ -98,13 +99,18 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
     for sample in range(n_samples):
         sampling = dict(temperature=config.temperature, top_p=config.top_p, seed=config.seed + 7919 * sample) \
             if n_samples > 1 else {}
-        todo = [(key, job, job.items[start:start + CHUNK]) for job in jobs for start in range(0, len(job.items), CHUNK)
-                if (key := _key(job, start, sample, n_samples)) not in done]
+        entries = [(_key(job, start, sample, n_samples), job, job.items[start:start + CHUNK])
+                   for job in jobs for start in range(0, len(job.items), CHUNK)]
+        # the calls are made of the chunks still to do; under a launch (lmlab.parallel) of every chunk, so that
+        # each process forms the same calls whatever the others have recorded, and takes every N-th of them
+        todo = entries if parallel.is_distributed() else [e for e in entries if e[0] not in done]
         calls: list[list] = []
         for entry in todo:
             if not calls or sum(len(e[2]) for e in calls[-1]) + len(entry[2]) > 4 * config.batch_size:
                 calls.append([])
             calls[-1].append(entry)
+        calls = [[e for e in call if e[0] not in done] for n, call in enumerate(calls) if parallel.mine(n)]
+        calls = [call for call in calls if call]
         for n_call, call in enumerate(calls):
             prompts = [build_ids(lm, item.question, job.filler, job.count, job.position)[0]
                        for _, job, chunk in call for item in chunk]
@@ -124,6 +130,9 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
                 new = [_answer_row(lm, job, item, next(outs), sample, budget, config.size("scoring")) for item in chunk]
                 run_dir.record("answers", key, new)
                 done[key] = new
+    if parallel.is_distributed():
+        parallel.sync()
+        done = run_dir.done("answers")
     return [[row for sample in range(n_samples) for start in range(0, len(job.items), CHUNK)
              for row in done[_key(job, start, sample, n_samples)]] for job in jobs]
 

@@ -25,6 +25,7 @@ import random
 
 import pandas as pd
 
+from lmlab import parallel
 from lmlab.data.math import MathItem, read_math_file, split_arithmetic
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel
@@ -88,6 +89,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += tuning + [r for job in answers[:len(main)] for r in job] + arm_test
     rows += [r for job in answers[len(main):] for r in job]
 
+    parallel.main_only()  # under a launch the generation was shared out; the rest is rank 0's
     # attention profiles and the mechanism check
     probe = spread(test, config.profile_problems)
     prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]

@@ -13,6 +13,8 @@ MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its ow
 
 
 class Config(StudyConfig):
+    device_map_refusal = None  # inference only: the model may be spread over devices and disk
+    launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
     datasets: list[str] | None = Field(None, description="generated sets (" + ", ".join(geo_qa.RELATIONS) + "), hub "
                                        "ids (popqa, triviaqa, nq, hotpotqa), or FORMAT:PATH for a real file or saved "
                                        "dataset folder")

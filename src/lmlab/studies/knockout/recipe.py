@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 from rich.progress import Progress
 
+from lmlab import parallel
 from lmlab.data.formats import READERS, read_qa
 from lmlab.data.generated import geo_qa
 from lmlab.data.qa import QAItem
@@ -71,16 +72,19 @@ def load_items(config: Config) -> list[QAItem]:
 def _answer(config, run_dir, lm, items, encoded):
     """Phase 1: greedy answers (resumable per batch)."""
     done = run_dir.done("answers")
-    answers: dict[str, list[int]] = {k: v[0]["answer_ids"] for k, v in done.items()}
-    todo = [i for i in items if i.id not in answers]
-    for start in range(0, len(todo), 64):
-        chunk = todo[start:start + 64]
-        outs = greedy_answers(lm, [encoded[i.id]["ids"] for i in chunk], config.max_new_tokens, config.batch_size,
-                              description=f"answering {start + len(chunk)}/{len(todo)}")
-        for item, ids in zip(chunk, outs):
+    # units: chunks of 64 of the whole list (the same chunks on every process and every session); a process
+    # of a launch answers every N-th chunk
+    chunks = [items[start:start + 64] for start in range(0, len(items), 64)]
+    for n, chunk in enumerate(chunks):
+        todo = [i for i in chunk if i.id not in done]
+        if not todo or not parallel.mine(n):
+            continue
+        outs = greedy_answers(lm, [encoded[i.id]["ids"] for i in todo], config.max_new_tokens, config.batch_size,
+                              description=f"answering {min(len(items), 64 * (n + 1))}/{len(items)}")
+        for item, ids in zip(todo, outs):
             run_dir.record("answers", item.id, [{"answer_ids": ids}])
-            answers[item.id] = ids
-    return answers
+    parallel.sync()
+    return {k: v[0]["answer_ids"] for k, v in run_dir.done("answers").items()}
 
 
 def _probe_groups(config, answered) -> dict[str, np.ndarray]:
@@ -143,21 +147,21 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
     layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
     done = run_dir.done("knockout")
     rng = random.Random(config.seed)
-    ko_rows: list[dict] = []
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
             enc = encoded[item.id]
             pool = [p for p in enc["question"] if p not in set(enc["eq"])]
             control = sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None
-            name = probe_set_of[n]
-            if name in fitted:
-                if item.id not in done:
-                    res = sweep(lm, seqs[n], enc["eq"], control, layers, scope=config.scope)
-                    done[item.id] = _knockout_rows(item, name, res, fitted[name]["probes"], layers)
-                    run_dir.record("knockout", item.id, done[item.id])
-                ko_rows += done[item.id]
+            name = probe_set_of.get(n)
+            if name in fitted and item.id not in done and parallel.mine(n):  # every N-th question per process
+                res = sweep(lm, seqs[n], enc["eq"], control, layers, scope=config.scope)
+                run_dir.record("knockout", item.id, _knockout_rows(item, name, res, fitted[name]["probes"], layers))
             bar.advance(task)
+    parallel.sync()
+    parallel.main_only()  # the rest (patching, detection, the tables) is rank 0's
+    done = run_dir.done("knockout")
+    ko_rows = [r for n, item in enumerate(answered) if probe_set_of.get(n) in fitted for r in done[item.id]]
     # the fixed split, a secondary view: E_Q flipping the probe at its set's best layer
     at_best = {r["id"]: r["group_eq"] for r in ko_rows
                if r["condition"] == "eq" and r["layer"] == fitted[r["probe_set"]]["best"]}

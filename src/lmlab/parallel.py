@@ -1,0 +1,85 @@
+"""A whole study over several processes: `accelerate launch -m lmlab <study> ...` (or `torchrun -m lmlab ...`).
+
+The launcher starts N copies of the same command and sets RANK / WORLD_SIZE / LOCAL_RANK; accelerate's
+`PartialState` joins them into one process group (gloo on CPU, NCCL on GPUs). lmlab adds nothing of its
+own to that: no scheduler, no queue. What it adds is the rule each study follows with its work units
+(questions, generation calls, prompt pairs):
+
+- `shard(units)`: process r takes units r, r + N, r + 2N, ... of the *whole* list, in order (never of the
+  units still to do, which differ between processes while they record), so the split is the same on every
+  process and on every resumed session.
+- every process records its finished units in its own file (`partial/<part>.rank<r>.jsonl`, see
+  `RunDir.record`); `RunDir.done` reads every process's file, so a resumed run skips what any process finished.
+- `sync()` waits for every process (a barrier) before a phase reads all the units of the last one.
+- `main_only()` marks where the rest of the study (fitting, tables, the verdict, the figure) runs on rank 0
+  alone: the other processes stop there, and rank 0 writes the run folder.
+
+Training (S0, S2's students, S4's post-training) runs data-parallel inside `lmlab.train.train` (accelerate
+DDP): every process runs it, each on its slice of every global batch.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+
+class Follower(Exception):
+    """Raised on a process other than rank 0 where the rest of the study is rank 0's alone (`main_only`)."""
+
+
+def world() -> tuple[int, int]:
+    """(rank, number of processes), from the launcher's environment; (0, 1) when run alone."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_distributed() -> bool:
+    return world()[1] > 1
+
+
+def is_main() -> bool:
+    return world()[0] == 0
+
+
+def _state():
+    """accelerate's process state (joins the process group once; a day's timeout, as a rank may wait at a barrier
+    while another finishes a long share)."""
+    from accelerate import PartialState
+
+    import torch
+
+    return PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(hours=24))
+
+
+def local_device() -> str | None:
+    """The device of this process under a launcher (cuda:LOCAL_RANK on a GPU machine), None when run alone."""
+    if not is_distributed():
+        return None
+    import torch
+
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+
+
+def sync() -> None:
+    """Every process waits here for the others (a no-op when run alone)."""
+    if is_distributed():
+        _state().wait_for_everyone()
+
+
+def shard(units: list) -> list:
+    """This process's share of `units`: every N-th of the whole list, starting at its rank."""
+    rank, size = world()
+    return units[rank::size]
+
+
+def mine(index: int) -> bool:
+    """Whether unit number `index` of a study's fixed unit list is this process's."""
+    rank, size = world()
+    return index % size == rank
+
+
+def main_only() -> None:
+    """From here on only rank 0 works: the others stop (they have recorded their shares, and waited for
+    everyone's with `sync()`)."""
+    if not is_main():
+        raise Follower()

@@ -1,0 +1,158 @@
+"""A model spread over devices with accelerate's big-model dispatch, part of it offloaded to disk: every
+intervention gives the numbers it gives on the undispatched model (<= 1e-5), the inference studies run
+through with the same tables, and what cannot work dispatched refuses in one sentence.
+
+On a machine without GPUs the "devices" are the CPU and the disk: the offloaded layers hold no weights (meta
+tensors) outside their forward pass, which is what breaks code that reads weights or their device directly."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from lmlab import LmlabError
+from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchOutput, PatchResid, RetireRows,
+                                 SparseAttention, intervene)
+from lmlab.interventions.arm import ActivationRedistribution
+from lmlab.interventions.quant import quantize_model
+from lmlab.models import load_model, weights_fingerprint
+from lmlab.studies import run_study
+
+from conftest import PROMPTS
+
+ATOL = 1e-5
+
+
+def half_on_disk(name: str) -> dict:
+    """accelerate's own map for `name` with room on the CPU for about half the weights: the embeddings and the
+    first blocks on the CPU, the rest on disk."""
+    from accelerate import infer_auto_device_map
+
+    model = load_model(name).model
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    device_map = infer_auto_device_map(model, max_memory={"cpu": int(size * 0.55)},
+                                       no_split_module_classes=model._no_split_modules)
+    assert {"cpu", "disk"} <= set(device_map.values()), device_map
+    return dict(device_map)
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])
+def pair(request, tmp_path_factory):
+    """(the model as usual, the same model half offloaded to disk)."""
+    name = request.param
+    folder = tmp_path_factory.mktemp(f"offload-{name}")
+    return load_model(name), load_model(name, device_map=half_on_disk(name), offload=folder)
+
+
+def _run(lm, make, enc):
+    with torch.no_grad(), intervene(lm, *make(lm, enc)) as ivs:
+        out = lm.model(**enc).logits
+    caps = [iv for iv in (ivs if isinstance(ivs, tuple) else (ivs,)) if isinstance(iv, Capture)]
+    return out, caps
+
+
+def _corrupted(lm, point):
+    """`point` captured on the batch with its rows in reverse order (another prompt's values at every row)."""
+    enc = {k: v.flip(0) for k, v in lm.encode(PROMPTS).items()}
+    with torch.no_grad(), intervene(lm, Capture(point)) as cap:
+        lm.model(**enc)
+    return cap
+
+
+def _keys(enc):
+    keys = torch.zeros_like(enc["attention_mask"], dtype=torch.bool)
+    keys[:, -4:-2] = True
+    return keys
+
+
+CASES = {
+    "none": lambda lm, enc: [],
+    "knockout": lambda lm, enc: [Knockout(_keys(enc))],
+    "knockout, some layers and heads": lambda lm, enc: [Knockout(_keys(enc), layers=[1, 2], heads=[0])],
+    "head ablation": lambda lm, enc: [AblateHeads([(0, 1), (2, 0)])],
+    "head patching": lambda lm, enc: [AblateHeads([(1, 0)], mode="patch",
+                                                   reference={1: _corrupted(lm, "z")["z", 1]})],
+    "residual patching": lambda lm, enc: [PatchResid(1, _corrupted(lm, "resid_pre")["resid_pre", 1])],
+    "MLP output patching": lambda lm, enc: [PatchOutput("mlp_out", {2: _corrupted(lm, "mlp_out")["mlp_out", 2]})],
+    "MLP activation edit": lambda lm, enc: [EditMLPAct(lambda act, layer: act * 0.5, layers=[0, 2])],
+    "sparse gate": lambda lm, enc: [SparseAttention(sample=False)],
+    "ARM": lambda lm, enc: [ActivationRedistribution(layers=[0, 1])],
+    "retired rows": lambda lm, enc: [RetireRows([len(PROMPTS)] * (lm.layout.n_layers - 1) + [1])],
+    "capture": lambda lm, enc: [Capture("resid_pre", "resid_post", "attn_out", "mlp_out", "mlp_act", "z", "scores",
+                                        "pattern")],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_intervention_gives_the_undispatched_numbers(pair, case):
+    plain, spread = pair
+    assert spread.device.type == "cpu" and any(p.device.type == "meta" for p in spread.model.parameters())
+    a, caps_a = _run(plain, CASES[case], plain.encode(PROMPTS))
+    b, caps_b = _run(spread, CASES[case], spread.encode(PROMPTS))
+    torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    for ca, cb in zip(caps_a, caps_b):
+        for point in ca.points:
+            assert ca.store[point].keys() == cb.store[point].keys()
+            torch.testing.assert_close(cb.stacked(point), ca.stacked(point), atol=ATOL, rtol=0)
+
+
+def test_the_dispatched_model_keeps_its_weights_and_names_its_map(pair):
+    plain, spread = pair
+    assert weights_fingerprint(spread) == weights_fingerprint(plain)  # the disk's weights are read back
+    assert "disk" in spread.meta["device_map"].values()
+    with pytest.raises(LmlabError, match="cannot quantize weights that a device map offloads"):
+        quantize_model(spread.model, 2)
+
+
+def test_bad_placements_are_one_sentence(tmp_path):
+    with pytest.raises(LmlabError, match="give a folder for them with --offload"):
+        load_model("tiny-llama", device_map=half_on_disk("tiny-llama"))
+    with pytest.raises(LmlabError, match="whole model on disk"):
+        load_model("tiny-llama", device_map="sequential", max_memory="cpu=1KB", offload=tmp_path)
+    with pytest.raises(LmlabError, match="not DEVICE=AMOUNT"):
+        load_model("tiny-llama", device_map="auto", max_memory="lots")
+    (tmp_path / "map.json").write_text("[1, 2]")
+    with pytest.raises(LmlabError, match="must hold an object"):
+        load_model("tiny-llama", device_map=str(tmp_path / "map.json"))
+    with pytest.raises(LmlabError, match="--device-map"):
+        load_model("tiny-llama", device_map={"model.embed_tokens": "cpu"})  # leaves the blocks without a device
+
+
+def _s1_config(**kw):
+    from lmlab.studies import knockout as s1
+
+    return s1.SPEC, s1.Config(model="tiny-llama", datasets=["geo-continent"], per_dataset=24, sweep_every=1,
+                              min_per_class=3, **kw)
+
+
+def _s3_config(**kw):
+    from lmlab.studies import filler as s3
+
+    return s3.SPEC, s3.Config(model="tiny-llama", n_test_per_level=2, n_dev_per_level=1, sweep_problems=2,
+                              profile_problems=2, max_new_tokens=5, sweep_lengths=[5], **kw)
+
+
+@pytest.mark.parametrize("make", [_s1_config, _s3_config], ids=["knockout", "filler"])
+def test_inference_studies_run_dispatched_to_the_same_tables(tmp_path, monkeypatch, make):
+    import lmlab.studies.knockout.recipe as s1_recipe
+
+    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")  # both classes
+    (tmp_path / "map.json").write_text(json.dumps(half_on_disk("tiny-llama")))
+    spec, config = make()
+    plain = run_study(spec, config, tmp_path / "plain")
+    spec, config = make(device_map=str(tmp_path / "map.json"), offload=str(tmp_path / "offload"))
+    spread = run_study(spec, config, tmp_path / "spread")
+    assert plain.tables.keys() == spread.tables.keys()
+    for name in plain.tables:
+        pd.testing.assert_frame_equal(spread.tables[name], plain.tables[name], atol=ATOL, rtol=0)
+    assert spread.verdict.status == plain.verdict.status
+
+
+@pytest.mark.parametrize("study", ["quantize", "sparse_circuits", "latent"])
+def test_training_studies_refuse_a_device_map_in_one_sentence(study):
+    import importlib
+
+    config = importlib.import_module(f"lmlab.studies.{study}").Config
+    with pytest.raises(LmlabError, match=r"^--device-map: the .* study .* one device per process \(docs/scaling.md\)"):
+        config(model="tiny-llama", device_map="auto").check_inputs(models=False)

@@ -1,0 +1,79 @@
+"""A whole study over two processes (torchrun, gloo on CPU): the same tables, rows in the same order, and the
+same verdict as one process; each process's units in its own file; a killed launch resumes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lmlab import parallel
+from lmlab.runs import RunDir
+from lmlab.studies.result import load_result
+
+WORKER = Path(__file__).parent / "workers" / "study_worker.py"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _launch(study: str, out: Path, summary: Path, processes: int):
+    cmd = [sys.executable, str(WORKER), study, str(out), str(summary)]
+    if processes > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] \
+            + cmd[1:]
+    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(summary.read_text())
+
+
+@pytest.mark.parametrize("study,units", [("knockout", "knockout"), ("filler", "answers")])
+def test_two_processes_write_the_one_process_tables(tmp_path, study, units):
+    one = _launch(study, tmp_path / "one", tmp_path / "one.json", 1)
+    two = _launch(study, tmp_path / "two", tmp_path / "two.json", 2)
+    assert Path(one["path"]).name == Path(two["path"]).name  # the same config, the same folder name
+    a, b = load_result(Path(one["path"])), load_result(Path(two["path"]))
+    assert sorted(a.tables) == sorted(b.tables)
+    for name in a.tables:
+        pd.testing.assert_frame_equal(a.tables[name].reset_index(drop=True), b.tables[name].reset_index(drop=True))
+    assert one["verdict"] == two["verdict"]  # and the summary, up to what would decide it (timed at each run's pace)
+    assert one["summary"].split(" To detect")[0] == two["summary"].split(" To detect")[0]
+    partial = Path(two["path"]) / "partial"
+    assert {p.name for p in partial.glob(f"{units}.rank*.jsonl")} == {f"{units}.rank0.jsonl", f"{units}.rank1.jsonl"}
+    assert not (Path(two["path"]) / "manifest.json").read_text().count("rank")  # rank 0 wrote the folder's files
+
+
+def test_units_are_split_by_position_in_the_whole_list_and_read_back_from_every_process(tmp_path, monkeypatch):
+    units = list(range(7))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        assert parallel.shard(units) == units[rank::3]
+        assert [u for u in units if parallel.mine(u)] == units[rank::3]
+        run = RunDir.open(tmp_path, "s", "m", {"a": 1})
+        for u in parallel.shard(units):
+            run.record("part", u, [{"u": u}])
+    assert sorted(p.name for p in (run.path / "partial").iterdir()) == [f"part.rank{r}.jsonl" for r in range(3)]
+    assert sorted(int(k) for k in run.done("part")) == units  # any process, and a resumed one, sees every unit
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert sorted(int(k) for k in RunDir.open(tmp_path, "s", "m", {"a": 1}).done("part")) == units
+    with pytest.raises(parallel.Follower):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "1")
+        parallel.main_only()
+
+
+@pytest.mark.parametrize("study", ["quantize", "sparse_circuits", "latent"])
+def test_studies_that_do_not_share_their_work_refuse_a_launch_in_one_sentence(study, monkeypatch):
+    import importlib
+
+    from lmlab import LmlabError
+
+    config_class = importlib.import_module(f"lmlab.studies.{study}").Config
+    config = config_class(model="scratch" if config_class.trains_own_model else "tiny-llama")
+    config.check_inputs(models=False)  # alone: fine
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(LmlabError, match=r"^several processes \(WORLD_SIZE > 1\): this study does not share"):
+        config.check_inputs(models=False)
