@@ -41,7 +41,9 @@ def test_two_processes_write_the_one_process_tables(tmp_path, study, units):
     assert one["summary"].split(" To detect")[0] == two["summary"].split(" To detect")[0]
     partial = Path(two["path"]) / "partial"
     assert {p.name for p in partial.glob(f"{units}.rank*.jsonl")} == {f"{units}.rank0.jsonl", f"{units}.rank1.jsonl"}
-    assert not (Path(two["path"]) / "manifest.json").read_text().count("rank")  # rank 0 wrote the folder's files
+    manifest = json.loads((Path(two["path"]) / "manifest.json").read_text())  # written by rank 0 alone
+    assert manifest["status"] == "complete" and (Path(two["path"]) / "log.rank1.txt").is_file()
+    assert "start" not in (Path(two["path"]) / "log.txt").read_text().split("\n", 1)[1]  # one session, rank 0's
 
 
 def test_units_are_split_by_position_in_the_whole_list_and_read_back_from_every_process(tmp_path, monkeypatch):
@@ -49,10 +51,9 @@ def test_units_are_split_by_position_in_the_whole_list_and_read_back_from_every_
     monkeypatch.setenv("WORLD_SIZE", "3")
     for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
-        assert parallel.shard(units) == units[rank::3]
         assert [u for u in units if parallel.mine(u)] == units[rank::3]
         run = RunDir.open(tmp_path, "s", "m", {"a": 1})
-        for u in parallel.shard(units):
+        for u in units[rank::3]:
             run.record("part", u, [{"u": u}])
     assert sorted(p.name for p in (run.path / "partial").iterdir()) == [f"part.rank{r}.jsonl" for r in range(3)]
     assert sorted(int(k) for k in run.done("part")) == units  # any process, and a resumed one, sees every unit

@@ -5,9 +5,9 @@ The launcher starts N copies of the same command and sets RANK / WORLD_SIZE / LO
 own to that: no scheduler, no queue. What it adds is the rule each study follows with its work units
 (questions, generation calls, prompt pairs):
 
-- `shard(units)`: process r takes units r, r + N, r + 2N, ... of the *whole* list, in order (never of the
-  units still to do, which differ between processes while they record), so the split is the same on every
-  process and on every resumed session.
+- `mine(n)`: process r takes units r, r + N, r + 2N, ... of the *whole* list, in order (never of the units
+  still to do, which differ between processes while they record), so the split is the same on every process
+  and on every resumed session.
 - every process records its finished units in its own file (`partial/<part>.rank<r>.jsonl`, see
   `RunDir.record`); `RunDir.done` reads every process's file, so a resumed run skips what any process finished.
 - `sync()` waits for every process (a barrier) before a phase reads all the units of the last one.
@@ -64,12 +64,6 @@ def sync() -> None:
     """Every process waits here for the others (a no-op when run alone)."""
     if is_distributed():
         _state().wait_for_everyone()
-
-
-def shard(units: list) -> list:
-    """This process's share of `units`: every N-th of the whole list, starting at its rank."""
-    rank, size = world()
-    return units[rank::size]
 
 
 def mine(index: int) -> bool:

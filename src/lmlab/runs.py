@@ -79,7 +79,7 @@ class RunDir:
         """Finished units of `part`, by any process of this or an earlier session: key -> rows. A torn last line
         (killed mid-write) is ignored."""
         folder = self.path / "partial"
-        files = [folder / f"{slug(part)}.jsonl"] + sorted(folder.glob(f"{glob_escape(slug(part))}.rank*.jsonl"))
+        files = [folder / f"{slug(part)}.jsonl"] + sorted(folder.glob(f"{slug(part)}.rank*.jsonl"))
         out: dict[str, list[dict]] = {}
         for file in files:
             if not file.exists():
@@ -178,10 +178,6 @@ class RunDir:
 
     def files(self) -> Iterable[Path]:
         return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _jsonable(value):

@@ -152,7 +152,7 @@ def _finish(model, tokenizer, name, source, device, dtype, t0, placement: Placem
         model = model.to(device=device, dtype=dtype).eval()
     elif getattr(model, "hf_device_map", None):  # loaded onto its devices already
         model = model.eval()
-        placement.needs_offload_folder(model.hf_device_map)
+        placement.check_resolved(model.hf_device_map)
     else:  # built or loaded in memory: dispatched now
         model = dispatch(model.to(dtype=dtype), placement, dtype).eval()
     if placement is not None:

@@ -53,7 +53,8 @@ class Placement:
         return cls(device_map=device_map, max_memory=parse_max_memory(max_memory),
                    offload=str(Path(offload).expanduser()) if offload else None)
 
-    def needs_offload_folder(self, resolved: dict) -> None:
+    def check_resolved(self, resolved: dict) -> None:
+        """A resolved map {module: device} must leave something on a device, and a folder for what is on disk."""
         devices = {str(v) for v in resolved.values()}
         if devices == {"disk"}:
             raise LmlabError("the device map puts the whole model on disk: give --max-memory room for at least "
@@ -98,7 +99,7 @@ def dispatch(model, placement: Placement, dtype=None):
                                              dtype=dtype, low_zero=device_map == "balanced_low_0")
         device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split,
                                            dtype=dtype)
-    placement.needs_offload_folder(device_map)
+    placement.check_resolved(device_map)
     skip = getattr(model, "_skip_keys_device_placement", None)
     try:
         return dispatch_model(model, device_map=device_map, offload_dir=placement.offload, skip_keys=skip)

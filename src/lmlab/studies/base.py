@@ -81,7 +81,7 @@ class StudyConfig(BaseModel):
 
         for name in (m.strip() for m in str(self.model).split(",") if m.strip() and models):
             check_model_spec(name, scratch_ok=self.trains_own_model)
-        self.placement()
+        self.check_placement()
         self.check_launch()
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
@@ -99,14 +99,12 @@ class StudyConfig(BaseModel):
         if is_distributed() and self.launch_refusal:
             raise LmlabError(f"several processes (WORLD_SIZE > 1): {self.launch_refusal}")
 
-    def placement(self):
-        """The device map asked for (models/placement.py), or None; one sentence where the study cannot take one."""
+    def check_placement(self) -> None:
+        """The device map's options parse (models/placement.py); one sentence where the study cannot take one."""
         from lmlab.models.placement import Placement
 
-        placement = Placement.parse(self.device_map, self.max_memory, self.offload)
-        if placement is not None and self.device_map_refusal:
+        if Placement.parse(self.device_map, self.max_memory, self.offload) is not None and self.device_map_refusal:
             raise LmlabError(f"--device-map: {self.device_map_refusal}")
-        return placement
 
     # --- where and in what precision the study runs
     def torch_device(self) -> str:
@@ -122,9 +120,9 @@ class StudyConfig(BaseModel):
         from lmlab.models import load_model
 
         dtype = torch.float32 if train else (None if self.dtype == "auto" else getattr(torch, self.dtype))
-        placement = None if train else self.placement()
-        if placement is not None:
-            kwargs.update(device_map=placement.device_map, max_memory=placement.max_memory, offload=placement.offload)
+        if not train:
+            self.check_placement()
+            kwargs.update(device_map=self.device_map, max_memory=self.max_memory, offload=self.offload)
         return load_model(spec or self.model, device=self.torch_device(), dtype=dtype, **kwargs)
 
     def train_settings(self) -> dict:

@@ -70,7 +70,7 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
     seed_everything(config.seed)
     try:
         frame = spec.run(config, run, lm)
-        parallel.main_only()  # a study that does not shard its work runs whole on rank 0 alone (see below)
+        parallel.main_only()  # (a sharding study has stopped its followers already; this is the backstop)
     except parallel.Follower:
         return None
     except Exception as exc:  # an interrupt (KeyboardInterrupt) keeps the folder as it is, to resume
