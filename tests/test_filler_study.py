@@ -193,6 +193,17 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
     pd.testing.assert_frame_equal(resumed.long(), whole.long())
 
 
+def test_a_single_arm_pair_generates_no_dev_split(tmp_path):
+    config = s3.Config(model="tiny-llama", n_test_per_level=1, n_dev_per_level=2, sweep_problems=1,
+                       profile_problems=1, max_new_tokens=3, sweep_lengths=[5], arm_c=[0.13], arm_p1=[99.5])
+    t = run_study(s3.SPEC, config, tmp_path / "one").long()
+    answers = t[t.kind == "answer"]
+    assert set(answers.split) == {"test"}  # nothing to choose, so no dev answers at all
+    tuning = t[t.kind == "tuning"]
+    assert len(tuning) == 1 and tuning.chosen.iloc[0] == 1 and tuning.note.iloc[0] == "the only pair given"
+    assert len(answers[answers.condition == "ARM"]) == 5
+
+
 def _filler_rows(gain: dict, n=100, base=0.5, noise=0.1, seed=0):
     """Answer rows of n paired test problems: w/o right with probability `base`; every other condition
     changes a `noise` share of answers both ways, plus wrong->right (gain > 0) or right->wrong (gain < 0)

@@ -113,3 +113,19 @@ def test_waiting_prompts_join_the_running_batch_and_match_generating_alone(sharp
         got = _generate(sharp, prompts, 9, stop=stop, share_prefix=share, batch_size=2)
         assert got == expected, share
     assert gaps == {"joining", "running"}, gaps  # both alignments were exercised
+
+
+def test_last_token_features_with_a_shared_prefix_equal_each_sequence_alone(decoder):
+    from lmlab.generation import last_token_features, prefix_cache
+
+    sharp = decoder  # (the `sharp` fixture's copied weights are not the ones the layout's hooks sit on)
+    seqs = _prompts(sharp)
+    assert prefix_cache(sharp, seqs)[0] >= 16  # the prefix is shared (one run, copied to every batch)
+    layers = list(range(sharp.layout.n_layers))
+    shared = last_token_features(sharp, seqs, layers, batch_size=3)
+    alone = [last_token_features(sharp, [s], layers, share_prefix=False)[0] for s in seqs]
+    for got, want in zip(shared, alone):
+        assert abs(got - want).max() < 1e-5
+    unshared = last_token_features(sharp, seqs, layers, batch_size=3, share_prefix=False)
+    assert abs(shared - unshared).max() < 1e-5
+    assert abs(shared[0] - shared[1]).max() > 1e-2  # rows differ: a wrong mask or position would show

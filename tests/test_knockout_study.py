@@ -63,6 +63,23 @@ def test_sweep_equals_one_forward_per_layer(decoder):
         assert not torch.allclose(fast.eq[k], fast.clean[k], atol=1e-4)
 
 
+def test_sweep_on_a_shared_prefix_cache_equals_the_sweep_alone(decoder):
+    from lmlab.generation import prefix_cache
+
+    head = decoder.tokenizer("Q: What is the capital of Spain?\nA: Madrid\nQ: What is the capital of Italy?\nA: Rome\n")["input_ids"]
+    tails = ["Q: What is the capital of France?\nA: Paris", "Q: Which river flows through Cairo?\nA: the Nile"]
+    seqs = [head + decoder.tokenizer(t, add_special_tokens=False)["input_ids"] for t in tails]
+    eq, ctrl = [len(head) + 5, len(head) + 7], [len(head) + 2, len(head) + 3]
+    limit = min(s1m.sweep_prefix(len(s), eq, ctrl) for s in seqs)
+    shared = prefix_cache(decoder, [s[:limit + 1] for s in seqs])
+    assert 16 <= shared[0] < limit  # some of each prefix is shared, the rest is the sample's own
+    for ids in seqs:
+        fast, alone = sweep(decoder, ids, eq, ctrl, [0, 2], shared=shared), sweep(decoder, ids, eq, ctrl, [0, 2])
+        for k in (0, 2):
+            for part in ("clean", "eq", "control"):
+                assert torch.allclose(getattr(fast, part)[k], getattr(alone, part)[k], atol=1e-5)
+
+
 def test_positions_before_the_first_blocked_query_are_bit_identical(decoder):
     ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
     eq, ctrl = [5, 7], [2, 3]

@@ -83,6 +83,24 @@ def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients():
             assert min(alone[k], single[k]) - 1e-6 <= both[k] <= max(alone[k], single[k]) + 1e-6
 
 
+@pytest.mark.parametrize("task_name", ["fact-mnli", "fact-stsb"])
+def test_predictions_batched_by_length_equal_one_example_at_a_time(task_name):
+    from lmlab.studies.quantize.measure import collate_for, predict
+
+    task = generate_task(task_name, 8, 40, seed=0)
+    lm = load_model("tiny-bert", head="classifier", num_labels=task.num_labels)
+    collate = collate_for(lm.tokenizer, task, 64)
+    lengths = [len(e.text_a) + len(e.text_b or "") for e in task.test]
+    assert lengths != sorted(lengths)  # the batches really are formed out of the examples' order
+    batched = predict(lm.model, collate, task.test, batch_size=16)
+    alone = np.array([predict(lm.model, collate, [e], batch_size=1)[0] for e in task.test])
+    if task.num_labels == 1:  # scores: each example's own value, back in its place
+        np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6)
+        assert np.ptp(batched) > 1e-4 and np.abs(np.diff(np.sort(batched))).max() > 1e-5  # a swap would show
+    else:
+        assert np.array_equal(batched, alone)
+
+
 def test_tasks_hold_out_their_dev_and_test_countries():
     split = _split_entities(0)
     names = {k: {c["name"] for c in v} for k, v in split.items()}

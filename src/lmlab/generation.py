@@ -193,14 +193,42 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
 
 
 @torch.no_grad()
+def prefix_cache(lm: LoadedModel, sequences: Sequence[list[int]]):
+    """(n, cache): the tokens every sequence starts with (`shared_prefix_length`) run once, and their KV cache;
+    (0, None) when they share too little, or the model is not a causal LM with a cache. Copy the cache
+    (`copy.deepcopy`) before running more tokens on it."""
+    n = shared_prefix_length(sequences) if lm.layout.causal and len(sequences) > 1 else 0
+    if not n:
+        return 0, None
+    out = lm.forward_last(dict(input_ids=torch.tensor([list(sequences[0][:n])], device=lm.device), use_cache=True))
+    return (n, out.cache) if getattr(out, "cache", None) is not None else (0, None)
+
+
+@torch.no_grad()
 def last_token_features(lm: LoadedModel, sequences: Sequence[list[int]], layers: Sequence[int], batch_size: int = 16,
-                        point: str = "resid_post", description: str = "hidden states") -> np.ndarray:
-    """(n, len(layers), d_model) float32: `point` at each sequence's last token."""
+                        point: str = "resid_post", description: str = "hidden states",
+                        share_prefix: bool = True) -> np.ndarray:
+    """(n, len(layers), d_model) float32: `point` at each sequence's last token.
+
+    The sequences' common prefix (a few-shot prompt a study puts before every question) is run once and its
+    cache copied to every batch (`share_prefix`); each row's own tokens follow, left-padded, with masked
+    columns between prefix and suffix and their true positions, as in generation. S1's prompts share 46 of
+    their ~54 tokens."""
     feats = np.zeros((len(sequences), len(layers), lm.layout.d_model), dtype=np.float32)
+    prefix, cache = prefix_cache(lm, sequences) if share_prefix else (0, None)
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(sequences))
         for a, b in _batches(len(sequences), batch_size):
-            batch = lm.pad_batch(list(sequences[a:b]))  # left padding: the last column is every row's last token
+            if prefix:
+                own = lm.pad_batch([list(s[prefix:]) for s in sequences[a:b]])
+                check_context(lm, prefix + own["input_ids"].shape[1])
+                rows = copy.deepcopy(cache)
+                rows.batch_repeat_interleave(b - a)
+                ones = torch.ones((b - a, prefix), dtype=own["attention_mask"].dtype, device=lm.device)
+                batch = dict(input_ids=own["input_ids"], attention_mask=torch.cat([ones, own["attention_mask"]], 1),
+                             position_ids=own["position_ids"] + prefix, cache=rows, use_cache=True)
+            else:
+                batch = lm.pad_batch(list(sequences[a:b]))  # left padding: the last column is every row's last token
             with intervene(lm, Capture(point, layers=layers)) as cap:
                 lm.forward_last(batch)  # the states are captured; no logits beyond the last position
             for j, layer in enumerate(layers):

@@ -17,6 +17,7 @@ Recipe (METHODS.md S3):
  - mechanism check: share of near-zero layer-0 MLP activations (|a| < 0.01) on the original tokens;
  - ARM in layer 0, (c, p1) tuned on a disjoint dev split, reported on the test split; its statistics over
    the whole activation tensor of a call, as the authors' code does (`arm_scope`; see interventions/arm.py).
+   Given a single (c, p1) pair (the demo's) there is nothing to tune, and the dev split is not generated.
 """
 
 from __future__ import annotations
@@ -63,14 +64,18 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
-    run_dir.log(f"{len(dev)} dev and {len(test)} test problems")
     n = config.insert_count
     rows: list[dict] = []
 
     # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
     # subset (length 0 and 55-between reuse the main conditions)
     subset = spread(test, config.size("sweep_problems"))
-    main = [Job(dev, "w/o", split="dev"), Job(test, "w/o")] + [Job(test, name, f, n) for name, f in FILLERS.items()]
+    pairs = [(c, p1) for c in config.size("arm_c") for p1 in config.size("arm_p1")]
+    tune = len(pairs) > 1  # one (c, p1) pair leaves nothing to choose: no dev split is generated for it
+    run_dir.log(f"{len(dev)} dev and {len(test)} test problems" if tune else
+                f"{len(test)} test problems (one ARM pair, so no dev split to tune it on)")
+    main = ([Job(dev, "w/o", split="dev")] if tune else []) + [Job(test, "w/o")] + \
+        [Job(test, name, f, n) for name, f in FILLERS.items()]
     sweeps = [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
     sweeps += [Job(subset, name, f, n, position, sweep=f"position={position}")
                for name, f in FILLERS.items() for position in ("before", "after")]
@@ -78,10 +83,12 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
 
     # ARM: tune (c, p1) on dev, then the test split with the chosen pair
     tuning = []
-    for c in config.size("arm_c"):
-        for p1 in config.size("arm_p1"):
+    for c, p1 in pairs:
+        if tune:
             got = evaluate(lm, run_dir, dev, "ARM", config, arm=dict(c=c, p1=p1), split="dev", sweep=f"c={c},p1={p1}")
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=sum(r["correct"] for r in got) / len(got)))
+        else:
+            tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=float("nan"), note="the only pair given"))
     best = max(tuning, key=lambda r: r["dev_accuracy"])
     for row in tuning:
         row["chosen"] = int(row is best)

@@ -16,6 +16,8 @@ give the same hidden states, and `lmlab bench` times them side by side.
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import random
 from dataclasses import dataclass, field
@@ -83,20 +85,33 @@ def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
     return keys, layer_mask, index, active
 
 
+def sweep_prefix(seq_len: int, eq_pos: list[int], ctrl_pos: list[int] | None, scope: str = "each") -> int:
+    """The tokens before the first position any row of a sample's sweep changes (computed once, clean)."""
+    changed = [first_changed(p, scope) for p in (eq_pos, ctrl_pos) if p]
+    prefix = min(changed) if changed else seq_len - 1
+    return max(1, min(prefix, seq_len - 1))
+
+
 @torch.no_grad()
 def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int] | None, layers: list[int],
-          keep_positions: bool = False, scope: str = "each") -> SweepResult:
-    """One sample: clean row + one row per (condition, layer cut-off), prefix computed once."""
+          keep_positions: bool = False, scope: str = "each", shared: tuple | None = None) -> SweepResult:
+    """One sample: clean row + one row per (condition, layer cut-off), prefix computed once. `shared`: the
+    (length, cache) of a prefix this sample shares with others (`generation.prefix_cache`), computed once for
+    all of them, no longer than `sweep_prefix`; it is copied and only the rest of the prefix is run."""
     device = lm.device
     seq_len = len(ids)
-    changed = [first_changed(p, scope) for p in (eq_pos, ctrl_pos) if p]
-    prefix = min(changed) if changed else seq_len - 1  # first position any row changes
-    prefix = max(1, min(prefix, seq_len - 1))
+    prefix = sweep_prefix(seq_len, eq_pos, ctrl_pos, scope)
     keys, layer_mask, index, active = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
-    out = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True))  # hidden states and cache only
-    cache = out.cache
+    n_shared = shared[0] if shared is not None and shared[0] <= prefix else 0
+    if n_shared:
+        cache = copy.deepcopy(shared[1])
+        if n_shared < prefix:  # the rest of this sample's prefix, on top of the shared one
+            cache = lm.forward_last(dict(input_ids=tokens[:, n_shared:prefix], cache=cache, use_cache=True,
+                                         position_ids=torch.arange(n_shared, prefix, device=device)[None])).cache
+    else:
+        cache = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True)).cache  # the cache only
     cache.batch_repeat_interleave(n_rows)
     suffix = tokens[:, prefix:].expand(n_rows, -1)
     mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)

@@ -41,11 +41,11 @@ from lmlab.data.generated import geo_qa
 from lmlab.data.qa import QAItem
 from lmlab.data.scoring import alias_match
 from lmlab.errors import LmlabError
-from lmlab.generation import greedy_answers, last_token_features
+from lmlab.generation import greedy_answers, last_token_features, prefix_cache
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
-from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers
+from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers, sweep_prefix
 from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
 
@@ -147,15 +147,25 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
     layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
     done = run_dir.done("knockout")
     rng = random.Random(config.seed)
+    controls = []  # drawn for every question in order, so that a resumed or sharded run draws the same
+    for item in answered:
+        enc = encoded[item.id]
+        pool = [p for p in enc["question"] if p not in set(enc["eq"])]
+        controls.append(sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None)
+    todo = [n for n, item in enumerate(answered)
+            if probe_set_of.get(n) in fitted and item.id not in done and parallel.mine(n)]  # every N-th per process
+    # the few-shot prompt every question starts with runs once, up to the first token any knockout changes
+    limit = min((sweep_prefix(len(seqs[n]), encoded[answered[n].id]["eq"], controls[n], config.scope)
+                 for n in todo), default=0)
+    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in todo]) if len(todo) > 1 else None
+    mine = set(todo)
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
-            enc = encoded[item.id]
-            pool = [p for p in enc["question"] if p not in set(enc["eq"])]
-            control = sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None
-            name = probe_set_of.get(n)
-            if name in fitted and item.id not in done and parallel.mine(n):  # every N-th question per process
-                res = sweep(lm, seqs[n], enc["eq"], control, layers, scope=config.scope)
+            if n in mine:
+                name = probe_set_of[n]
+                res = sweep(lm, seqs[n], encoded[item.id]["eq"], controls[n], layers, scope=config.scope,
+                            shared=shared)
                 run_dir.record("knockout", item.id, _knockout_rows(item, name, res, fitted[name]["probes"], layers))
             bar.advance(task)
     parallel.sync()
