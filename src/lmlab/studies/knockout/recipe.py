@@ -152,13 +152,13 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
         enc = encoded[item.id]
         pool = [p for p in enc["question"] if p not in set(enc["eq"])]
         controls.append(sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None)
-    todo = [n for n, item in enumerate(answered)
-            if probe_set_of.get(n) in fitted and item.id not in done and parallel.mine(n)]  # every N-th per process
-    # the few-shot prompt every question starts with runs once, up to the first token any knockout changes
+    swept = [n for n in range(len(answered)) if probe_set_of.get(n) in fitted]
+    mine = {n for n in swept if answered[n].id not in done and parallel.mine(n)}  # every N-th per process
+    # the few-shot prompt every question starts with runs once, up to the first token any knockout changes; it is
+    # taken over every swept question, so that each process and a resumed run compute the same numbers
     limit = min((sweep_prefix(len(seqs[n]), encoded[answered[n].id]["eq"], controls[n], config.scope)
-                 for n in todo), default=0)
-    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in todo]) if len(todo) > 1 else None
-    mine = set(todo)
+                 for n in swept), default=0)
+    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine and len(swept) > 1 else None
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
