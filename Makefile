@@ -52,7 +52,7 @@ test-fast: setup
 # The five studies on the embedded defaults, demo profile (about 10 minutes on 2 cores), and the HTML report.
 # `make quick` runs the quick profile (about an hour on 2 cores).
 demo: setup
-	$(LMLAB) reproduce --profile demo --out $(OUT)
+	$(LMLAB) reproduce --profile demo --jobs 2 --out $(OUT)
 	@echo "report: $(OUT)/report.html"
 
 quick: setup

@@ -38,6 +38,24 @@ def test_killed_reproduce_finishes_with_the_same_tables(tmp_path, monkeypatch):
         pd.testing.assert_frame_equal(_tables(again)[name], table, check_dtype=False)
 
 
+def test_studies_run_two_at_a_time_give_the_tables_of_one_at_a_time(tmp_path):
+    one = reproduce(tmp_path / "one", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None)
+    seen = []
+    two = reproduce(tmp_path / "two", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None, jobs=2,
+                    progress=lambda names, done, running, left: seen.append((sorted(running), len(done))))
+    assert [o.study for o in two] == ONLY and all(o.status == "ok" for o in two)
+    assert max(len(r) for r, _ in seen) == 2 and seen[-1] == ([], len(ONLY))  # two ran at once
+    summary = json.loads((tmp_path / "two" / "reproduce.json").read_text())
+    assert [s["study"] for s in summary["studies"]] == ONLY
+    for name, table in _tables(one).items():
+        other = _tables(two)[name]
+        num = table.select_dtypes("number").columns
+        pd.testing.assert_frame_equal(other.drop(columns=num), table.drop(columns=num), check_dtype=False)
+        pd.testing.assert_frame_equal(other[num], table[num], check_dtype=False, atol=1e-4, rtol=0)
+    with pytest.raises(Exception, match="--jobs takes a whole number of at least 1"):
+        reproduce(tmp_path / "three", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None, jobs=0)
+
+
 def test_a_failing_study_does_not_stop_the_others_and_shows_in_the_report(tmp_path):
     models = dict(TINY, knockout="no-such-model")
     outcomes = reproduce(tmp_path, only=ONLY, models=models, overrides=SMALL, say=lambda s: None)
@@ -81,7 +99,7 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
                          progress=lambda names, done, running, left: seen.append((running, len(done), left)))
     assert [o.study for o in outcomes] == list(STUDIES)
     assert all(o.status == "ok" and o.verdict in ("reproduced", "not reproduced", "inconclusive") for o in outcomes)
-    assert seen[0] == (list(STUDIES)[0], 0, seen[0][2]) and seen[-1] == (None, len(STUDIES), 0.0)
+    assert seen[0] == ([list(STUDIES)[0]], 0, seen[0][2]) and seen[-1] == ([], len(STUDIES), 0.0)
     knockout = load_result(outcomes[0].path)
     assert sorted(knockout.table("answer").dataset.unique()) == ["geo-continent"]  # the demo's own set
     toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)

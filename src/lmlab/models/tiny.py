@@ -9,6 +9,7 @@ repeat K/V per head group are exercised; `tiny-gpt2` has GPT-2's fused Conv1D pr
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from functools import lru_cache
 
 import torch
@@ -48,12 +49,19 @@ def _byte_bpe() -> str:
 
 @lru_cache(maxsize=None)
 def _wordpiece() -> str:
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
+    """The vocabulary is built here, not by `tokenizers`' WordPieceTrainer, whose vocabulary differs from one
+    process to the next (its ties are broken in hash-map order), which made tiny-bert's numbers do the same:
+    the specials, every character and its ## continuation, then the corpus's words, most frequent first."""
+    pre = pre_tokenizers.BertPreTokenizer()
+    counts = Counter(word for line in _corpus() for word, _ in pre.pre_tokenize_str(line))
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(vocab_size=400, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    chars = sorted({c for word in counts for c in word})
+    vocab = specials + chars + ["##" + c for c in chars]
+    words = sorted((w for w in counts if len(w) > 1), key=lambda w: (-counts[w], w))
+    vocab += words[:400 - len(vocab)]
+    tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.WordPiece()
     tok.post_processor = processors.BertProcessing(("[SEP]", tok.token_to_id("[SEP]")),
                                                    ("[CLS]", tok.token_to_id("[CLS]")))
     return tok.to_str()
