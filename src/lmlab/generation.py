@@ -108,11 +108,7 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     this keeps the batch full instead of finishing each batch's longest answer alone.
     """
     device, n = lm.device, len(prompts)
-    prefix = shared_prefix_length(prompts) if share_prefix and n > 1 else 0
-    prefix_cache = None
-    if prefix:
-        prefix_cache = lm.forward_last(dict(input_ids=torch.tensor([list(prompts[0][:prefix])], device=device),
-                                            use_cache=True)).cache
+    prefix, shared = prefix_cache(lm, prompts) if share_prefix else (0, None)
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
     out: list[list[int]] = [[] for _ in range(n)]
     waiting = list(range(n))[::-1]  # popped from the end: prompts join in order
@@ -122,17 +118,9 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     while waiting or len(rows):
         if waiting and (not len(rows) or (refill and len(rows) <= batch_size // 2)):
             join = [waiting.pop() for _ in range(min(batch_size - len(rows), len(waiting)))]
-            own = lm.pad_batch([list(prompts[i][prefix:]) for i in join])
-            check_context(lm, prefix + own["input_ids"].shape[1])
-            new_cache = None
-            if prefix:
-                new_cache = copy.deepcopy(prefix_cache)
-                new_cache.batch_repeat_interleave(len(join))
-            new_mask = torch.cat([torch.ones((len(join), prefix), dtype=own["attention_mask"].dtype, device=device),
-                                  own["attention_mask"]], dim=1)
-            result = lm.forward_last(dict(input_ids=own["input_ids"], attention_mask=new_mask,
-                                          position_ids=own["position_ids"] + prefix, cache=new_cache,
-                                          use_cache=True))
+            batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared)
+            new_mask = batch["attention_mask"]
+            result = lm.forward_last(batch)
             new_cache = result.cache
             new_token = next_token(result.logits[:, -1], temperature, top_p, generator)
             new_following = own["position_ids"][:, -1] + prefix + 1
@@ -192,6 +180,21 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
     return [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
 
 
+def _after_prefix(lm: LoadedModel, sequences: Sequence[list[int]], prefix: int, cache) -> tuple[dict, dict]:
+    """The forward batch of `sequences` whose first `prefix` tokens are in `cache` (`prefix_cache`; none when
+    `prefix` is 0): a copy of the cache for every row, then each row's own tokens left-padded, with masked
+    columns between prefix and suffix and their true positions. Returns (forward batch, padded suffixes)."""
+    own = lm.pad_batch([list(s[prefix:]) for s in sequences])
+    check_context(lm, prefix + own["input_ids"].shape[1])
+    rows = None
+    if prefix:
+        rows = copy.deepcopy(cache)
+        rows.batch_repeat_interleave(len(sequences))
+    ones = torch.ones((len(sequences), prefix), dtype=own["attention_mask"].dtype, device=lm.device)
+    return dict(input_ids=own["input_ids"], attention_mask=torch.cat([ones, own["attention_mask"]], dim=1),
+                position_ids=own["position_ids"] + prefix, cache=rows, use_cache=True), own
+
+
 @torch.no_grad()
 def prefix_cache(lm: LoadedModel, sequences: Sequence[list[int]]):
     """(n, cache): the tokens every sequence starts with (`shared_prefix_length`) run once, and their KV cache;
@@ -220,13 +223,7 @@ def last_token_features(lm: LoadedModel, sequences: Sequence[list[int]], layers:
         task = bar.add_task(description, total=len(sequences))
         for a, b in _batches(len(sequences), batch_size):
             if prefix:
-                own = lm.pad_batch([list(s[prefix:]) for s in sequences[a:b]])
-                check_context(lm, prefix + own["input_ids"].shape[1])
-                rows = copy.deepcopy(cache)
-                rows.batch_repeat_interleave(b - a)
-                ones = torch.ones((b - a, prefix), dtype=own["attention_mask"].dtype, device=lm.device)
-                batch = dict(input_ids=own["input_ids"], attention_mask=torch.cat([ones, own["attention_mask"]], 1),
-                             position_ids=own["position_ids"] + prefix, cache=rows, use_cache=True)
+                batch = _after_prefix(lm, sequences[a:b], prefix, cache)[0]
             else:
                 batch = lm.pad_batch(list(sequences[a:b]))  # left padding: the last column is every row's last token
             with intervene(lm, Capture(point, layers=layers)) as cap:

@@ -90,10 +90,11 @@ def _run_one(name: str, model: str, profile: str, seed: int, settings: dict, out
         return Outcome(name, model, "failed", seconds=round(time.perf_counter() - t0, 1), reason=reason)
 
 
-def _said(outcome: Outcome) -> str:
+def _said(outcome: Outcome, name: str = "") -> str:
+    head = f"      {name}: " if name else "      "
     if outcome.status == "failed":
-        return f"      failed: {outcome.reason}"
-    return f"      {outcome.verdict} ({'already done' if outcome.resumed else f'{outcome.seconds:.0f} s'})"
+        return f"{head}failed: {outcome.reason}"
+    return f"{head}{outcome.verdict} ({'already done' if outcome.resumed else f'{outcome.seconds:.0f} s'})"
 
 
 def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, models: dict[str, str] | None = None,
@@ -154,7 +155,7 @@ def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progr
             for future in finished:
                 running.pop(future)
                 outcome = future.result()
-                say(_said(outcome).replace("      ", f"      {outcome.study}: ", 1))
+                say(_said(outcome, outcome.study))
                 outcomes.append(outcome)
                 _write_summary(out, profile, sorted(outcomes, key=lambda o: names.index(o.study)))
             if progress:

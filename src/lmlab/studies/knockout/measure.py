@@ -17,7 +17,6 @@ give the same hidden states, and `lmlab bench` times them side by side.
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import random
 from dataclasses import dataclass, field
@@ -94,7 +93,7 @@ def sweep_prefix(seq_len: int, eq_pos: list[int], ctrl_pos: list[int] | None, sc
 
 @torch.no_grad()
 def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int] | None, layers: list[int],
-          keep_positions: bool = False, scope: str = "each", shared: tuple | None = None) -> SweepResult:
+          keep_positions: bool = False, scope: str = "each", shared: tuple[int, object] | None = None) -> SweepResult:
     """One sample: clean row + one row per (condition, layer cut-off), prefix computed once. `shared`: the
     (length, cache) of a prefix this sample shares with others (`generation.prefix_cache`), computed once for
     all of them, no longer than `sweep_prefix`; it is copied and only the rest of the prefix is run."""

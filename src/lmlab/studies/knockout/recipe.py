@@ -158,7 +158,7 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
     # taken over every swept question, so that each process and a resumed run compute the same numbers
     limit = min((sweep_prefix(len(seqs[n]), encoded[answered[n].id]["eq"], controls[n], config.scope)
                  for n in swept), default=0)
-    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine and len(swept) > 1 else None
+    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine else None
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
