@@ -332,6 +332,35 @@ def test_sampled_gate_keeps_an_edge_with_probability_sigmoid_of_its_score():
     assert scores.grad is not None and scores.grad.abs().sum() > 0
 
 
+def test_keyed_gate_noise_and_counts_do_not_depend_on_the_batch_or_its_padding(decoder):
+    """With keys (as the training loop gives them), an example's sampled gates are the same alone or right-padded
+    beside a longer one: its logits match, and the batch's edge counts are the two examples' counts summed
+    (padded query rows are not edges). Without keys the noise would differ."""
+    from lmlab.interventions.core import keyed_examples
+
+    short, long = [5, 9, 13, 17, 21], [6, 10, 14, 18, 22, 26, 30, 34]
+    pad = decoder.tokenizer.pad_token_id or 0
+
+    def run(rows, keys):
+        ids = torch.tensor([r + [pad] * (8 - len(r)) for r in rows]) if len(rows) > 1 else torch.tensor(rows)
+        mask = torch.tensor([[1] * len(r) + [0] * (ids.shape[1] - len(r)) for r in rows])
+        gate = SparseAttention(sample=True, keyed=True)
+        with keyed_examples(torch.tensor(keys)), intervene(decoder, gate), torch.no_grad():
+            out = decoder.model(input_ids=ids, attention_mask=mask).logits
+        return out, gate
+
+    alone, g1 = run([short], [11])
+    other, g2 = run([long], [12])
+    both, g3 = run([short, long], [11, 12])
+    assert torch.allclose(both[0, :5], alone[0], atol=1e-5) and torch.allclose(both[1], other[0], atol=1e-5)
+    for name in ("kept_edges", "fallback_edges", "queries", "total_edges"):
+        assert getattr(g3, name) == pytest.approx(getattr(g1, name) + getattr(g2, name))
+    assert float(g3.expected_edges) == pytest.approx(float(g1.expected_edges + g2.expected_edges), rel=1e-5)
+    assert g1.total_edges == decoder.layout.n_layers * decoder.layout.n_heads * 15  # 5 tokens: 15 causal pairs
+    moved, _ = run([short], [13])  # another key: other noise
+    assert not torch.allclose(moved, alone, atol=1e-4)
+
+
 def test_captured_residual_stream_matches_output_hidden_states(decoder, batch):
     with intervene(decoder, Capture("resid_pre")) as cap, torch.no_grad():
         hidden = decoder.model(**batch, output_hidden_states=True).hidden_states

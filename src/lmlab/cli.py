@@ -368,7 +368,13 @@ def main(argv: list[str] | None = None) -> None:
     _register_study_commands()
     args = list(argv if argv is not None else sys.argv[1:]) or ["--help"]
     try:
-        code = typer.main.get_command(app).main(args=args, prog_name="lmlab", standalone_mode=False)
+        try:
+            code = typer.main.get_command(app).main(args=args, prog_name="lmlab", standalone_mode=False)
+        finally:
+            if "torch.distributed" in sys.modules:  # under a launch: leave the process group before exiting
+                from lmlab import parallel
+
+                parallel.close()
     except click_errors.UsageError as exc:
         hint = f" (see lmlab {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else " (see lmlab --help)"
         message = exc.format_message().replace("Value error, ", "").replace("\n", " ")

@@ -72,8 +72,37 @@ def mine(index: int) -> bool:
     return index % size == rank
 
 
+def share_out(n: int, compute) -> list:
+    """`compute(indices)` over this process's share of items 0..n-1 (r, r + N, ...; a list of one result per
+    index), the results of every share gathered back in item order on every process (alone: compute(0..n-1)).
+    Every process must call it at the same point."""
+    rank, size = world()
+    local = list(compute(list(range(rank, n, size))))
+    if size == 1:
+        return local
+    import torch.distributed as dist
+
+    _state()  # the process group (joined once)
+    parts: list = [None] * size
+    dist.all_gather_object(parts, local)
+    out: list = [None] * n
+    for r, part in enumerate(parts):
+        for i, value in zip(range(r, n, size), part):
+            out[i] = value
+    return out
+
+
 def main_only() -> None:
     """From here on only rank 0 works: the others stop (they have recorded their shares, and waited for
     everyone's with `sync()`)."""
     if not is_main():
         raise Follower()
+
+
+def close() -> None:
+    """Leave the process group, if one was joined: a process that exits still holding a gloo group can abort in
+    its teardown. (Rank 0 finishes the study alone, with no collective left, so no barrier is needed.)"""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

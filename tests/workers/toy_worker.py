@@ -29,3 +29,6 @@ if __name__ == "__main__":
     if not dist.is_initialized() or dist.get_rank() == 0:
         with open(sys.argv[2], "w") as fh:
             json.dump({"losses": losses, "processes": dist.get_world_size() if dist.is_initialized() else 1}, fh)
+    from lmlab import parallel
+
+    parallel.close()

@@ -9,6 +9,7 @@ also when the body raises. Contexts nest: an inner `intervene` adds to the outer
 
 from __future__ import annotations
 
+import contextvars
 from contextlib import contextmanager
 from typing import Iterable
 
@@ -71,9 +72,11 @@ class Intervention:
 
 
 def _model_of(target) -> nn.Module:
-    """The model itself: a `LoadedModel`'s `.model`, or the module given. (Not `getattr(x, "model", x)`:
+    """The model itself: a `LoadedModel`'s `.model`, or the module given (unwrapped from DDP). (Not `getattr(x, "model", x)`:
     a HF `...ForCausalLM` has a `.model` too, its inner stack, and the two must not be confused.)"""
-    return target if isinstance(target, nn.Module) else target.model
+    model = target if isinstance(target, nn.Module) else target.model
+    # a model wrapped for data-parallel training (inside the training loop's loss) is edited as the model itself
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def _ensure_lmlab_attention(model: nn.Module) -> None:
@@ -167,6 +170,26 @@ def uninstall(target, *interventions: Intervention) -> None:
             standing.remove(iv)
             stack.remove(iv)
     _rebuild_plans(layout, stack)
+
+
+_EXAMPLE_KEYS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("lmlab_example_keys",
+                                                                                    default=None)
+
+
+def example_keys() -> torch.Tensor | None:
+    """One int64 key per row of the batch now running (set by the training loop, `keyed_examples`), so that an
+    intervention's per-example randomness does not depend on how a batch is split over processes or padded;
+    None when no one set them."""
+    return _EXAMPLE_KEYS.get()
+
+
+@contextmanager
+def keyed_examples(keys: torch.Tensor):
+    token = _EXAMPLE_KEYS.set(keys)
+    try:
+        yield
+    finally:
+        _EXAMPLE_KEYS.reset(token)
 
 
 def where_rows(mask: torch.Tensor | None, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:

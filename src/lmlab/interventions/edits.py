@@ -7,7 +7,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from lmlab.errors import LmlabError
-from lmlab.interventions.core import Intervention, where_rows
+from lmlab.interventions.core import Intervention, example_keys, where_rows
 
 
 def _heads_by_layer(heads) -> dict[int, list[int]]:
@@ -194,13 +194,19 @@ class SparseAttention(Intervention):
     (sum of sigmoid(s_ij) over causal pairs, differentiable), `kept_edges` (edges the gate kept, the
     self-edge fallback not counted), `fallback_edges` (queries that kept nothing and fell back to
     themselves), `queries` (query rows, per head and layer) and `total_edges` (causal pairs) hold the
-    totals over the gated layers; call `reset()` before the next pass.
+    totals over the gated layers; call `reset()` before the next pass. Where queries and keys are the same
+    positions (no KV cache), the counts leave out padded query rows: a padding token's row is not an edge.
+
+    The noise comes from `generator` (default: torch's global one), or, with `keyed=True` inside the training
+    loop, from one generator per example seeded by its key (`interventions.example_keys`) and the layer, drawn
+    over the example's real tokens only: an example's noise is then the same whatever batch, padding or
+    process it runs in (so N processes follow one process's curve).
     """
 
     def __init__(self, layers=None, sample: bool = True, temperature: float = 2 / 3,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, keyed: bool = False):
         super().__init__(layers)
-        self.sample, self.temperature, self.generator = sample, temperature, generator
+        self.sample, self.temperature, self.generator, self.keyed = sample, temperature, generator, keyed
         self.reset()
 
     def reset(self) -> None:
@@ -223,27 +229,44 @@ class SparseAttention(Intervention):
     def uses_scores(self, layer):
         return self.on_layer(layer)
 
+    def _noise(self, layer: int, scores: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+        keys = example_keys() if self.keyed else None
+        if keys is None or real is None or len(keys) != scores.shape[0]:
+            return torch.rand(scores.shape, generator=self.generator, device="cpu").to(scores.device)
+        u = torch.full(scores.shape, 0.5, device=scores.device)  # padding's pairs: masked out of the gate
+        for row, key in enumerate(keys.tolist()):
+            idx = real[row].nonzero().squeeze(1)
+            g = torch.Generator(device=scores.device).manual_seed((key * 1009 + layer) % (2 ** 63))
+            draw = torch.rand((scores.shape[1], len(idx), len(idx)), generator=g, device=scores.device)
+            u[row][:, idx[:, None], idx[None, :]] = draw
+        return u
+
     def gate(self, layer, scores, allowed, ctx):
-        probs = torch.sigmoid(scores)  # masked pairs have score -inf, so probability 0
+        real = None  # (B, Q) the real query rows, where queries are the keys' own positions (no cache)
+        counted = allowed
+        if ctx.q_len == ctx.kv_len:
+            real = allowed.any(-2).any(1)  # a real token is a key some query may read (itself at least)
+            counted = allowed & real[:, None, :, None]
+        probs = torch.sigmoid(scores) * counted  # masked pairs have score -inf, so probability 0
         total = probs.sum() if self.sample else probs.sum().detach()  # a deterministic gate trains nothing
         self.expected_edges = self.expected_edges.to(scores.device) + total
         if self.sample:
-            u = torch.rand(scores.shape, generator=self.generator, device="cpu").to(scores.device)
+            u = self._noise(layer, scores, real)
             u = u.clamp(1e-6, 1 - 1e-6)
             soft = torch.sigmoid((scores + torch.log(u) - torch.log1p(-u)) / self.temperature)
             gate = (soft > 0.5).to(soft.dtype) + soft - soft.detach()
         else:
             gate = (scores > 0).to(scores.dtype)
         gate = gate * allowed
-        self.kept_edges += float(gate.detach().sum())
+        self.kept_edges += float((gate.detach() * counted).sum())
         # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
         keys = allowed.expand(gate.shape).sum(-1)  # (B, H, Q): causal keys of each query row
-        rows = keys > 0
-        empty = (gate.detach().sum(-1) == 0) & rows
+        empty = (gate.detach().sum(-1) == 0) & (keys > 0)
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
         diag[torch.arange(ctx.q_len, device=gate.device), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
-        self.fallback_edges += float(empty.sum())
-        self.queries += float(rows.sum())
-        self.total_edges += float(keys.sum())
+        counted_keys = counted.expand(gate.shape).sum(-1)
+        self.fallback_edges += float((empty & (counted_keys > 0)).sum())
+        self.queries += float((counted_keys > 0).sum())
+        self.total_edges += float(counted_keys.sum())
         return gate

@@ -19,16 +19,21 @@ import torch
 import torch.nn.functional as F
 
 from lmlab.interventions import Capture, intervene
+from lmlab.train.loop import all_sum, processes, share
 
 
-def _masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None, count: float | None = None
+                ) -> torch.Tensor:
+    """The mean squared error over the real entries; `count`: how many there are over every process (then this
+    process's `share` of the global mean, see train.loop)."""
     if mask is None:
-        return F.mse_loss(a, b)
+        return F.mse_loss(a, b) if count is None else share(((a - b) ** 2).sum(), a.numel(), count)
     m = mask.to(a.dtype)
     while m.dim() < a.dim():
         m = m.unsqueeze(-1)
     m = m.expand_as(a)
-    return ((a - b) ** 2 * m).sum() / m.sum().clamp_min(1)
+    total = ((a - b) ** 2 * m).sum()
+    return total / m.sum().clamp_min(1) if count is None else share(total, float(m.sum()), count)
 
 
 def _pair_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -132,19 +137,31 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
         t_scores = tcap.store["scores"] if want_scores else []
     with intervene(student, *([Capture("scores", grad=True)] if want_scores else [])) as scap:
         s = student(**inputs, output_hidden_states=True)
+    # over several processes each term is this process's share of the global batch's mean (train.loop.share),
+    # so that a slice with longer rows weighs as much per token as it does in one process
+    counts = {}
+    if processes() > 1:
+        rows, tokens, pairs = all_sum([s.logits.shape[0], mask.sum() if mask is not None else 0,
+                                       _pair_mask(mask).sum() if mask is not None else 0])
+        width, heads = s.hidden_states[0].shape[-1], (scap.store["scores"][0].shape[1] if want_scores else 1)
+        counts = {"rows": rows, "hidden": tokens * width if mask is not None else None,
+                  "scores": pairs * heads if mask is not None else None}
     if regression:
         logit = F.mse_loss(s.logits.float(), t_logits.float())
     else:
         logit = F.kl_div(F.log_softmax(s.logits.float(), -1), F.log_softmax(t_logits.float(), -1), log_target=True,
                          reduction="batchmean")
+    if counts:
+        logit = share(logit * s.logits.shape[0], s.logits.shape[0], counts["rows"])
     pairs = list(enumerate(layer_map if layer_map is not None else range(len(s.hidden_states) - 1)))
     att = torch.zeros((), device=s.logits.device)
     if want_scores:
         pair_mask = _pair_mask(mask)
         for j, k in pairs:
-            att = att + _masked_mse(scap.store["scores"][j].float(), t_scores[k].float(), pair_mask)
-    hid = _masked_mse(s.hidden_states[0].float(), t_hidden[0].float(), mask)  # embedding output
+            att = att + _masked_mse(scap.store["scores"][j].float(), t_scores[k].float(), pair_mask,
+                                    counts.get("scores"))
+    hid = _masked_mse(s.hidden_states[0].float(), t_hidden[0].float(), mask, counts.get("hidden"))  # embeddings
     for j, k in pairs:
-        hid = hid + _masked_mse(s.hidden_states[j + 1].float(), t_hidden[k + 1].float(), mask)
+        hid = hid + _masked_mse(s.hidden_states[j + 1].float(), t_hidden[k + 1].float(), mask, counts.get("hidden"))
     total = w_logit * logit + w_att * att + w_hid * hid
     return total, {"logit": float(logit.detach()), "attention": float(att.detach()), "hidden": float(hid.detach())}

@@ -5,6 +5,15 @@ The same call runs on CPU, one GPU, or several processes (`accelerate launch --n
 global micro-batch, so one process and N processes see the same examples per step and, with DDP's
 gradient averaging, follow the same loss curve.
 
+A loss whose terms are token-weighted (a CE over the tokens of the batch) must weigh every process's tokens
+alike, or N processes would weigh a short-sequence slice as much as a long one: such a loss returns its local
+sum over the global count, `share(local_sum, local_count)` (this process's part of the global mean, whose mean
+over processes, DDP's gradient average, is the global mean). Per-example randomness that must not depend on
+how a batch is split (the sparse gate's noise) reads `interventions.example_keys()`: one key per example of the micro-batch,
+from (seed, step, micro-step, position in the global batch). Other randomness (dropout) is drawn per
+process: processes after the first offset their generator, so their dropout masks are independent draws
+(the same distribution as one process, not the same masks).
+
 Checkpoints are safetensors (model, optimizer moments, RNG state) plus a small JSON, written to a
 temporary folder and renamed; `train` resumes from the newest one. A loss that turns NaN/inf stops
 the run with a clear message and leaves the last good checkpoint in place.
@@ -13,8 +22,9 @@ the run with a clear message and leaves the last good checkpoint in place.
 from __future__ import annotations
 
 import json
-import os
 import math
+import os
+import zlib
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -147,6 +157,46 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
     return info
 
 
+# --- what several processes must agree on ----------------------------------------------------------------
+
+def _keyed(config: "TrainConfig", step: int, micro: int, positions: list[int]):
+    """One key per example of this process's slice, from (seed, step, micro-step, position in the global batch)."""
+    from lmlab.interventions.core import keyed_examples
+
+    base = zlib.crc32(f"{config.seed}|{step}|{micro}".encode()) << 20
+    return keyed_examples(torch.tensor([base + p for p in positions], dtype=torch.long, device="cpu"))
+
+
+def processes() -> int:
+    """How many processes train together (1 when run alone)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_sum(values: Sequence[float]) -> list[float]:
+    """The sums of `values` over every process (float64; the values themselves when run alone). Every process
+    must call it at the same point."""
+    values = [float(v) for v in values]
+    if processes() == 1:
+        return values
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    t = torch.tensor(values, dtype=torch.float64, device=PartialState().device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def share(local_sum: torch.Tensor, local_count: float, global_count: float | None = None) -> torch.Tensor:
+    """This process's part of a global mean: local_sum x processes / the count over every process (give
+    `global_count` when it is known, to save a reduction). Its mean over processes is sum / count over the
+    global batch; alone it is local_sum / local_count."""
+    n = processes()
+    total = all_sum([local_count])[0] if global_count is None else global_count
+    return local_sum * (n / max(total, 1e-12))
+
+
 # --- the loop ---------------------------------------------------------------------------------------------
 
 def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
@@ -195,6 +245,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
             state.load_state_dict(info["extra"])
         result.checkpoint = existing[-1]
     model, optimizer = acc.prepare(model, optimizer)
+    if acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
+        torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + acc.process_index)
     model.train()
     progress = _progress(config, acc.is_main_process, start)
     last_good = existing[-1] if existing else None
@@ -206,7 +258,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
             for micro in range(config.grad_accum):
                 idx = batch_indices(len(dataset), step, micro, config)[acc.process_index::n_proc]
                 batch = _to(collate([dataset[i] for i in idx]), acc.device)
-                with acc.accumulate(model):
+                positions = list(range(config.batch_size))[acc.process_index::n_proc]
+                with acc.accumulate(model), _keyed(config, step, micro, positions):
                     loss = loss_fn(model, batch)
                     if not torch.isfinite(loss):
                         raise TrainingDiverged(

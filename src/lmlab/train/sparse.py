@@ -5,7 +5,13 @@
 
 `ce_fn(model, batch)` returns the CE, constrained by the fixed `tau`, or (CE, tau of this batch): the dense
 model's CE on the same batch plus the slack, which removes the batch-to-batch spread of the text from the
-constraint (the expectation is the same bound).
+constraint (the expectation is the same bound), or (CE, tau of this batch, tokens): the CE and its bound are
+then token-weighted means, and several processes weigh each other's tokens alike.
+
+Over several processes every term is the global batch's: the CE, its bound and the edges are reduced over
+the processes (the CE and the edges as `loop.share`s, so DDP's average of the gradients is the global
+batch's gradient), the multiplier moves on the global values, identically everywhere, and the gate's noise
+is keyed per example; one process and N follow the same curve.
 
 with the edge gate of `interventions.SparseAttention` (binary-concrete straight-through samples during
 training; deterministic s_ij > 0 afterwards) on every layer and a GECO multiplier (`train.geco`). It
@@ -23,7 +29,7 @@ import torch
 
 from lmlab.interventions import SparseAttention, intervene
 from lmlab.train.geco import GECO
-from lmlab.train.loop import TrainConfig, TrainResult, train
+from lmlab.train.loop import TrainConfig, TrainResult, all_sum, processes, share, train
 
 
 @dataclass
@@ -52,18 +58,26 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
                       config: TrainConfig, out_dir: str | Path, rate: float = 0.05, alpha: float = 0.9,
                       initial_multiplier: float = 1.0) -> SparseTraining:
     geco = GECO(tau, rate=rate, alpha=alpha, initial=initial_multiplier)
-    gate = SparseAttention(sample=True)  # noise from torch's global generator, which checkpoints save
+    gate = SparseAttention(sample=True, keyed=True)  # noise per example, from its key (see the loop)
     history: list[dict] = []
 
     def loss_fn(m, batch):
         gate.reset()
         out = ce_fn(m, batch)
-        ce, bound = out if isinstance(out, tuple) else (out, None)  # (CE, this batch's tau) or CE against `tau`
-        edges = gate.expected_edges / max(gate.total_edges, 1.0)
-        loss = geco.loss(edges, ce, bound)
-        geco.update(float(ce.detach()), bound)
-        history.append({"step": geco.steps, "expected_edges": float(edges.detach()), "kept_edges": gate.kept_fraction,
-                        "fallback": gate.fallback_edges / max(gate.queries, 1.0)})
+        out = out if isinstance(out, tuple) else (out, None)
+        ce, bound, weight = (*out, 1.0) if len(out) == 2 else out  # weight: this batch's tokens (default: alike)
+        paired = bound is not None
+        tokens, bound_sum, expected, total, kept, fallback, queries = all_sum(
+            [weight, (bound if paired else 0.0) * weight, gate.expected_edges.detach(), gate.total_edges,
+             gate.kept_edges, gate.fallback_edges, gate.queries])
+        ce_part = share(ce * weight, weight, tokens)  # mean over processes: the global batch's CE
+        edges_part = share(gate.expected_edges, gate.total_edges, total)
+        ce_value = all_sum([ce_part.detach()])[0] / processes()
+        bound = bound_sum / tokens if paired else None
+        loss = geco.loss(edges_part, ce_part, bound)
+        geco.update(ce_value, bound)
+        history.append({"step": geco.steps, "expected_edges": expected / max(total, 1.0),
+                        "kept_edges": kept / max(total, 1.0), "fallback": fallback / max(queries, 1.0)})
         return loss
 
     with intervene(model, gate):

@@ -14,6 +14,7 @@ BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a 
 class Config(StudyConfig):
     device_map_refusal = ("the quantize study trains a teacher and quantized students (KD) on one device per "
                           "process (docs/scaling.md)")
+    launch_refusal = None  # teacher and students train data-parallel; the test set scored in shares (lmlab.parallel)
     tasks: list[str] | None = Field(None, description="generated tasks (fact-cola, fact-mrpc, fact-mnli, fact-stsb, "
                                                       "fact-qnli), glue-NAME from the hub, or glue-NAME:DIR (the tsv "
                                                       "files or a saved DatasetDict)")

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmlab import parallel
 from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
 from lmlab.data.generated.circuits import make_task
 from lmlab.data.generated.selftext import sample_text
@@ -95,10 +96,14 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
+    if parallel.is_main():  # sampled once, by rank 0; the other processes read its file
+        _texts(lm, config, run_dir)
+    parallel.sync()
     data = _texts(lm, config, run_dir)
     batch_size = _size(config, "batch_size")
     per_epoch = max(1, len(data["train"]) // batch_size)
     done = run_dir.done("results")
+    parallel.sync()  # every process has read the same units as done before rank 0 records one
     rows: list[dict] = []
     units = [("teacher", 32, None)] + [(f"{bits}bit-{b}", bits, b) for bits in config.bits for b in budgets]
     for key, bits, budget in units:
@@ -119,8 +124,11 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
                 work = run_dir.path / "work" / key
                 train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
-                shutil.rmtree(work, ignore_errors=True)
-                info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+                if parallel.is_main():
+                    shutil.rmtree(work, ignore_errors=True)
+                    info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+            if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
+                continue
             lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)
             budget_name = budget or "teacher"
             unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, steps=steps, **lm_metrics)]
@@ -136,6 +144,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
             if bits != 32:
                 del model  # free this student before the next one is copied (one student in memory at a time)
         rows += done[key]
+    parallel.main_only()
     rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
                      n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
     return pd.DataFrame(rows)

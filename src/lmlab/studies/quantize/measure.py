@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.nn.utils import parametrize
 
+from lmlab import parallel
 from lmlab.data.generated.nlu import NLUTask
 from lmlab.evaluation import metric_value
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
@@ -138,13 +139,18 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
         train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0], tc,
               work, on_step=best)
-        if best is not None:
-            info["best_dev_step"], info["best_dev"] = best.restore()
-        shutil.rmtree(work, ignore_errors=True)
-        info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
         steps = tc.steps
+        if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
+            info["best_dev_step"], info["best_dev"] = best.restore()
+        if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
+            shutil.rmtree(work, ignore_errors=True)
+            info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
-        preds = predict(model, collate, task.test)
+        # under a launch each process scores its share of the test set (a row's prediction is its own)
+        preds = np.array(parallel.share_out(len(task.test), lambda idx: predict(
+            model, collate, [task.test[i] for i in idx]).tolist()), dtype=np.float32)
+    if not parallel.is_main():  # rank 0 writes the unit's rows
+        return []
     score = metric_value(task.metric, labels, preds)
     rows = [dict(kind="score", task=task.name, metric=task.metric, bits=bits, budget=budget or "teacher",
                  score=100 * score, steps=steps, **info)]

@@ -16,7 +16,9 @@ The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, 
 0.01, and keeps each student's best dev checkpoint (scored every epoch), as DeepSpeed's XTC example does.
 A task whose teacher scores below 50 (analysis.MIN_TEACHER; fact-stsb: Pearson 0.17 at 192 examples) is left
 out of the average, and the verdict names it. Intervals are bootstrap intervals over test examples (one
-seed). `--layer-reduction true` makes every student keep teacher layers 1, 3, 5, ... (the last one always),
+seed). Under a launch (`torchrun -m lmlab quantize`, docs/scaling.md) every process trains the teacher and each
+student together, data-parallel (each a slice of every KD batch; lmlab.train), each scores its share of the test set, and
+rank 0 alone packs and records each unit. `--layer-reduction true` makes every student keep teacher layers 1, 3, 5, ... (the last one always),
 with student block j distilled from teacher block 2j + 1 (DECISION: the paper keeps "every other layer"
 without saying which).
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmlab import parallel
 from lmlab.data.formats import GLUE, read_glue
 from lmlab.data.generated.nlu import NLUTask, generate_task
 from lmlab.errors import LmlabError
@@ -78,6 +81,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     base = lm or config.load(train=True, head="classifier", num_labels=2)
     rows: list[dict] = []
     done = run_dir.done("results")
+    parallel.sync()  # every process has read the same units as done before any records one
     for task in tasks:
         collate = collate_for(base.tokenizer, task, config.max_length)
         teacher_dir = run_dir.path / "teachers" / task.name
@@ -90,8 +94,9 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             train(teacher, task.train, collate, lambda m, b: m(**b).loss,
                   train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
                                 f"teacher {task.name}"), run_dir.path / "work" / f"teacher-{task.name}")
-            teacher.save_pretrained(teacher_dir, safe_serialization=True)
-            shutil.rmtree(run_dir.path / "work" / f"teacher-{task.name}", ignore_errors=True)
+            if parallel.is_main():  # (every process holds the same weights after data-parallel training)
+                teacher.save_pretrained(teacher_dir, safe_serialization=True)
+                shutil.rmtree(run_dir.path / "work" / f"teacher-{task.name}", ignore_errors=True)
         teacher.eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -103,9 +108,11 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                 if bits != 32 and cache is None:  # once per task, for all its students
                     cache = teacher_cache(config, task, teacher, collate)
                 done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache)
-                run_dir.record("results", unit_key, done[unit_key])
+                if parallel.is_main():  # the others trained and scored with it; rank 0 records
+                    run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]
         del teacher, cache
+    parallel.main_only()
     rows.append(dict(kind="counts", model=base.name, tasks=",".join(t.name for t in tasks),
                      n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a")))
     return pd.DataFrame(rows)

@@ -13,6 +13,7 @@ MIN_PROMPTS = 64  # the issue's bar for a multiplier verdict with power (12-16 p
 class Config(StudyConfig):
     device_map_refusal = ("the sparse-circuits study post-trains the model (and trains its toy) on one device per process "
                           "(docs/scaling.md)")
+    launch_refusal = None  # discovery by task, post-training and the toy data-parallel (lmlab.parallel)
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), description=f"circuit tasks ({', '.join(TASKS)})")
     circuits: bool | None = Field(None, description="run the model's circuit discovery and sparse post-training "
                                                     "(false: the addition toy alone, judged on its own)")

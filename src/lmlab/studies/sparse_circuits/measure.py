@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 
+from lmlab import parallel
 from lmlab.data.generated.circuits import make_task
 from lmlab.evaluation import causal_lm_ce
 from lmlab.runs import RunDir
@@ -46,8 +47,8 @@ def reference_batch(lm, items: list[dict]) -> dict:
 def discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
     """Clean metric, ranking and explained-effect curve per task, recorded per task (resumable)."""
     done = run_dir.done(f"discovery-{variant}")
-    for name in config.tasks:
-        if name in done:
+    for i, name in enumerate(config.tasks):
+        if name in done or not parallel.mine(i):  # under a launch each process takes its tasks
             continue
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
         z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
@@ -73,7 +74,7 @@ def discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
 
 def verify(lm, config: Config, run_dir: RunDir) -> None:
     """Attribution vs activation patching on `verify_heads` heads (the top half plus random ones)."""
-    if run_dir.done("verify"):
+    if run_dir.done("verify") or not parallel.mine(len(config.tasks)):  # the unit after the tasks' discovery
         return
     from scipy.stats import spearmanr
 

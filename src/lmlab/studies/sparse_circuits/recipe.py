@@ -28,6 +28,11 @@
    problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained; its
    attention edges are drawn dense above, sparse below.
 
+Under a launch (`torchrun -m lmlab sparse-circuits`, docs/scaling.md) discovery is shared out by task (the
+attribution check is one more unit), rank 0 samples the text and measures sparsity, and every process
+post-trains (and trains the toy) data-parallel: the gate's noise is keyed per example and the constraint and
+edge terms are reduced over the processes (train/sparse.py), so N processes follow one process's curve.
+
 Verdict (analysis.py): "inconclusive (post-training did not converge)" while the constraint's moving
 average is still violated at the end, or while edges kept still fell by > 10% over the last quarter and
 are above the limit; with fewer than 64 prompt pairs the multiplier is called underpowered and cannot make
@@ -50,6 +55,7 @@ import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmlab import parallel
 from lmlab.data.generated.circuits import TASKS, make_task
 from lmlab.data.generated.selftext import sample_text, stdlib_docstrings
 from lmlab.errors import LmlabError
@@ -102,9 +108,10 @@ def _post_train(lm, config: Config, run_dir: RunDir):
     items, dense_ce = with_dense_reference(lm, train_seqs, config.batch_size)
     tau = dense_ce + config.slack
 
-    def ce_fn(model, batch):
+    def ce_fn(model, batch):  # (CE, its bound, the tokens it is a mean over)
         loss = model(**{k: v for k, v in batch.items() if k != "dense_ce"}).loss
-        return (loss, batch["dense_ce"] + config.slack) if config.paired_tau else loss
+        tokens = float((batch["labels"][:, 1:] != -100).sum())
+        return loss, (batch["dense_ce"] + config.slack) if config.paired_tau else None, tokens
 
     steps = config.size("sparse_steps")
     if len(items) < steps * config.size("sparse_batch"):  # the constraint is then partly read on seen text
@@ -117,6 +124,9 @@ def _post_train(lm, config: Config, run_dir: RunDir):
                      **config.train_settings())
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
                             run_dir.path / "sparse_train", rate=rate, initial_multiplier=config.geco_initial)
+    if not parallel.is_main():  # every process holds the same weights: rank 0 saves them
+        parallel.sync()
+        return folder, json.loads((run_dir.path / "sparse_training.json").read_text())
     save_model(lm, folder, sparse_attention=True)
     info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
             "final_multiplier": out.geco.multiplier,
@@ -124,6 +134,7 @@ def _post_train(lm, config: Config, run_dir: RunDir):
             "geco": [list(t) for t in out.geco.trace], "history": out.history}
     atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
     shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
+    parallel.sync()
     return folder, info
 
 
@@ -153,9 +164,10 @@ def _toy(config: Config, run_dir: RunDir) -> None:
                      schedule="cosine", checkpoint_every=200, seed=config.seed, description="toy: addition",
                      **config.train_settings())
     train(model, data.train, toy.collate, toy.answer_loss, tc, run_dir.path / "toy_dense")
-    dense = toy.evaluate(model, data.test)
-    dense_train = toy.evaluate(model, data.train[:2000])
-    dense_usage = toy.edge_usage(model, data.test[:200])
+    dense_train = toy.evaluate(model, data.train[:2000])  # every process: tau comes from it
+    if parallel.is_main():
+        dense = toy.evaluate(model, data.test)
+        dense_usage = toy.edge_usage(model, data.test[:200])
 
     sparse_steps = config.size("toy_sparse_steps")
     tau = dense_train["ce"] + config.toy_slack
@@ -165,6 +177,8 @@ def _toy(config: Config, run_dir: RunDir) -> None:
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(sparse_steps, config.toy_slack)
     out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, tau, tc, run_dir.path / "toy_sparse",
                             rate=rate, initial_multiplier=config.geco_initial)
+    if not parallel.is_main():  # it trained its slices; rank 0 evaluates and records
+        return
     gate = SparseAttention(sample=False)
     with intervene(model, gate):
         sparse = toy.evaluate(model, data.test)
@@ -188,6 +202,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
     if not config.size("circuits"):  # the toy alone: no model to load
         _toy(config, run_dir)
+        parallel.main_only()
         table = pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
         _toy_figures(config, run_dir, table)
         return table
@@ -197,19 +212,22 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         raise LmlabError(f"{config.model} is not a causal language model; sparse-circuits needs one")
     for name in config.tasks:  # fail fast on answer tokens the tokenizer splits
         make_task(name, lm.tokenizer, 2, config.seed)
-    discover(lm, "dense", config, run_dir)
+    discover(lm, "dense", config, run_dir)  # under a launch: tasks by process, then the check
     verify(lm, config, run_dir)
+    if parallel.is_main():  # the text is sampled once, by rank 0
+        eval_seqs = _text(lm, config, run_dir)["eval"]
+        if not run_dir.done("dense-text"):  # before post-training changes the weights
+            dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
+            run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
+    parallel.sync()
     eval_seqs = _text(lm, config, run_dir)["eval"]
-    if not run_dir.done("dense-text"):  # before post-training changes the weights
-        dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
-        run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
     dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
-    folder, info = _post_train(lm, config, run_dir)
+    folder, info = _post_train(lm, config, run_dir)  # every process, data-parallel
     del lm
     sparse_lm = config.load(str(folder), train=True)  # through load_model: the deterministic gate comes back with it
     if not sparse_lm.meta.get("sparse_attention"):
         raise LmlabError(f"{folder} did not load back as a sparse-attention model")
-    if not run_dir.done("sparsity"):
+    if not run_dir.done("sparsity") and parallel.is_main():
         # one held-out sequence at a time: no padding, so every query row is a real token's
         sparse_ce, counts = causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, eval_seqs, 1))
         ci = bootstrap(np.array(sparse_ce) - dense_ce, seed=config.seed)
@@ -228,6 +246,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             + _geco_rows("geco", info))
     discover(sparse_lm, "sparse", config, run_dir)
     _toy(config, run_dir)
+    parallel.sync()
+    parallel.main_only()
     rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
             for rs in run_dir.done(part).values() for r in rs]
     table = derive(pd.DataFrame(rows), config.threshold, config.seed)
