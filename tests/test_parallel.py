@@ -66,12 +66,15 @@ def test_units_are_split_by_position_in_the_whole_list_and_read_back_from_every_
         parallel.main_only()
 
 
-@pytest.mark.parametrize("study", ["quantize", "sparse_circuits"])
+@pytest.mark.parametrize("study", ["quantize", "sparse_circuits",
+                                   pytest.param("quantize_decoder", marks=pytest.mark.embedded),
+                                   pytest.param("sparse_circuits_model", marks=pytest.mark.embedded)])
 def test_training_studies_over_two_processes_write_the_one_process_tables(tmp_path, study):
     """S2 (teacher and a 2-bit student, data-parallel; tiny-bert without dropout, as each process draws its own
-    masks) and S4's toy (dense training, then sparse post-training with keyed gate noise) under torchrun: the
-    tables of one process within 1e-4 (DDP sums gradients in another order), the same verdict; rank 0 alone
-    wrote the folder."""
+    masks), S2's decoder option, S4's toy (dense training, then sparse post-training with keyed gate noise) and S4
+    on a model (discovery by task, post-training, sparsity, the toy; a tiny Llama with SmolLM2's tokenizer) under
+    torchrun: the tables of one process within 1e-4 (DDP sums gradients in another order), the same verdict;
+    rank 0 alone wrote the folder."""
     one = _launch(study, tmp_path / "one", tmp_path / "one.json", 1)
     two = _launch(study, tmp_path / "two", tmp_path / "two.json", 2)
     assert Path(one["path"]).name == Path(two["path"]).name
@@ -83,7 +86,8 @@ def test_training_studies_over_two_processes_write_the_one_process_tables(tmp_pa
     assert one["verdict"] == two["verdict"]
     manifest = json.loads((Path(two["path"]) / "manifest.json").read_text())
     assert manifest["status"] == "complete" and (Path(two["path"]) / "log.rank1.txt").is_file()
-    assert not list((Path(two["path"]) / "partial").glob("*.rank1.jsonl"))  # rank 0 scored and recorded every unit
+    ranks = {p.name.split(".")[0] for p in (Path(two["path"]) / "partial").glob("*.rank1.jsonl")}
+    assert ranks == ({"discovery-dense", "discovery-sparse"} if study == "sparse_circuits_model" else set())
 
 
 def test_the_latent_study_refuses_a_launch_in_one_sentence(monkeypatch):

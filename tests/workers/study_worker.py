@@ -3,6 +3,7 @@ the run folder's path and verdict as JSON. S1 gets the labelling rule its pipeli
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -35,12 +36,42 @@ def main(study: str, out: str, summary: str) -> None:
         spec, config = s2.SPEC, s2.Config(model=lm.name, tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=8,
                                           bits=[2], budgets=["A"], epochs_a=2, teacher_epochs=2, device="cpu")
         result = run_study(spec, config, out, lm=lm)
+    elif study in ("sparse_circuits_model", "quantize_decoder"):  # a tiny random Llama speaking SmolLM2's tokens
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        from lmlab import parallel
+        from lmlab.models import load_model
+        from lmlab.studies import quantize as s2
+        from lmlab.studies import sparse_circuits as s4
+
+        smol = load_model("smollm2-135m", device="cpu")
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=len(smol.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          tie_word_embeddings=True)
+        folder = Path(out).parent / f"tiny-smol-{study}"  # saved and loaded back, as a user's local model
+        if parallel.is_main():
+            LlamaForCausalLM(cfg).save_pretrained(folder)
+            smol.tokenizer.save_pretrained(folder)
+        parallel.sync()
+        lm = load_model(str(folder), device="cpu")
+        lm.name = "tiny-smol"
+        if study == "quantize_decoder":
+            spec, config = s2.SPEC, s2.Config(model="tiny-smol", tasks=["ioi"], bits=[2], budgets=["A"], n_text=8,
+                                              n_eval_text=4, text_tokens=12, n_prompts=4, batch_size=4, device="cpu")
+        else:  # circuits on two tasks (one per process), post-training, sparsity, the toy
+            spec, config = s4.SPEC, s4.Config(model="tiny-smol", tasks=["ioi", "greater-than"], n_prompts=2,
+                                              sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6,
+                                              n_eval_text=2, eval_tokens=8, toy_steps=3, toy_sparse_steps=2,
+                                              toy_width=32, verify_heads=4, batch_size=4, fine_grid=False,
+                                              device="cpu")
+        result = run_study(spec, config, out, lm=lm)
     else:  # sparse_circuits: the addition toy alone (it trains, then sparse-post-trains)
         from lmlab.studies import sparse_circuits as s4
 
         spec, config = s4.SPEC, s4.Config(model="tiny-llama", circuits=False, toy_steps=6, toy_sparse_steps=4,
                                           toy_width=16, device="cpu")
-    if study != "quantize":
+    if study == "sparse_circuits":
         result = run_study(spec, config, out)
     if result is not None:
         with open(summary, "w") as fh:
