@@ -12,6 +12,8 @@ def main(study: str, out: str, summary: str) -> None:
     torch.set_num_threads(1)
     from lmlab.studies import run_study
 
+    lm = None  # a model passed in, where the study needs one built here
+
     if study == "knockout":
         from lmlab.studies import knockout as s1
 
@@ -35,7 +37,6 @@ def main(study: str, out: str, summary: str) -> None:
         lm.name = "tiny-bert-no-dropout"
         spec, config = s2.SPEC, s2.Config(model=lm.name, tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=8,
                                           bits=[2], budgets=["A"], epochs_a=2, teacher_epochs=2, device="cpu")
-        result = run_study(spec, config, out, lm=lm)
     elif study in ("sparse_circuits_model", "quantize_decoder"):  # a tiny random Llama speaking SmolLM2's tokens
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,14 +66,12 @@ def main(study: str, out: str, summary: str) -> None:
                                               n_eval_text=2, eval_tokens=8, toy_steps=3, toy_sparse_steps=2,
                                               toy_width=32, verify_heads=4, batch_size=4, fine_grid=False,
                                               device="cpu")
-        result = run_study(spec, config, out, lm=lm)
     else:  # sparse_circuits: the addition toy alone (it trains, then sparse-post-trains)
         from lmlab.studies import sparse_circuits as s4
 
         spec, config = s4.SPEC, s4.Config(model="tiny-llama", circuits=False, toy_steps=6, toy_sparse_steps=4,
                                           toy_width=16, device="cpu")
-    if study == "sparse_circuits":
-        result = run_study(spec, config, out)
+    result = run_study(spec, config, out, lm=lm)
     if result is not None:
         with open(summary, "w") as fh:
             json.dump({"path": str(result.path), "verdict": result.verdict.status,
