@@ -72,6 +72,38 @@ def mine(index: int) -> bool:
     return index % size == rank
 
 
+def group_size() -> int:
+    """Processes in the joined process group (1 when none is joined; a collective needs one joined)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def all_sum(values) -> list[float]:
+    """The sums of `values` over every process of the group (float64; the values themselves when alone). Every
+    process must call it at the same point."""
+    values = [float(v) for v in values]
+    if group_size() == 1:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=_state().device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def main_first(compute):
+    """`compute()` on rank 0, then, once it is done, on every other process: for a step that writes a file the
+    run reuses (sampled text), so it is made once and read by the rest. Returns compute()'s value everywhere."""
+    if is_main():
+        value = compute()
+        sync()
+        return value
+    sync()
+    return compute()
+
+
 def share_out(n: int, compute) -> list:
     """`compute(indices)` over this process's share of items 0..n-1 (r, r + N, ...; a list of one result per
     index), the results of every share gathered back in item order on every process (alone: compute(0..n-1)).

@@ -4,7 +4,6 @@ steps; run alone or under torchrun. Dropout is off (each process draws its own m
 the same masks). Writes the loss curve as JSON on rank 0."""
 
 import copy
-import json
 import sys
 
 import torch
@@ -43,12 +42,6 @@ def main(out_dir: str) -> list[float]:
 
 
 if __name__ == "__main__":
-    losses = main(sys.argv[1])
-    import torch.distributed as dist
+    from _report import report  # (the workers' folder is on the path of a script run from it)
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        with open(sys.argv[2], "w") as fh:
-            json.dump({"losses": losses, "processes": dist.get_world_size() if dist.is_initialized() else 1}, fh)
-    from lmlab import parallel
-
-    parallel.close()
+    report(sys.argv[2], {"losses": main(sys.argv[1])})

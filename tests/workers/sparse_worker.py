@@ -2,7 +2,6 @@
 different lengths, a few steps; run alone or under torchrun. Writes the loss curve, the multiplier's trace and the
 edge record as JSON on rank 0."""
 
-import json
 import sys
 
 import torch
@@ -34,13 +33,6 @@ def main(out_dir: str, steps: int = 4) -> dict:
 
 
 if __name__ == "__main__":
-    result = main(sys.argv[1])
-    import torch.distributed as dist
+    from _report import report  # (the workers' folder is on the path of a script run from it)
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        result["processes"] = dist.get_world_size() if dist.is_initialized() else 1
-        with open(sys.argv[2], "w") as fh:
-            json.dump(result, fh)
-    from lmlab import parallel
-
-    parallel.close()
+    report(sys.argv[2], main(sys.argv[1]))

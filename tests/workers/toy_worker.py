@@ -1,7 +1,6 @@
 """S4's toy training (the study's own model, data, collate, loss and settings), a few steps; run alone or under
 torchrun. Writes the loss curve and the number of processes as JSON on rank 0."""
 
-import json
 import sys
 
 import torch
@@ -23,12 +22,6 @@ def main(out_dir: str, steps: int = 5) -> list[float]:
 
 
 if __name__ == "__main__":
-    losses = main(sys.argv[1])
-    import torch.distributed as dist
+    from _report import report  # (the workers' folder is on the path of a script run from it)
 
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        with open(sys.argv[2], "w") as fh:
-            json.dump({"losses": losses, "processes": dist.get_world_size() if dist.is_initialized() else 1}, fh)
-    from lmlab import parallel
-
-    parallel.close()
+    report(sys.argv[2], {"losses": main(sys.argv[1])})

@@ -243,11 +243,11 @@ class SparseAttention(Intervention):
 
     def gate(self, layer, scores, allowed, ctx):
         real = None  # (B, Q) the real query rows, where queries are the keys' own positions (no cache)
-        counted = allowed
+        row = 1.0  # what a query row counts for: 0 for a padded one
         if ctx.q_len == ctx.kv_len:
             real = allowed.any(-2).any(1)  # a real token is a key some query may read (itself at least)
-            counted = allowed & real[:, None, :, None]
-        probs = torch.sigmoid(scores) * counted  # masked pairs have score -inf, so probability 0
+            row = real[:, None, :, None].to(scores.dtype)
+        probs = torch.sigmoid(scores) * row  # masked pairs have score -inf, so probability 0
         total = probs.sum() if self.sample else probs.sum().detach()  # a deterministic gate trains nothing
         self.expected_edges = self.expected_edges.to(scores.device) + total
         if self.sample:
@@ -258,14 +258,14 @@ class SparseAttention(Intervention):
         else:
             gate = (scores > 0).to(scores.dtype)
         gate = gate * allowed
-        self.kept_edges += float((gate.detach() * counted).sum())
+        self.kept_edges += float((gate.detach() * row).sum())
         # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
         keys = allowed.expand(gate.shape).sum(-1)  # (B, H, Q): causal keys of each query row
         empty = (gate.detach().sum(-1) == 0) & (keys > 0)
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
         diag[torch.arange(ctx.q_len, device=gate.device), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
-        counted_keys = counted.expand(gate.shape).sum(-1)
+        counted_keys = keys if real is None else keys * real[:, None, :]
         self.fallback_edges += float((empty & (counted_keys > 0)).sum())
         self.queries += float((counted_keys > 0).sum())
         self.total_edges += float(counted_keys.sum())

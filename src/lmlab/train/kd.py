@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from lmlab.interventions import Capture, intervene
-from lmlab.train.loop import all_sum, processes, share
+from lmlab.parallel import all_sum, group_size
+from lmlab.train.loop import share
 
 
 def _masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None, count: float | None = None
@@ -27,7 +28,7 @@ def _masked_mse(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None, cou
     """The mean squared error over the real entries; `count`: how many there are over every process (then this
     process's `share` of the global mean, see train.loop)."""
     if mask is None:
-        return F.mse_loss(a, b) if count is None else share(((a - b) ** 2).sum(), a.numel(), count)
+        return F.mse_loss(a, b)
     m = mask.to(a.dtype)
     while m.dim() < a.dim():
         m = m.unsqueeze(-1)
@@ -139,13 +140,12 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
         s = student(**inputs, output_hidden_states=True)
     # over several processes each term is this process's share of the global batch's mean (train.loop.share),
     # so that a slice with longer rows weighs as much per token as it does in one process
+    pair_mask = _pair_mask(mask) if want_scores else None
     counts = {}
-    if processes() > 1:
-        rows, tokens, pairs = all_sum([s.logits.shape[0], mask.sum() if mask is not None else 0,
-                                       _pair_mask(mask).sum() if mask is not None else 0])
-        width, heads = s.hidden_states[0].shape[-1], (scap.store["scores"][0].shape[1] if want_scores else 1)
-        counts = {"rows": rows, "hidden": tokens * width if mask is not None else None,
-                  "scores": pairs * heads if mask is not None else None}
+    if group_size() > 1 and mask is not None:
+        rows, tokens, pairs = all_sum([s.logits.shape[0], mask.sum(), pair_mask.sum() if want_scores else 0])
+        heads = scap.store["scores"][0].shape[1] if want_scores else 1
+        counts = {"rows": rows, "hidden": tokens * s.hidden_states[0].shape[-1], "scores": pairs * heads}
     if regression:
         logit = F.mse_loss(s.logits.float(), t_logits.float())
     else:
@@ -156,7 +156,6 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
     pairs = list(enumerate(layer_map if layer_map is not None else range(len(s.hidden_states) - 1)))
     att = torch.zeros((), device=s.logits.device)
     if want_scores:
-        pair_mask = _pair_mask(mask)
         for j, k in pairs:
             att = att + _masked_mse(scap.store["scores"][j].float(), t_scores[k].float(), pair_mask,
                                     counts.get("scores"))

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file, save_file
 
 from lmlab.errors import LmlabError
+from lmlab.parallel import all_sum, group_size
 
 
 class TrainConfig(BaseModel):
@@ -167,32 +168,11 @@ def _keyed(config: "TrainConfig", step: int, micro: int, positions: list[int]):
     return keyed_examples(torch.tensor([base + p for p in positions], dtype=torch.long, device="cpu"))
 
 
-def processes() -> int:
-    """How many processes train together (1 when run alone)."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def all_sum(values: Sequence[float]) -> list[float]:
-    """The sums of `values` over every process (float64; the values themselves when run alone). Every process
-    must call it at the same point."""
-    values = [float(v) for v in values]
-    if processes() == 1:
-        return values
-    import torch.distributed as dist
-    from accelerate import PartialState
-
-    t = torch.tensor(values, dtype=torch.float64, device=PartialState().device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
 def share(local_sum: torch.Tensor, local_count: float, global_count: float | None = None) -> torch.Tensor:
     """This process's part of a global mean: local_sum x processes / the count over every process (give
     `global_count` when it is known, to save a reduction). Its mean over processes is sum / count over the
     global batch; alone it is local_sum / local_count."""
-    n = processes()
+    n = group_size()
     total = all_sum([local_count])[0] if global_count is None else global_count
     return local_sum * (n / max(total, 1e-12))
 

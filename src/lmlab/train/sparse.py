@@ -29,7 +29,8 @@ import torch
 
 from lmlab.interventions import SparseAttention, intervene
 from lmlab.train.geco import GECO
-from lmlab.train.loop import TrainConfig, TrainResult, all_sum, processes, share, train
+from lmlab.parallel import all_sum
+from lmlab.train.loop import TrainConfig, TrainResult, share, train
 
 
 @dataclass
@@ -67,13 +68,12 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
         out = out if isinstance(out, tuple) else (out, None)
         ce, bound, weight = (*out, 1.0) if len(out) == 2 else out  # weight: this batch's tokens (default: alike)
         paired = bound is not None
-        tokens, bound_sum, expected, total, kept, fallback, queries = all_sum(
-            [weight, (bound if paired else 0.0) * weight, gate.expected_edges.detach(), gate.total_edges,
-             gate.kept_edges, gate.fallback_edges, gate.queries])
+        tokens, ce_sum, bound_sum, expected, total, kept, fallback, queries = all_sum(  # one reduction a step
+            [weight, float(ce.detach()) * weight, (bound if paired else 0.0) * weight, gate.expected_edges.detach(),
+             gate.total_edges, gate.kept_edges, gate.fallback_edges, gate.queries])
         ce_part = share(ce * weight, weight, tokens)  # mean over processes: the global batch's CE
         edges_part = share(gate.expected_edges, gate.total_edges, total)
-        ce_value = all_sum([ce_part.detach()])[0] / processes()
-        bound = bound_sum / tokens if paired else None
+        ce_value, bound = ce_sum / tokens, (bound_sum / tokens if paired else None)
         loss = geco.loss(edges_part, ce_part, bound)
         geco.update(ce_value, bound)
         history.append({"step": geco.steps, "expected_edges": expected / max(total, 1.0),

@@ -96,10 +96,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    if parallel.is_main():  # sampled once, by rank 0; the other processes read its file
-        _texts(lm, config, run_dir)
-    parallel.sync()
-    data = _texts(lm, config, run_dir)
+    data = parallel.main_first(lambda: _texts(lm, config, run_dir))  # sampled once, by rank 0; the rest read it
     batch_size = _size(config, "batch_size")
     per_epoch = max(1, len(data["train"]) // batch_size)
     done = run_dir.done("results")

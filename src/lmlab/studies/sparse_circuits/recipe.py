@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -124,18 +125,16 @@ def _post_train(lm, config: Config, run_dir: RunDir):
                      **config.train_settings())
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
                             run_dir.path / "sparse_train", rate=rate, initial_multiplier=config.geco_initial)
-    if not parallel.is_main():  # every process holds the same weights: rank 0 saves them
-        parallel.sync()
-        return folder, json.loads((run_dir.path / "sparse_training.json").read_text())
-    save_model(lm, folder, sparse_attention=True)
-    info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
-            "final_multiplier": out.geco.multiplier,
-            "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
-            "geco": [list(t) for t in out.geco.trace], "history": out.history}
-    atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
-    shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
+    if parallel.is_main():  # every process holds the same weights: rank 0 saves them
+        save_model(lm, folder, sparse_attention=True)
+        info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
+                "final_multiplier": out.geco.multiplier,
+                "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
+                "geco": [list(t) for t in out.geco.trace], "history": out.history}
+        atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
+        shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
     parallel.sync()
-    return folder, info
+    return folder, json.loads((run_dir.path / "sparse_training.json").read_text())
 
 
 def qk_scale(scale: float) -> dict[str, float]:
@@ -214,14 +213,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         make_task(name, lm.tokenizer, 2, config.seed)
     discover(lm, "dense", config, run_dir)  # under a launch: tasks by process, then the check
     verify(lm, config, run_dir)
-    if parallel.is_main():  # the text is sampled once, by rank 0
-        eval_seqs = _text(lm, config, run_dir)["eval"]
-        if not run_dir.done("dense-text"):  # before post-training changes the weights
-            dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
-            run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
-    parallel.sync()
-    eval_seqs = _text(lm, config, run_dir)["eval"]
-    dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
+    eval_seqs = parallel.main_first(partial(_text, lm, config, run_dir))["eval"]  # sampled once, by rank 0
+    if parallel.is_main() and not run_dir.done("dense-text"):  # before post-training changes the weights
+        dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
+        run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
     folder, info = _post_train(lm, config, run_dir)  # every process, data-parallel
     del lm
     sparse_lm = config.load(str(folder), train=True)  # through load_model: the deterministic gate comes back with it
@@ -230,6 +225,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if not run_dir.done("sparsity") and parallel.is_main():
         # one held-out sequence at a time: no padding, so every query row is a real token's
         sparse_ce, counts = causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, eval_seqs, 1))
+        dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
         ci = bootstrap(np.array(sparse_ce) - dense_ce, seed=config.seed)
         tokens = int(np.mean([len(s) for s in eval_seqs]))
         run_dir.record("sparsity", "sparsity", [
