@@ -93,6 +93,40 @@ def all_sum(values) -> list[float]:
     return t.tolist()
 
 
+def sum_(t):
+    """`t` (a tensor) summed over every process of the group, in place (itself when alone)."""
+    if group_size() > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(t)
+    return t
+
+
+def from_main(t):
+    """Rank 0's values of `t` (a tensor) on every process, in place (itself when alone): for a step that draws
+    random numbers inside training (a codebook's restart), drawn once, on rank 0, whose stream is one process's."""
+    if group_size() > 1:
+        import torch.distributed as dist
+
+        dist.broadcast(t, src=0)
+    return t
+
+
+def gather_batch(t):
+    """The rows of the whole global batch, in its order, from each process's slice of it (process r holds global
+    rows r, r + N, ...; `lmlab.train.train` splits batches so); every slice has the same number of rows. Alone: t.
+    Every process must call it at the same point."""
+    n = group_size()
+    if n == 1:
+        return t
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(parts, t.contiguous())
+    return torch.stack(parts, 1).reshape(-1, *t.shape[1:])  # row i of process r is global row i * N + r
+
+
 def main_first(compute):
     """`compute()` on rank 0, then, once it is done, on every other process: for a step that writes a file the
     run reuses (sampled text), so it is made once and read by the rest. Returns compute()'s value everywhere."""

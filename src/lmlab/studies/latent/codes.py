@@ -19,7 +19,9 @@ that attend to the prompt embeddings and the codes. DECISION: the paper's decode
 prompt embedding vector g(prompt); ours attends to the prompt's token embeddings, a richer condition that
 lets a code point at what the prompt already says instead of spelling it out. Loss = reconstruction CE
 (padding left out) + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are restarted at
-random encoder outputs (a standard fix for codebook collapse).
+random encoder outputs (a standard fix for codebook collapse). Under a launch every process holds one
+process's codebook: code usage is counted over every process, and a code is set from the whole batch's
+encoder outputs, drawn on rank 0 (`Quantizer._draw`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lmlab import parallel
 from lmlab.errors import LmlabError
 from lmlab.models.batch import pad_sequences
 
@@ -288,10 +291,8 @@ class Quantizer(nn.Module):
     def forward(self, z: torch.Tensor):
         flat = z.reshape(-1, z.shape[-1])
         if self.training and not bool(self.initialized):  # codes start at encoder outputs, not near 0 where
-            with torch.no_grad():                        # one code would win every chunk (collapse)
-                pick = flat[torch.randint(len(flat), (len(self.usage),), device=flat.device)]
-                self.codebook.weight.copy_(pick + 0.01 * torch.randn_like(pick))
-                self.initialized.fill_(True)
+            self._draw(z, torch.arange(len(self.usage), device=z.device))  # one code would win every chunk
+            self.initialized.fill_(True)
         dist = (flat.pow(2).sum(1, keepdim=True) - 2 * flat @ self.codebook.weight.T
                 + self.codebook.weight.pow(2).sum(1)[None])
         idx = dist.argmin(1)
@@ -299,7 +300,8 @@ class Quantizer(nn.Module):
         codebook_loss = (z.detach() - e).pow(2).mean()
         commitment = (z - e.detach()).pow(2).mean()
         if self.training:
-            self.usage.mul_(0.99).index_add_(0, idx, torch.ones_like(idx, dtype=self.usage.dtype))
+            counts = torch.bincount(idx, minlength=len(self.usage)).to(self.usage.dtype)
+            self.usage.mul_(0.99).add_(parallel.sum_(counts))  # the codes every process's slice used
         quantized = z + (e - z).detach()  # straight-through
         return quantized, idx.view(z.shape[:-1]), codebook_loss + self.beta * commitment
 
@@ -308,11 +310,20 @@ class Quantizer(nn.Module):
         dead = (self.usage < threshold).nonzero()[:, 0]
         if len(dead) == 0:
             return 0
-        flat = z.reshape(-1, z.shape[-1])
-        pick = flat[torch.randint(len(flat), (len(dead),), device=flat.device)]
-        self.codebook.weight[dead] = pick + 0.01 * torch.randn_like(pick)
+        self._draw(z, dead)
         self.usage[dead] = 1.0
         return len(dead)
+
+    @torch.no_grad()
+    def _draw(self, z: torch.Tensor, codes: torch.Tensor) -> None:
+        """Codes `codes` set to random encoder outputs of the batch (a little noise added). Under a launch z is
+        this process's slice: the outputs are gathered in the global batch's order and rank 0 draws (its random
+        stream is one process's), so every process holds one process's codebook."""
+        flat = parallel.gather_batch(z.detach()).reshape(-1, z.shape[-1])
+        if parallel.is_main():
+            pick = flat[torch.randint(len(flat), (len(codes),), device=flat.device)]
+            self.codebook.weight[codes] = pick + 0.01 * torch.randn_like(pick)
+        parallel.from_main(self.codebook.weight.data)
 
 
 class ChunkVQVAE(nn.Module):
@@ -374,7 +385,7 @@ class ChunkVQVAE(nn.Module):
         logits = self.decode(prompt, prompt_mask, quantized, offset)
         rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1),
                                           ignore_index=self.pad_id)
-        return rec + vq_loss, rec, logits, idx, z
+        return rec + vq_loss, rec, vq_loss, logits, idx, z
 
     @torch.no_grad()
     def codes(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:

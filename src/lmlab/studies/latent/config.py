@@ -16,8 +16,7 @@ PRETRAINED = {"smollm2-135m"}
 class Config(StudyConfig):
     device_map_refusal = ("the latent study fine-tunes the model on one device per process "
                           "(docs/scaling.md)")
-    launch_refusal = ("this study does not share its work out over processes yet: its VQ-VAE sets and restarts "
-                      "codes from each batch's encoder outputs, which differ per process; run it in one process")
+    launch_refusal = None  # every model trains data-parallel; codes and generation in shares (recipe.py)
     rates: list[int] | None = Field(None, description="compression rates r (each divides the chunk length)")
     chunk: int = Field(16, ge=1, description="chunk length L (chain tokens per VQ-VAE chunk)")
     codebook: int = Field(64, description="codebook size K (the paper uses 1024 for math; 64 holds a walk's "

@@ -7,11 +7,13 @@ import time
 
 import torch
 
+from lmlab import parallel
 from lmlab.models import module_device, pad_sequences
 from lmlab.runs import RunDir
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import Config
 from lmlab.train import TrainConfig, train
+from lmlab.train.loop import share
 
 
 def collate_for(pad: int):
@@ -21,7 +23,10 @@ def collate_for(pad: int):
 
 
 def lm_loss(model, batch):
-    return model(**batch).loss
+    """The batch's mean CE over its target tokens; under a launch this process's share of the global batch's
+    mean (every process's tokens weigh alike, so N processes follow one process's curve)."""
+    tokens = float((batch["labels"][:, 1:] != -100).sum())
+    return share(model(**batch).loss * tokens, tokens)
 
 
 def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) -> TrainConfig:
@@ -70,10 +75,11 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
 
     state = {}
 
-    def loss_fn(model, batch):
-        loss, _, _, _, z = model(batch["prompt"], batch["mask"], batch["chunk"], batch["offset"])
+    def loss_fn(model, batch):  # the reconstruction CE weighs the chunks' real tokens alike over every process
+        _, rec, vq_loss, _, _, z = model(batch["prompt"], batch["mask"], batch["chunk"], batch["offset"])
+        tokens = float((batch["chunk"] != pad).sum())
         state["z"] = z.detach()
-        return loss
+        return share(rec * tokens, tokens) + vq_loss
 
     def on_step(step, _loss):  # the loop's own step count, so a resumed run restarts codes at the same steps
         if (step + 1) % 20 == 0:
@@ -112,12 +118,25 @@ def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[
 def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 250,
              prefixes: list[list[int]] | None = None) -> dict:
     """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>; a forced prefix
-    counts as generated), latents used. `prefixes`: ids forced after each prompt (the true codes)."""
+    counts as generated), latents used. `prefixes`: ids forced after each prompt (the true codes). Under a launch
+    each process generates its share of the problems (lmlab.parallel.share_out); seconds_per_problem is the
+    whole evaluation's wall time over the problems."""
     model.eval()
-    device = module_device(model)
-    correct, tokens, latents = [], [], []
     prefixes = prefixes or [[] for _ in examples]
     t0 = time.perf_counter()
+    rows = parallel.share_out(len(examples), lambda idx: _generate(
+        model, vocab, [examples[i] for i in idx], [prefixes[i] for i in idx], max_new, batch_size))
+    seconds = time.perf_counter() - t0
+    correct, tokens, latents = (list(col) for col in zip(*rows)) if rows else ([], [], [])
+    return {"correct": correct, "tokens": tokens, "latents": latents,
+            "seconds_per_problem": seconds / max(1, len(examples))}
+
+
+def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[int]], max_new: int,
+              batch_size: int) -> list[tuple[bool, int, int]]:
+    """(correct, generated tokens, latents) per example, generated in batches."""
+    device = module_device(model)
+    out_rows = []
     for start in range(0, len(examples), batch_size):
         part = examples[start:start + batch_size]
         forced = prefixes[start:start + batch_size]
@@ -126,11 +145,8 @@ def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_s
                              eos_token_id=vocab.eos, pad_token_id=vocab.pad)
         for ex, f, row in zip(part, forced, out[:, ids.shape[1]:].tolist()):
             gen = f + (row[:row.index(vocab.eos) + 1] if vocab.eos in row else row)
-            tokens.append(len(gen))
-            latents.append(sum(1 for t in gen if vocab.is_code(t)))
-            correct.append(L.is_correct(vocab, gen, ex.value))
-    seconds = time.perf_counter() - t0
-    return {"correct": correct, "tokens": tokens, "latents": latents, "seconds_per_problem": seconds / len(examples)}
+            out_rows.append((L.is_correct(vocab, gen, ex.value), len(gen), sum(1 for t in gen if vocab.is_code(t))))
+    return out_rows
 
 
 @torch.no_grad()

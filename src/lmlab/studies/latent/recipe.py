@@ -30,6 +30,11 @@
    free generation below).
 
 Compression rate on the figure's x axis: r; CoT and answer-only are reference lines.
+
+Under a launch (`torchrun -m lmlab latent ...`, lmlab.parallel) every model trains data-parallel (each process a
+slice of every batch; the CE terms are token shares of the global batch's mean, and the VQ-VAE's codebook is set
+and restarted from the whole batch's encoder outputs, drawn on rank 0), each process encodes and generates its
+share of the problems, and rank 0 records each variant and writes the run folder.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lmlab import parallel
 from lmlab.data.generated.planning import generate_class_problems, generate_walk_problems
 from lmlab.data.generated.reasoning import generate_problems, read_gsm8k_problems, split_problems
 from lmlab.errors import LmlabError
@@ -156,6 +162,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                        "ft_loss_q4": float(np.mean(fit.losses[-quarter:]))}
 
     done = run_dir.done("variants")
+    parallel.sync()  # every process has read the same variants as done before rank 0 records one
     variants = [("cot", 1), ("answer-only", 0)] + [(f"r{r}", r) for r in config.size("rates")]
     for name, rate in variants:
         if name in done:
@@ -169,18 +176,20 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             vq, chunks, vq_collate = train_vq(vocab, train_ex, config, rate, run_dir)
             extra = vq_quality(vq, vocab, dev_ex, config, chunks)
             rng = random.Random(f"{config.seed}|{rate}")
+            ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
+            codes = parallel.share_out(len(train_ex), lambda idx: [  # each process encodes its share
+                chunk_codes(vq, vocab, train_ex[i], config.chunk) if ms[i] else [] for i in idx])
             items, shares, ratio = [], [], []
-            for ex in train_ex:
-                m = L.draw_m(rng, ex, config.chunk)
+            for ex, m, ex_codes in zip(train_ex, ms, codes):
                 n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
-                codes = chunk_codes(vq, vocab, ex, config.chunk) if m else []
-                items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, codes, m, n) + ex.answer))
+                items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, ex_codes, m, n) + ex.answer))
                 shares.append(m / len(ex.chain))
                 if m:
                     ratio.append(m / n)
             extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
                          tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
-            forced = [forced_prefix(vq, vocab, ex, config, rate) for ex in test_ex]
+            forced = parallel.share_out(len(test_ex), lambda idx: [
+                forced_prefix(vq, vocab, test_ex[i], config, rate) for i in idx])
         model, fit = finetune(name, items)
         extra.update(fit)
         result = evaluate(model, vocab, test_ex, max_new=max_new)
@@ -206,9 +215,12 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                         "latents": int(n), "forced_correct": fc}
                        for i, (c, t, n, fc) in enumerate(zip(result["correct"], result["tokens"], result["latents"],
                                                                forced_correct))]
+        if not parallel.is_main():  # it trained its slices and generated its share; rank 0 records the variant
+            continue
         run_dir.record("variants", name, [row] + per_problem)
         run_dir.log(f"{name}: accuracy {acc}, tokens {tok.estimate:.1f}, latents {row['latents']:.2f}"
                     + (f", forced codes {row['forced_accuracy']:.3f}" if forced is not None else ""))
+    parallel.main_only()
     rows = [r for rs in run_dir.done("variants").values() for r in rs]
     order = {name: i for i, (name, _) in enumerate(variants)}
     return pd.DataFrame(sorted(rows, key=lambda r: order.get(r["variant"], 99)))
