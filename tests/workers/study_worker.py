@@ -36,7 +36,8 @@ def main(study: str, out: str, summary: str) -> None:
         lm.model.config.hidden_dropout_prob = lm.model.config.attention_probs_dropout_prob = 0.0
         lm.name = "tiny-bert-no-dropout"
         spec, config = s2.SPEC, s2.Config(model=lm.name, tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=8,
-                                          bits=[2], budgets=["A"], epochs_a=2, teacher_epochs=2, device="cpu")
+                                          bits=[2], budgets=["A"], epochs_a=2, teacher_epochs=2, best_dev=True,
+                                          device="cpu")
     elif study in ("sparse_circuits_model", "quantize_decoder"):  # a tiny random Llama speaking SmolLM2's tokens
         from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -56,6 +56,14 @@ def predict(model, collate, examples, batch_size: int = 64) -> np.ndarray:
     return preds
 
 
+def predict_shared(model, collate, examples) -> np.ndarray:
+    """`predict` over the examples; under a launch each process predicts its share (every process holds the same
+    weights, and a row's prediction is its own) and every process gets all of them back, in order."""
+    examples = list(examples)
+    return np.array(parallel.share_out(len(examples), lambda idx: predict(
+        model, collate, [examples[i] for i in idx]).tolist()), dtype=np.float32)
+
+
 def seed_unit(seed: int, task: str, unit: str) -> None:
     """Each unit draws its own random numbers (dropout, data order), so a resumed run matches a whole one."""
     torch.manual_seed(zlib.crc32(f"{seed}|{task}|{unit}".encode()))
@@ -90,8 +98,9 @@ class _BestDev:
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every:
             return
-        with parametrize.cached():
-            score = metric_value(self.task.metric, self.labels, predict(self.model, self.collate, self.task.dev))
+        with parametrize.cached():  # under a launch each process scores its share of the dev set
+            preds = predict_shared(self.model, self.collate, self.task.dev)
+        score = metric_value(self.task.metric, self.labels, preds)
         self.model.train()
         if self.best is None or score > self.best[0]:
             self.best = (score, step + 1, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
@@ -146,9 +155,7 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
             shutil.rmtree(work, ignore_errors=True)
             info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
-        # under a launch each process scores its share of the test set (a row's prediction is its own)
-        preds = np.array(parallel.share_out(len(task.test), lambda idx: predict(
-            model, collate, [task.test[i] for i in idx]).tolist()), dtype=np.float32)
+        preds = predict_shared(model, collate, task.test)  # under a launch each process scores its share
     if not parallel.is_main():  # rank 0 writes the unit's rows
         return []
     score = metric_value(task.metric, labels, preds)
