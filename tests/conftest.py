@@ -47,3 +47,25 @@ def embedded_smollm():
 @pytest.fixture
 def batch(decoder):
     return decoder.encode(PROMPTS)
+
+
+@pytest.fixture
+def tiny_smol_folder(embedded_smollm, tmp_path):
+    """A tiny random Llama that speaks SmolLM2's tokenizer (the circuit tasks need its single-token names), saved
+    as a local model folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    folder = tmp_path / "tiny-smol"
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    embedded_smollm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def tiny_smol(tiny_smol_folder):
+    """That model loaded back through load_model like any local model."""
+    return load_model(str(tiny_smol_folder))

@@ -102,24 +102,6 @@ def test_bf16_inference_weights_but_float32_master_weights_for_training(tmp_path
     assert all(map(lambda x: x == x, result.losses))
 
 
-@pytest.fixture
-def tiny_smol(embedded_smollm, tmp_path):
-    """A tiny random Llama that speaks SmolLM2's tokenizer (the circuit tasks need its single-token names),
-    saved and loaded back through load_model like any local model."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from lmlab.models import load_model
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True)
-    folder = tmp_path / "tiny-smol"
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    embedded_smollm.tokenizer.save_pretrained(folder)
-    return load_model(str(folder))
-
-
 @pytest.mark.embedded
 def test_the_decoder_studies_make_no_tensor_off_the_models_device(tiny_smol, tmp_path):
     """S2's decoder option (KD batches, perplexity, circuit accuracy) and S4 end to end (sampling, sparse

@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from lmlab.errors import LmlabError
 
@@ -45,6 +45,7 @@ def load_profiles(package: str) -> dict:
 
 class StudyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    _placed: dict = PrivateAttr(default_factory=dict)  # model -> the device map it was loaded with (load)
 
     model: str = Field(description="embedded name, hub id, local directory or .gguf file")
     profile: Literal["demo", "quick", "full"] = Field(
@@ -123,7 +124,10 @@ class StudyConfig(BaseModel):
         if not train:
             self.check_placement()
             kwargs.update(device_map=self.device_map, max_memory=self.max_memory, offload=self.offload)
-        return load_model(spec or self.model, device=self.torch_device(), dtype=dtype, **kwargs)
+        lm = load_model(spec or self.model, device=self.torch_device(), dtype=dtype, **kwargs)
+        if lm.meta.get("device_map"):  # the run's meta.json records where each module went
+            self._placed[spec or self.model] = lm.meta["device_map"]
+        return lm
 
     def train_settings(self) -> dict:
         """TrainConfig fields for this config: autocast precision (auto: bf16 on a GPU, none on cpu; float32:

@@ -77,6 +77,8 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
         run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
     tables, meta = split_tables(frame, config.model)
+    if config._placed:
+        meta["device_map"] = dict(config._placed)
     result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
                          config.model_dump(), run.path, _spec=spec)
     # the verdict sizes what would decide it from this run's pace: every session of a resumed run counts

@@ -11,12 +11,15 @@ MIN_PROMPTS = 64  # the issue's bar for a multiplier verdict with power (12-16 p
 
 
 class Config(StudyConfig):
-    device_map_refusal = ("the sparse-circuits study post-trains the model (and trains its toy) on one device per process "
-                          "(docs/scaling.md)")
+    device_map_refusal = ("the sparse-circuits study post-trains the model unless --sparse-model names an earlier run's "
+                          "sparse model, and post-training runs on one device per process (docs/scaling.md)")
     launch_refusal = None  # discovery by task, post-training and the toy data-parallel (lmlab.parallel)
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), description=f"circuit tasks ({', '.join(TASKS)})")
     circuits: bool | None = Field(None, description="run the model's circuit discovery and sparse post-training "
                                                     "(false: the addition toy alone, judged on its own)")
+    sparse_model: str | None = Field(None, description="the sparse_model folder of an earlier run on this model: "
+                                                       "measure it instead of post-training (the study then "
+                                                       "only runs the model, and takes --device-map)")
     n_prompts: int | None = Field(None, ge=1, description="prompt pairs per task")
     threshold: float = Field(0.9, gt=0, le=1, description="explained effect the circuit must reach")
     fine_grid: bool | None = Field(None, description="circuit-size grid: every N to 8, then +2, then x1.15 (false: x1.4 steps)")
@@ -52,3 +55,39 @@ class Config(StudyConfig):
         for name in self.tasks:
             if name not in TASKS:
                 raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+        if self.sparse_model:
+            self.sparse_training()
+
+    def check_placement(self) -> None:
+        """With --sparse-model nothing trains the model, so it may be spread over devices (the toy, a model of
+        its own, still trains on one)."""
+        if not self.sparse_model:
+            return super().check_placement()
+        from lmlab.models.placement import Placement
+
+        Placement.parse(self.device_map, self.max_memory, self.offload)
+
+    def sparse_training(self) -> dict:
+        """What the run that post-trained --sparse-model recorded (its sparse_training.json, beside the folder);
+        one sentence when the folder is not an earlier run's sparse model of this config's model."""
+        import json
+        from pathlib import Path
+
+        from lmlab.errors import LmlabError
+
+        folder = Path(self.sparse_model)
+        if not self.size("circuits"):
+            raise LmlabError("--sparse-model is measured by the circuit half of the study; add --circuits true")
+        extras = folder / "lmlab.json"
+        if not extras.is_file() or not json.loads(extras.read_text()).get("sparse_attention"):
+            raise LmlabError(f"--sparse-model {folder} is not a sparse-attention model folder (the sparse_model/ "
+                             "folder of a sparse-circuits run)")
+        record = folder.parent / "sparse_training.json"
+        if not record.is_file():
+            raise LmlabError(f"--sparse-model {folder} has no sparse_training.json beside it: give the sparse_model/ "
+                             "folder inside a sparse-circuits run folder")
+        manifest = folder.parent / "manifest.json"
+        source = json.loads(manifest.read_text()).get("model") if manifest.is_file() else None
+        if source is not None and source != self.model:
+            raise LmlabError(f"--sparse-model {folder} was post-trained from {source}, not {self.model}")
+        return json.loads(record.read_text())

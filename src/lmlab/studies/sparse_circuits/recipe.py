@@ -38,6 +38,11 @@ average is still violated at the end, or while edges kept still fell by > 10% ov
 are above the limit; with fewer than 64 prompt pairs the multiplier is called underpowered and cannot make
 the claim "reproduced".
 
+`--sparse-model DIR` (an earlier run's sparse_model/ folder, post-trained from the same model) skips sampling the
+post-training text and post-training: that model is measured, with the earlier run's record of its training
+(sparse_training.json beside it). Nothing then trains the model, so the study takes a device map (the toy,
+a model of its own, still trains on one device).
+
 DECISIONS for CPU minutes: quick post-trains 20 steps of 16 sequences x 128 tokens (a step of SmolLM2-135M
 takes about 16 s on 2 cores), 12 prompt pairs per task (underpowered, said so) and a coarse N grid; the
 toy is 64 wide. The q/k projections train at 10x the learning rate (the gates read only them; issue 18).
@@ -50,6 +55,7 @@ import copy
 import json
 import shutil
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -86,12 +92,16 @@ def _eval_tokens(lm, config: Config) -> int:
 
 
 def _text(lm, config: Config, run_dir: RunDir) -> dict:
-    """Post-training text (sampled, plus docstrings) and held-out sampled text of exactly eval_tokens, cached."""
+    """Post-training text (sampled, plus docstrings; none with --sparse-model) and held-out sampled text of exactly
+    eval_tokens (its own seed: the same either way), cached."""
     data_file = run_dir.path / "post_training_text.json"
     if data_file.is_file():
         return json.loads(data_file.read_text())
-    text = sample_text(lm, config.size("n_text"), config.text_tokens, seed=config.seed, batch_size=64)
-    docs = stdlib_docstrings(lm.tokenizer, config.size("n_docstrings"), max_tokens=config.text_tokens, seed=config.seed)
+    text, docs = [], []
+    if not config.sparse_model:
+        text = sample_text(lm, config.size("n_text"), config.text_tokens, seed=config.seed, batch_size=64)
+        docs = stdlib_docstrings(lm.tokenizer, config.size("n_docstrings"), max_tokens=config.text_tokens,
+                                 seed=config.seed)
     held_out = sample_text(lm, config.size("n_eval_text"), _eval_tokens(lm, config), seed=config.seed + 7919,
                            batch_size=8, exact=True)
     data = {"train": text + docs, "eval": held_out}
@@ -130,6 +140,7 @@ def _post_train(lm, config: Config, run_dir: RunDir):
         info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
                 "final_multiplier": out.geco.multiplier,
                 "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
+                "steps": steps, "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens,
                 "geco": [list(t) for t in out.geco.trace], "history": out.history}
         atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
         shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
@@ -205,8 +216,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         table = pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
         _toy_figures(config, run_dir, table)
         return table
-    # post-training changes the weights: a model passed in is copied, never trained in place
-    lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
+    if config.sparse_model:  # measured, not post-trained here: the model only runs (a device map may spread it)
+        lm = lm if lm is not None else config.load()
+    else:  # post-training changes the weights: a model passed in is copied, never trained in place
+        lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; sparse-circuits needs one")
     for name in config.tasks:  # fail fast on answer tokens the tokenizer splits
@@ -217,11 +230,19 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if parallel.is_main() and not run_dir.done("dense-text"):  # before post-training changes the weights
         dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
         run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
-    folder, info = _post_train(lm, config, run_dir)  # every process, data-parallel
+    if config.sparse_model:
+        folder, info = Path(config.sparse_model), config.sparse_training()
+    else:
+        folder, info = _post_train(lm, config, run_dir)  # every process, data-parallel
     del lm
-    sparse_lm = config.load(str(folder), train=True)  # through load_model: the deterministic gate comes back with it
+    # through load_model: the deterministic gate comes back with it (placed by the device map, if any)
+    sparse_lm = config.load(str(folder), train=not config.sparse_model)
     if not sparse_lm.meta.get("sparse_attention"):
         raise LmlabError(f"{folder} did not load back as a sparse-attention model")
+    # how the model was post-trained (by an earlier run with --sparse-model; its record names what it knew)
+    here = {"steps": config.size("sparse_steps"), "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens}
+    trained = {k: info.get(k, None if config.sparse_model else here[k]) for k in here}
+    trained["steps"] = trained["steps"] or len(info["losses"])
     if not run_dir.done("sparsity") and parallel.is_main():
         # one held-out sequence at a time: no padding, so every query row is a real token's
         sparse_ce, counts = causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, eval_seqs, 1))
@@ -237,8 +258,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
              "n_sequences": len(eval_seqs), "ce": float(np.mean(sparse_ce)), "ce_diff": ci.estimate, "lo": ci.low,
              "hi": ci.high, "tau_slack": config.slack, "multiplier": info["final_multiplier"],
              "final_ema": info["final_ema"], "converged": bool(info["converged"]),
-             "steps": config.size("sparse_steps"), "batch": config.size("sparse_batch"),
-             "train_tokens": config.text_tokens, "n_prompts": config.size("n_prompts")}]
+             **trained, "n_prompts": config.size("n_prompts")}]
             + _geco_rows("geco", info))
     discover(sparse_lm, "sparse", config, run_dir)
     _toy(config, run_dir)
