@@ -104,8 +104,14 @@ class StudyConfig(BaseModel):
         """The device map's options parse (models/placement.py); one sentence where the study cannot take one."""
         from lmlab.models.placement import Placement
 
-        if Placement.parse(self.device_map, self.max_memory, self.offload) is not None and self.device_map_refusal:
-            raise LmlabError(f"--device-map: {self.device_map_refusal}")
+        refusal = self.placement_refusal()
+        if Placement.parse(self.device_map, self.max_memory, self.offload) is not None and refusal:
+            raise LmlabError(f"--device-map: {refusal}")
+
+    def placement_refusal(self) -> str | None:
+        """Why this config cannot run a spread model (`device_map_refusal`; a study whose options decide it
+        overrides this)."""
+        return self.device_map_refusal
 
     # --- where and in what precision the study runs
     def torch_device(self) -> str:

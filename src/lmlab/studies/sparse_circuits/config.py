@@ -58,14 +58,10 @@ class Config(StudyConfig):
         if self.sparse_model:
             self.sparse_training()
 
-    def check_placement(self) -> None:
+    def placement_refusal(self) -> str | None:
         """With --sparse-model nothing trains the model, so it may be spread over devices (the toy, a model of
         its own, still trains on one)."""
-        if not self.sparse_model:
-            return super().check_placement()
-        from lmlab.models.placement import Placement
-
-        Placement.parse(self.device_map, self.max_memory, self.offload)
+        return None if self.sparse_model else self.device_map_refusal
 
     def sparse_training(self) -> dict:
         """What the run that post-trained --sparse-model recorded (its sparse_training.json, beside the folder);

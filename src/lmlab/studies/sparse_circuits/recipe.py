@@ -239,10 +239,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     sparse_lm = config.load(str(folder), train=not config.sparse_model)
     if not sparse_lm.meta.get("sparse_attention"):
         raise LmlabError(f"{folder} did not load back as a sparse-attention model")
-    # how the model was post-trained (by an earlier run with --sparse-model; its record names what it knew)
-    here = {"steps": config.size("sparse_steps"), "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens}
-    trained = {k: info.get(k, None if config.sparse_model else here[k]) for k in here}
-    trained["steps"] = trained["steps"] or len(info["losses"])
+    # how the model was post-trained, as its record says (an earlier run's, with --sparse-model; one from before
+    # the record named its batch and text length leaves them out)
+    trained = {"steps": info.get("steps", len(info["losses"])), "batch": info.get("batch"),
+               "train_tokens": info.get("train_tokens")}
     if not run_dir.done("sparsity") and parallel.is_main():
         # one held-out sequence at a time: no padding, so every query row is a real token's
         sparse_ce, counts = causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, eval_seqs, 1))
