@@ -1,0 +1,338 @@
+"""Verdicts as claims: one representation of a checked claim, validity gates, one rule that judges them, and
+intervals over two levels of replication (training runs, then test items).
+
+A study's claim is about a *method*; a model we train is one draw of its training procedure. So every
+measurement carries its replicate (an independent training run or random draw, its seed derived from the run's
+`--seed`, `replicate_seed`) and its item (a test problem, a question, a prompt pair), and a claim's estimate is
+the mean over replicates of each replicate's statistic.
+
+Interval (`Resampler.claim`): with k replicates and n items,
+    se^2 = se_seed^2 + se_item^2
+    se_seed^2 = var_r(stat_r) / k                            (between replicates, k - 1 degrees of freedom)
+    se_item^2 = var_b(mean_r stat_r(items drawn b)) over item resamples, the same draws for every statistic
+and a t interval with Welch-Satterthwaite degrees of freedom combining k - 1 and n - 1. With k = 3 a bootstrap
+over replicates has 10 distinct draws and under-covers (VERDICTS.md); the t quantile at 2 degrees of freedom
+(4.30) is what makes three replicates honest. Where items are shared by every replicate (the same test set), the
+item variance is the shared part and the between-replicate variance adds the rest; the sum slightly
+double-counts the replicate-by-item interaction (conservative). One replicate: the item level alone, said in the
+claim's method, and a study that trains adds a gate (one training run cannot decide a claim about a method).
+
+Decision (`Claim.decide`): the claim holds when the quantity is on the bar's side. "yes" when the interval lies on
+that side (or, for a claim with a `null`, when the estimate is past the bar and the interval excludes the null);
+"no" when the interval lies on the other side at the family-wise level (Bonferroni over the claims of one
+verdict that can say "no", `judge`); "open" otherwise, and also when the replicates disagree (one's estimate on
+each side of the bar): then no interval is trusted to decide.
+
+`judge(claims, gates)`: a failed gate that blocks everything -> inconclusive; any decisive claim "no" (and no
+failed gate blocking "no") -> not reproduced; every decisive claim "yes" -> reproduced; else inconclusive. A
+claim marked `reported` is shown and never decides.
+
+What would decide an open claim (`Claim.sizing`): the seeds and items at which a claim at this estimate would
+clear its bar with 80% power (two-sided 5%): the distance to clear is the estimate's distance to the bar, or the
+paper's effect where the claim names one; the time is this run's pace.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+Decision = Literal["yes", "no", "open"]
+Z_80 = 1.96 + 0.84  # two-sided 5% at 80% power: the one power convention of every verdict
+SCHEMA = 2  # verdict.json's layout: claims and gates as lists of dicts
+
+
+def replicate_seed(seed: int, replicate: int) -> int:
+    """The seed of replicate r of a run seeded `seed`: a hash, so runs at --seed 0 and --seed 1 share no replicate."""
+    return zlib.crc32(f"lmlab|{int(seed)}|replicate|{int(replicate)}".encode()) & 0x7FFFFFFF
+
+
+def t_quantile(df: float, confidence: float = 0.95) -> float:
+    if not np.isfinite(df) or df > 1e6:
+        from statistics import NormalDist
+
+        return NormalDist().inv_cdf(0.5 + confidence / 2)
+    from scipy import stats as _st
+
+    return float(_st.t.ppf(0.5 + confidence / 2, max(df, 1.0)))
+
+
+@dataclass
+class Bar:
+    """The claim holds when the quantity is `direction` `value` (">=" or "<="). With `null`, "yes" needs only the
+    estimate past the bar and the interval clear of `null` (a large effect that is surely not zero: S1's "far
+    below"); "no" always needs the whole interval on the wrong side of the bar."""
+    direction: Literal[">=", "<="]
+    value: float
+    null: float | None = None
+
+    def holds(self, x: float) -> bool:
+        return x >= self.value if self.direction == ">=" else x <= self.value
+
+    def text(self, unit: str = "") -> str:
+        return f"{self.direction} {self.value:+g}{unit}"
+
+
+@dataclass
+class Claim:
+    name: str
+    estimate: float
+    se: float  # the combined standard error
+    df: float  # its degrees of freedom (inf: normal)
+    bar: Bar
+    unit: str = ""
+    group: str = ""  # the dataset, task or rate it is about
+    method: str = ""
+    n: int = 0  # items
+    n_unit: str = "items"
+    replicates: int = 1
+    replicate_estimates: list[float] = field(default_factory=list)
+    se_seed: float = 0.0
+    se_item: float = 0.0
+    effect: float | None = None  # the paper's effect on this scale (sizing), where the claim names one
+    reported: bool = False  # shown, never decisive
+    scale: float = 1.0  # a multiplier for display (e.g. 100 for percentage points)
+    decision: Decision = "open"
+    reason: str = ""
+    no_confidence: float = 0.95
+    decides_at: dict = field(default_factory=dict)
+
+    # --- intervals
+    def interval(self, confidence: float = 0.95) -> tuple[float, float]:
+        if not np.isfinite(self.se):
+            return float("nan"), float("nan")
+        half = t_quantile(self.df, confidence) * self.se
+        return self.estimate - half, self.estimate + half
+
+    @property
+    def low(self) -> float:
+        return self.interval()[0]
+
+    @property
+    def high(self) -> float:
+        return self.interval()[1]
+
+    # --- the decision
+    def decide(self, no_confidence: float = 0.95) -> Decision:
+        """Set and return yes / no / open (see the module's docstring)."""
+        self.no_confidence = no_confidence
+        bar = self.bar
+        if not np.isfinite(self.estimate) or not np.isfinite(self.se):
+            self.decision, self.reason = "open", self.reason or "no estimate or no spread"
+            return self.decision
+        low, high = self.interval()
+        nlow, nhigh = self.interval(no_confidence)
+        past = (lambda lo, hi: lo >= bar.value) if bar.direction == ">=" else (lambda lo, hi: hi <= bar.value)
+        short = (lambda lo, hi: hi < bar.value) if bar.direction == ">=" else (lambda lo, hi: lo > bar.value)
+        if bar.null is None:
+            yes = past(low, high)
+        else:
+            clear = low > bar.null if bar.direction == ">=" else high < bar.null
+            yes = bar.holds(self.estimate) and clear
+        no = short(nlow, nhigh)
+        sides = {bar.holds(x) for x in self.replicate_estimates if np.isfinite(x)}
+        if len(sides) == 2:  # one replicate on each side of the bar: no interval is trusted to decide
+            self.decision = "open"
+            self.reason = f"the replicates disagree: {self.fmt_list(self.replicate_estimates)} on both sides of the bar"
+        else:
+            self.decision = "yes" if yes else ("no" if no else "open")
+            if self.decision == "open" and not self.reason:
+                self.reason = "the interval includes the bar"
+        return self.decision
+
+    # --- what would decide it
+    def sizing(self, seconds: float = 0.0, seconds_per_replicate: float | None = None) -> dict:
+        """Seeds and items at which this claim, at its estimate, clears its bar with 80% power; its time at this
+        run's pace (`seconds` for the whole run; `seconds_per_replicate`: what one more replicate costs)."""
+        distance = abs(self.estimate - self.bar.value)
+        if self.effect is not None:
+            distance = max(distance, abs(self.effect))
+        distance = max(distance, 1e-9)
+        a, b = self.se_seed ** 2, self.se_item ** 2
+        k, n = max(self.replicates, 1), max(self.n, 1)
+        target = (distance / Z_80) ** 2
+        out: dict = {"distance": distance, "seeds": k, "items": n}
+        if not np.isfinite(a + b) or a + b <= 0:
+            self.decides_at = {**out, "text": "this run gives no spread to size a larger one"}
+            return self.decides_at
+        if a + b <= target:
+            self.decides_at = {**out, "text": "decidable at this size (the interval's t quantile at few replicates "
+                                              "is what holds it open: more seeds)", "seeds": max(k + 2, 5)}
+            return self.decides_at
+        if k > 1 and b < 0.5 * target:  # the item part fits: more seeds alone
+            seeds = int(math.ceil(a * k / (target - b)))
+            items = n
+        else:  # both levels: scale seeds and items together
+            scale = (a + b) / target
+            seeds = int(math.ceil(k * scale)) if k > 1 else max(3, int(math.ceil(3 * scale ** 0.5)))
+            items = int(math.ceil(n * scale))
+        seeds = max(seeds, 3) if k > 1 or a > 0 else seeds
+        factor = max(seeds / k, items / n)
+        cost = (seconds_per_replicate * max(seeds - k, 0) if seconds_per_replicate and items == n
+                else seconds * factor)
+        text = (f"about {seeds} seeds x {items:,} {self.n_unit}" if seeds != k or k > 1 else
+                f"about {items:,} {self.n_unit}")
+        text += f" (this run: {k} x {n:,})"
+        if cost:
+            from lmlab.stats import duration
+
+            text += f", about {duration(cost)} here at this run's pace"
+        self.decides_at = {**out, "seeds": seeds, "items": items, "seconds": cost, "text": text}
+        return self.decides_at
+
+    # --- words
+    def fmt(self, x: float) -> str:
+        return "nan" if not np.isfinite(x) else f"{self.scale * x:+.{self._digits()}f}"
+
+    def fmt_list(self, xs: Sequence[float]) -> str:
+        return "[" + ", ".join(self.fmt(x) for x in xs) + "]"
+
+    def _digits(self) -> int:
+        return 2 if self.unit in ("x", "") or self.scale * abs(self.bar.value or 1) < 1 else 1
+
+    def text(self) -> str:
+        low, high = self.interval()
+        bar = f"{self.bar.direction} {self.scale * self.bar.value:+g}"
+        head = f"{self.name}{f' ({self.group})' if self.group else ''}"
+        body = (f"{self.fmt(self.estimate)}{self.unit} [{self.fmt(low)}, {self.fmt(high)}]"
+                f" (bar {bar}{self.unit}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
+                f"x {self.n:,} {self.n_unit})")
+        tail = self.decision + (f": {self.reason}" if self.decision == "open" and self.reason else "")
+        return f"{head}: {body}: {'reported only' if self.reported else tail}"
+
+    def as_dict(self) -> dict:
+        low, high = self.interval()
+        d = asdict(self)
+        d.update(low=low, high=high, bar=asdict(self.bar), confidence=0.95)
+        return d
+
+
+@dataclass
+class Gate:
+    """A validity check (training converged, the method was exercised, the toy learned). A failed gate that
+    `blocks` "no" keeps the verdict from "not reproduced"; one that blocks "all" keeps it from any decision."""
+    name: str
+    passed: bool
+    why: str = ""
+    remedy: str = ""
+    blocks: Literal["no", "all"] = "all"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def text(self) -> str:
+        return f"{self.name}: {'passed' if self.passed else 'FAILED'}" + (f" ({self.why})" if self.why else "") + (
+            f"; {self.remedy}" if self.remedy and not self.passed else "")
+
+
+def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 0.0,
+          seconds_per_replicate: float | None = None) -> tuple[str, str]:
+    """(status, text): decide each claim (Bonferroni over the decisive ones for "no"), apply the gates, and say
+    what would decide the open ones."""
+    decisive = [c for c in claims if not c.reported]
+    m = max(len(decisive), 1)
+    for c in claims:
+        c.decide(1 - 0.05 / m if not c.reported else 0.95)
+    failed = [g for g in gates if not g.passed]
+    blocks_all = [g for g in failed if g.blocks == "all"]
+    blocks_no = [g for g in failed if g.blocks == "no"]
+    decisions = [c.decision for c in decisive]
+    if not decisive:
+        status = "inconclusive"
+    elif blocks_all:
+        status = "inconclusive"
+    elif "no" in decisions and not blocks_no:
+        status = "not reproduced"
+    elif decisions and all(d == "yes" for d in decisions):
+        status = "reproduced"
+    else:
+        status = "inconclusive"
+    parts = [c.text() for c in claims]
+    if failed:
+        parts.append("gates: " + "; ".join(g.text() for g in failed))
+    if status == "inconclusive":
+        for c in decisive:
+            if c.decision == "open":
+                c.sizing(seconds, seconds_per_replicate)
+        sized = [c for c in decisive if c.decision == "open" and c.decides_at.get("text")]
+        if sized and not blocks_all:
+            parts.append("to decide: " + "; ".join(f"{c.name}{f' ({c.group})' if c.group else ''} needs "
+                                                    f"{c.decides_at['text']}" for c in sized))
+        elif "no" in decisions and blocks_no:
+            parts.append("a claim fails, but a gate keeps that from meaning 'not reproduced'")
+    if m > 1:
+        parts.append(f"'no' is read at {100 * (1 - 0.05 / m):.1f}% (Bonferroni over {m} claims)")
+    return status, ". ".join(parts)
+
+
+def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
+    """What verdict.json stores: the schema number, every claim and gate as plain data."""
+    return {"schema": SCHEMA, "claims": [c.as_dict() for c in claims], "gates": [g.as_dict() for g in gates]}
+
+
+# --- two levels of replication -----------------------------------------------------------------------------
+
+class Resampler:
+    """Item resamples drawn once per verdict (every statistic sees the same draws, so paired comparisons stay
+    paired), and the two-level interval of a statistic computed per replicate.
+
+    `n_items`: the items every replicate shares (the same test set); `stat(r, idx)` returns replicate r's statistic
+    on the items `idx` (an index array into 0..n_items-1, with repeats)."""
+
+    def __init__(self, n_items: int, replicates: int, n_boot: int = 1000, seed: int = 0):
+        self.n, self.k, self.n_boot = int(n_items), max(int(replicates), 1), n_boot
+        rng = np.random.default_rng(seed)
+        self.draws = rng.integers(0, max(self.n, 1), (n_boot, self.n)) if self.n else np.zeros((n_boot, 0), int)
+        self.everything = np.arange(self.n)
+
+    def claim(self, name: str, stat: Callable[[int, np.ndarray], float], bar: Bar, **kwargs) -> Claim:
+        per = np.array([stat(r, self.everything) for r in range(self.k)], dtype=float)
+        boot = np.array([np.nanmean([stat(r, idx) for r in range(self.k)]) for idx in self.draws], dtype=float)
+        return self.combine(name, per, boot, bar, **kwargs)
+
+    def mean_claim(self, name: str, values: np.ndarray, bar: Bar, **kwargs) -> Claim:
+        """A per-item mean: `values` (replicates, items), NaN for an item a replicate lacks; vectorised."""
+        values = np.atleast_2d(np.asarray(values, dtype=float))
+        ok = np.isfinite(values)
+        x = np.where(ok, values, 0.0)
+        per = x.sum(1) / np.maximum(ok.sum(1), 1)
+        counts = np.stack([np.bincount(d, minlength=self.n) for d in self.draws])  # (boot, items)
+        num = counts @ x.T  # (boot, replicates)
+        den = counts @ ok.T.astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            boot = np.nanmean(num / den, axis=1)
+        return self.combine(name, per, boot, bar, **kwargs)
+
+    def combine(self, name: str, per: np.ndarray, boot: np.ndarray, bar: Bar, **kwargs) -> Claim:
+        per = np.asarray(per, dtype=float)
+        good = per[np.isfinite(per)]
+        k = len(good)
+        estimate = float(good.mean()) if k else float("nan")
+        boot = boot[np.isfinite(boot)]
+        se_item = float(np.std(boot, ddof=1)) if len(boot) > 1 else float("nan")
+        if k > 1:
+            se_seed = float(np.std(good, ddof=1) / np.sqrt(k))
+            a, b = se_seed ** 2, se_item ** 2
+            denom = (a * a / (k - 1) if a else 0.0) + (b * b / max(self.n - 1, 1) if b else 0.0)
+            df = (a + b) ** 2 / denom if denom > 0 else float(k - 1)
+            method = f"t over {k} replicates and {self.n} items (Satterthwaite df {df:.1f}; item resamples shared)"
+        else:
+            se_seed, df = 0.0, float(max(self.n - 1, 1))
+            method = f"one replicate: items only ({self.n} items, bootstrap SE, normal t)"
+        se = math.sqrt(se_seed ** 2 + (se_item if np.isfinite(se_item) else 0.0) ** 2) if k else float("nan")
+        if k and not np.isfinite(se_item) and k < 2:
+            se = float("nan")
+        return Claim(name=name, estimate=estimate, se=se, df=df, bar=bar, method=kwargs.pop("method", method),
+                     n=self.n, replicates=k, replicate_estimates=[float(x) for x in per], se_seed=se_seed,
+                     se_item=se_item if np.isfinite(se_item) else 0.0, **kwargs)
+
+
+def replicates_gate(k: int, trains: bool = True) -> Gate:
+    """A claim about a training method needs more than one training run."""
+    return Gate("replicates", k >= 2 or not trains, why=f"{k} training run(s)",
+                remedy="one training run cannot decide a claim about the method: run --seeds 3 or more",
+                blocks="all")

@@ -1,0 +1,117 @@
+"""Claims, gates and the two-level interval (lmlab.claims)."""
+
+import numpy as np
+import pytest
+
+from lmlab.claims import Bar, Gate, Resampler, judge, replicate_seed, replicates_gate
+
+
+def _items(means, n=200, seed=0):
+    """(replicates, items) of 0/1 outcomes with the given per-replicate rates."""
+    rng = np.random.default_rng(seed)
+    return np.stack([(rng.random(n) < m).astype(float) for m in means])
+
+
+def test_replicate_seeds_differ_between_runs_and_replicates():
+    seeds = {replicate_seed(s, r) for s in range(3) for r in range(5)}
+    assert len(seeds) == 15
+    assert replicate_seed(0, 1) == replicate_seed(0, 1)
+
+
+def test_replicates_that_agree_decide_and_replicates_that_disagree_stay_open():
+    agree = Resampler(200, 3).mean_claim("accuracy", _items([0.9, 0.91, 0.89]), Bar(">=", 0.6))
+    status, text = judge([agree])
+    assert agree.decision == "yes" and status == "reproduced"
+    # two replicates far above the bar, one far below: every item interval alone would look decided
+    split = Resampler(2000, 3).mean_claim("accuracy", _items([0.9, 0.92, 0.2], n=2000), Bar(">=", 0.6))
+    status, text = judge([split])
+    assert split.decision == "open" and status == "inconclusive"
+    assert "disagree" in split.reason
+    assert "seeds" in text  # what would decide it: more seeds
+    assert split.decides_at["seeds"] > 3
+
+
+def test_the_interval_widens_with_the_spread_between_replicates():
+    same = Resampler(300, 3).mean_claim("x", _items([0.7, 0.7, 0.7], n=300), Bar(">=", 0.5))
+    spread = Resampler(300, 3).mean_claim("x", _items([0.6, 0.7, 0.8], n=300), Bar(">=", 0.5))
+    assert (spread.high - spread.low) > 2 * (same.high - same.low) - 0.05
+    assert spread.se_seed > same.se_seed
+    assert spread.df < 20  # few replicates: a t quantile well above 1.96
+
+
+def test_three_replicates_cover_the_method_mean_at_about_95_percent():
+    """Simulated training runs: each replicate's true rate is the method's rate plus seed noise (sd 0.05), items are
+    0/1 draws. The claim's 95% interval must cover the method's rate in roughly 95% of simulated studies (an
+    item-only interval would cover far less)."""
+    rng = np.random.default_rng(1)
+    truth, covered, item_only = 0.7, 0, 0
+    runs = 300
+    for i in range(runs):
+        rates = np.clip(truth + rng.normal(0, 0.05, 3), 0, 1)
+        x = np.stack([(rng.random(150) < r).astype(float) for r in rates])
+        c = Resampler(150, 3, n_boot=200, seed=i).mean_claim("x", x, Bar(">=", 0.5))
+        covered += c.low <= truth <= c.high
+        half = 1.96 * c.se_item
+        item_only += c.estimate - half <= truth <= c.estimate + half
+    assert covered / runs >= 0.90
+    assert item_only / runs < covered / runs - 0.1
+
+
+def test_a_null_bar_decides_on_the_estimate_past_the_bar_and_the_interval_clear_of_zero():
+    x = -np.stack([np.full(100, 30.0) + np.random.default_rng(r).normal(0, 20, 100) for r in range(3)])
+    c = Resampler(100, 3).mean_claim("gap", x, Bar("<=", -10, null=0.0), unit=" pp")
+    assert judge([c])[0] == "reproduced"
+    near = Resampler(100, 3).mean_claim("gap", x / 6, Bar("<=", -10, null=0.0))  # about -5: clearly not far
+    assert near.decide() == "no"
+
+
+def test_gates_block_decisions_and_one_replicate_cannot_decide_a_training_method():
+    x = _items([0.3, 0.31, 0.29], n=400)
+    fails = Resampler(400, 3).mean_claim("acc", x, Bar(">=", 0.6))
+    status, _ = judge([fails], [Gate("converged", False, "loss still falling", "more steps", blocks="no")])
+    assert fails.decision == "no" and status == "inconclusive"
+    assert judge([fails])[0] == "not reproduced"
+    one = Resampler(400, 1).mean_claim("acc", x[:1], Bar(">=", 0.6))
+    status, text = judge([one], [replicates_gate(1)])
+    assert status == "inconclusive" and "--seeds" in text
+
+
+def test_many_claims_read_no_at_the_family_wise_level():
+    """A claim that would fail at 95% but not at 1 - 0.05/m, with m claims, does not make 'not reproduced'."""
+    x = np.random.default_rng(0).normal(0.0, 1.0, (1, 400)) - 0.11  # mean about -0.11, se about 0.05
+    c = Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0))
+    lo95, hi95 = c.interval(0.95)
+    assert hi95 < 0 < c.interval(1 - 0.05 / 20)[1]
+    others = [Resampler(400, 1).mean_claim(f"o{i}", x + 5, Bar(">=", 0.0)) for i in range(19)]
+    status, text = judge([c, *others])
+    assert c.decision == "open" and status == "inconclusive" and "Bonferroni over 20" in text
+    assert judge([Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0))])[0] == "not reproduced"
+
+
+def test_paired_statistics_see_the_same_item_draws():
+    r = Resampler(50, 2, n_boot=100, seed=3)
+    seen = []
+    r.claim("a", lambda k, idx: seen.append(idx.copy()) or 0.0, Bar(">=", 0))
+    first = seen[2:]
+    seen.clear()
+    r.claim("b", lambda k, idx: seen.append(idx.copy()) or 0.0, Bar(">=", 0))
+    assert all(np.array_equal(a, b) for a, b in zip(first, seen[2:]))
+
+
+def test_reported_claims_never_decide():
+    x = _items([0.2, 0.21, 0.2], n=400)
+    main = Resampler(400, 3).mean_claim("main", _items([0.9, 0.9, 0.9], n=400), Bar(">=", 0.6))
+    side = Resampler(400, 3).mean_claim("side", x, Bar(">=", 0.6), reported=True)
+    assert judge([main, side])[0] == "reproduced"
+    assert side.decision == "no"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_claims_serialise_with_their_interval_and_decision(k):
+    from lmlab.claims import evidence
+
+    c = Resampler(100, k).mean_claim("acc", _items([0.8] * k, n=100), Bar(">=", 0.5), unit="%", scale=100)
+    judge([c])
+    d = evidence([c], [Gate("g", True)])
+    assert d["schema"] == 2 and d["claims"][0]["decision"] == "yes" and d["claims"][0]["low"] < d["claims"][0]["high"]
+    assert d["claims"][0]["replicates"] == k and d["gates"][0]["passed"]
