@@ -185,6 +185,43 @@ class AblateHeads(Intervention):
         return out
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    """A 64-bit constant as torch's int64 holds it (two's complement)."""
+    x &= _MASK64
+    return x - (1 << 64) if x >> 63 else x
+
+
+_MIX = [_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)]
+_SPREAD = [_signed(0x9E3779B97F4A7C15), _signed(0xD1B54A32D192ED03), _signed(0x8CB92BA72F3D8DD7),
+           _signed(0xABC98388FB8FAC03)]
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A logical right shift of int64 values (torch's >> keeps the sign)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def keyed_uniform(keys: torch.Tensor, layer: int, real: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, heads, Q, Q) uniforms in [0, 1), each a function of (its example's key, the layer, the head, and the query's
+    and key's index among the example's real tokens) alone: splitmix64 of a mixed counter, computed in one pass for
+    the whole batch. Pairs with a padded token get 0.5 (they are masked out of the gate anyway)."""
+    rank = (real.long().cumsum(-1) - 1).clamp_min(0)  # (B, Q): a token's index among its example's real tokens
+    b = keys.long()[:, None, None, None] * _SPREAD[0]
+    h = torch.arange(heads, device=keys.device, dtype=torch.long)[None, :, None, None] * _SPREAD[1]
+    i = rank[:, None, :, None] * _SPREAD[2]
+    j = rank[:, None, None, :] * _SPREAD[3]
+    z = b + h + i + j + (int(layer) * 1_000_003 + 1)
+    z = (z ^ _shr(z, 30)) * _MIX[0]
+    z = (z ^ _shr(z, 27)) * _MIX[1]
+    z = z ^ _shr(z, 31)
+    u = _shr(z, 11).to(torch.float64) * (2.0 ** -53)
+    pair = real[:, None, :, None] & real[:, None, None, :]
+    return torch.where(pair, u, torch.full_like(u, 0.5)).to(torch.float32)
+
+
 class SparseAttention(Intervention):
     """Stochastic edge gates on attention (Draye et al.): keep edge (i, j) with p = sigmoid(s_ij).
 
@@ -198,23 +235,48 @@ class SparseAttention(Intervention):
     positions (no KV cache), the counts leave out padded query rows: a padding token's row is not an edge.
 
     The noise comes from `generator` (default: torch's global one), or, with `keyed=True` inside the training
-    loop, from one generator per example seeded by its key (`interventions.example_keys`) and the layer, drawn
-    over the example's real tokens only: an example's noise is then the same whatever batch, padding or
-    process it runs in (so N processes follow one process's curve).
+    loop, from a hash of each example's key (`interventions.example_keys`), the layer, the head and the pair's
+    indices among the example's real tokens (`keyed_uniform`, one vectorised pass): an example's noise is then the
+    same whatever batch, padding or process it runs in (so N processes follow one process's curve).
     """
 
     def __init__(self, layers=None, sample: bool = True, temperature: float = 2 / 3,
-                 generator: torch.Generator | None = None, keyed: bool = False):
+                 generator: torch.Generator | None = None, keyed: bool = False, replicas: int = 1):
         super().__init__(layers)
         self.sample, self.temperature, self.generator, self.keyed = sample, temperature, generator, keyed
+        self.replicas = replicas  # a stacked model's (lmlab.train.ensemble): every count is also kept per replicate
         self.reset()
 
     def reset(self) -> None:
-        self.expected_edges = torch.zeros((), device="cpu")  # moves to the scores' device on the first call
-        self.kept_edges = 0.0
-        self.fallback_edges = 0.0
-        self.queries = 0.0
-        self.total_edges = 0.0
+        k = self.replicas
+        self.expected_per = torch.zeros(k, device="cpu")  # moves to the scores' device on the first call
+        self.kept_per, self.fallback_per, self.queries_per, self.total_per = (
+            torch.zeros(k, dtype=torch.float64, device="cpu") for _ in range(4))
+
+    # totals over every replicate (the one model's, for an ordinary model)
+    @property
+    def expected_edges(self) -> torch.Tensor:
+        return self.expected_per.sum()
+
+    @property
+    def kept_edges(self) -> float:
+        return float(self.kept_per.sum())
+
+    @property
+    def fallback_edges(self) -> float:
+        return float(self.fallback_per.sum())
+
+    @property
+    def queries(self) -> float:
+        return float(self.queries_per.sum())
+
+    @property
+    def total_edges(self) -> float:
+        return float(self.total_per.sum())
+
+    def _rows(self, per_row: torch.Tensor) -> torch.Tensor:
+        """(B,) per batch row -> (replicas,): a stacked model's rows are each replicate's in turn."""
+        return per_row.reshape(self.replicas, -1).sum(1)
 
     @property
     def kept_fraction(self) -> float:
@@ -233,13 +295,7 @@ class SparseAttention(Intervention):
         keys = example_keys() if self.keyed else None
         if keys is None or real is None or len(keys) != scores.shape[0]:
             return torch.rand(scores.shape, generator=self.generator, device="cpu").to(scores.device)
-        u = torch.full(scores.shape, 0.5, device=scores.device)  # padding's pairs: masked out of the gate
-        for row, key in enumerate(keys.tolist()):
-            idx = real[row].nonzero().squeeze(1)
-            g = torch.Generator(device=scores.device).manual_seed((key * 1009 + layer) % (2 ** 63))
-            draw = torch.rand((scores.shape[1], len(idx), len(idx)), generator=g, device=scores.device)
-            u[row][:, idx[:, None], idx[None, :]] = draw
-        return u
+        return keyed_uniform(keys.to(scores.device), layer, real, scores.shape[1])
 
     def gate(self, layer, scores, allowed, ctx):
         real = None  # (B, Q) the real query rows, where queries are the keys' own positions (no cache)
@@ -248,8 +304,9 @@ class SparseAttention(Intervention):
             real = allowed.any(-2).any(1)  # a real token is a key some query may read (itself at least)
             row = real[:, None, :, None].to(scores.dtype)
         probs = torch.sigmoid(scores) * row  # masked pairs have score -inf, so probability 0
-        total = probs.sum() if self.sample else probs.sum().detach()  # a deterministic gate trains nothing
-        self.expected_edges = self.expected_edges.to(scores.device) + total
+        total = self._rows(probs.sum((1, 2, 3)))
+        total = total if self.sample else total.detach()  # a deterministic gate trains nothing
+        self.expected_per = self.expected_per.to(scores.device) + total
         if self.sample:
             u = self._noise(layer, scores, real)
             u = u.clamp(1e-6, 1 - 1e-6)
@@ -258,15 +315,15 @@ class SparseAttention(Intervention):
         else:
             gate = (scores > 0).to(scores.dtype)
         gate = gate * allowed
-        self.kept_edges += float((gate.detach() * row).sum())
+        self.kept_per += self._rows((gate.detach() * row).sum((1, 2, 3))).double().cpu()
         # self-edge fallback: a query whose every edge was dropped keeps the edge to itself
         keys = allowed.expand(gate.shape).sum(-1)  # (B, H, Q): causal keys of each query row
         empty = (gate.detach().sum(-1) == 0) & (keys > 0)
         diag = torch.zeros(ctx.q_len, ctx.kv_len, dtype=gate.dtype, device=gate.device)
         diag[torch.arange(ctx.q_len, device=gate.device), ctx.query_positions] = 1.0
         gate = gate + empty[..., None].to(gate.dtype) * diag
-        counted_keys = keys if real is None else keys * real[:, None, :]
-        self.fallback_edges += float((empty & (counted_keys > 0)).sum())
-        self.queries += float((counted_keys > 0).sum())
-        self.total_edges += float(counted_keys.sum())
+        counted_keys = (keys if real is None else keys * real[:, None, :]).expand(empty.shape)
+        self.fallback_per += self._rows((empty & (counted_keys > 0)).sum((1, 2))).double().cpu()
+        self.queries_per += self._rows((counted_keys > 0).sum((1, 2))).double().cpu()
+        self.total_per += self._rows(counted_keys.sum((1, 2))).double().cpu()
         return gate

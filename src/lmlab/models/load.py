@@ -92,7 +92,8 @@ class LoadedModel:
         first real token for causal models); checked against the context length."""
         if sequences:
             check_context(self, max(len(s) for s in sequences))
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        pad = getattr(self.tokenizer, "pad_token_id", None)  # a scratch model may have no tokenizer: its config's
+        pad = pad if pad is not None else (getattr(self.model.config, "pad_token_id", None) or 0)
         return pad_sequences(sequences, pad, padding_side, self.device, position_ids=self.layout.causal)
 
 

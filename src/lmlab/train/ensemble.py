@@ -122,7 +122,10 @@ def stack(models: Sequence[nn.Module]) -> nn.Module:
 
 
 def replicas(model: nn.Module) -> int:
-    """How many replicates a stacked model holds (1 for an ordinary model)."""
+    """How many replicates a stacked model holds (1 for an ordinary model); a wrapper (DDP's, under a launch) is
+    looked through."""
+    while not hasattr(model, REPLICAS) and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
     return int(getattr(model, REPLICAS, 1))
 
 
@@ -154,7 +157,7 @@ def clip_per_replicate(params: Sequence[nn.Parameter], k: int, max_norm: float) 
     each slice scaled by max_norm / (its norm + 1e-6), at most 1. Returns the k norms."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(k)
+        return torch.zeros(k, device="cpu")
     norms = torch.stack([g.reshape(k, -1).float().pow(2).sum(1) for g in grads]).sum(0).sqrt()
     coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
     for g in grads:
