@@ -28,7 +28,7 @@ SMALL = {
     "knockout": dict(model="tiny-llama", per_dataset=6, datasets=["geo-capital"], sweep_every=2),
     "quantize": dict(model="tiny-bert", tasks=["fact-cola"], n_train=32, n_eval=16, batch_size=16, teacher_epochs=1,
                      bits=[2]),
-    "latent": dict(model="scratch", rates=[4], n_train=300, n_test=8, base_steps=3, finetune_steps=2, vq_steps=3,
+    "latent": dict(model="scratch", rates=[4], n_train=300, n_test=8, steps=3, vq_steps=3, seeds=2,
                    d_model=32, n_layers=2, batch_size=16),
 }
 

@@ -169,24 +169,26 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
     folder = tiny_smol_folder
     sizes = dict(model=str(folder), tasks=["ioi", "greater-than"], n_prompts=2, sparse_steps=2, sparse_batch=2,
                  n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2, eval_tokens=8, toy_steps=3,
-                 toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4, fine_grid=False, circuits=True)
+                 toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4, fine_grid=False, circuits=True,
+                 seeds=1)  # --sparse-model measures one post-trained model: compare with one replicate
     plain = run_study(s4.SPEC, s4.Config(**sizes), tmp_path / "plain")
+    earlier = plain.path / "post_training" / "rep0" / "sparse_model"
     # (the tied embeddings are most of the weights: the map names a block on disk itself)
     (tmp_path / "map.json").write_text(json.dumps({"model.embed_tokens": "cpu", "model.layers.0": "cpu",
                                                    "model.layers.1": "disk", "model.norm": "cpu",
                                                    "model.rotary_emb": "cpu", "lm_head": "cpu"}))
-    spread = run_study(s4.SPEC, s4.Config(**sizes, sparse_model=str(plain.path / "sparse_model"),
+    spread = run_study(s4.SPEC, s4.Config(**sizes, sparse_model=str(earlier),
                                           device_map=str(tmp_path / "map.json"), offload=str(tmp_path / "off")),
                        tmp_path / "spread")
     placed = spread.info["device_map"]  # it ran spread over the devices, the dense model and the sparse one
-    assert {placed[str(folder)]["model.layers.1"], placed[str(plain.path / "sparse_model")]["model.layers.1"]} == {"disk"}
+    assert {placed[str(folder)]["model.layers.1"], placed[str(earlier)]["model.layers.1"]} == {"disk"}
     assert plain.tables.keys() == spread.tables.keys()
     for name in plain.tables:
         pd.testing.assert_frame_equal(spread.tables[name], plain.tables[name], atol=ATOL, rtol=0)
     assert spread.verdict.status == plain.verdict.status
-    assert not (spread.path / "sparse_train").exists() and not (spread.path / "sparse_model").exists()
+    assert not (spread.path / "post_training").exists()
     with pytest.raises(LmlabError, match="post-trained from .*tiny-smol, not tiny-llama"):
-        s4.Config(**{**sizes, "model": "tiny-llama"}, sparse_model=str(plain.path / "sparse_model")).check_inputs(
+        s4.Config(**{**sizes, "model": "tiny-llama"}, sparse_model=str(earlier)).check_inputs(
             models=False)
     with pytest.raises(LmlabError, match="is not a sparse-attention model folder"):
         s4.Config(**sizes, sparse_model=str(folder)).check_inputs(models=False)

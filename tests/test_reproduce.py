@@ -91,7 +91,7 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
 
     models = dict(TINY, **{"sparse-circuits": "tiny-llama", "latent": "scratch"})
     small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32),
-                           "latent": dict(rates=[16], n_train=300, n_test=12, base_steps=12, finetune_steps=6,
+                           "latent": dict(rates=[16], n_train=300, n_test=12, steps=12, seeds=2,
                                           vq_steps=10, d_model=32, n_layers=2, batch_size=16)})
     small["knockout"] = dict(per_dataset=12)  # the demo's own dataset (geo-continent)
     seen = []
@@ -103,7 +103,7 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
     knockout = load_result(outcomes[0].path)
     assert sorted(knockout.table("answer").dataset.unique()) == ["geo-continent"]  # the demo's own set
     toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)
-    assert toy.table("curve").empty and len(toy.table("toy")) == 2 and toy.verdict.evidence.get("part") == "toy"
+    assert toy.table("curve").empty and len(toy.table("toy")) == 2 * 3 and toy.verdict.evidence.get("part") == "toy"
     page = build_report([tmp_path], tmp_path / "report.html").read_text()
     for o in outcomes:
         assert STUDIES[o.study].title in page

@@ -24,8 +24,8 @@ verdict that can say "no", `judge`); "open" otherwise, and also when the replica
 each side of the bar): then no interval is trusted to decide.
 
 `judge(claims, gates)`: a failed gate that blocks everything -> inconclusive; any decisive claim "no" (and no
-failed gate blocking "no") -> not reproduced; every decisive claim "yes" -> reproduced; else inconclusive. A
-claim marked `reported` is shown and never decides.
+failed gate blocking "no") -> not reproduced; every decisive claim "yes" (and no failed gate blocking "yes") ->
+reproduced; else inconclusive. A claim marked `reported` is shown and never decides.
 
 What would decide an open claim (`Claim.sizing`): the seeds and items at which a claim at this estimate would
 clear its bar with 80% power (two-sided 5%): the distance to clear is the estimate's distance to the bar, or the
@@ -163,20 +163,21 @@ class Claim:
             self.decides_at = {**out, "text": "decidable at this size (the interval's t quantile at few replicates "
                                               "is what holds it open: more seeds)", "seeds": max(k + 2, 5)}
             return self.decides_at
-        if k > 1 and b < 0.5 * target:  # the item part fits: more seeds alone
-            seeds = int(math.ceil(a * k / (target - b)))
-            items = n
+        if a < 0.5 * target and (k == 1 or b >= a):  # the seed part fits: more items alone
+            seeds, items = k, int(math.ceil(b * n / (target - a)))
+        elif k > 1 and b < 0.5 * target:  # the item part fits: more seeds alone
+            seeds, items = int(math.ceil(a * k / (target - b))), n
         else:  # both levels: scale seeds and items together
             scale = (a + b) / target
             seeds = int(math.ceil(k * scale)) if k > 1 else max(3, int(math.ceil(3 * scale ** 0.5)))
             items = int(math.ceil(n * scale))
-        seeds = max(seeds, 3) if k > 1 or a > 0 else seeds
+        seeds = max(seeds, 3) if k > 1 and seeds != k else seeds
         factor = max(seeds / k, items / n)
         cost = (seconds_per_replicate * max(seeds - k, 0) if seconds_per_replicate and items == n
                 else seconds * factor)
         text = (f"about {seeds} seeds x {items:,} {self.n_unit}" if seeds != k or k > 1 else
                 f"about {items:,} {self.n_unit}")
-        text += f" (this run: {k} x {n:,})"
+        text += f" (this run: {k} x {n:,})" if k > 1 else f" (this run: {n:,})"
         if cost:
             from lmlab.stats import duration
 
@@ -214,12 +215,13 @@ class Claim:
 @dataclass
 class Gate:
     """A validity check (training converged, the method was exercised, the toy learned). A failed gate that
-    `blocks` "no" keeps the verdict from "not reproduced"; one that blocks "all" keeps it from any decision."""
+    `blocks` "no" keeps the verdict from "not reproduced", one that blocks "yes" from "reproduced" (a test too weak
+    to show the effect), one that blocks "all" from any decision."""
     name: str
     passed: bool
     why: str = ""
     remedy: str = ""
-    blocks: Literal["no", "all"] = "all"
+    blocks: Literal["no", "yes", "all"] = "all"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -240,6 +242,7 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
     failed = [g for g in gates if not g.passed]
     blocks_all = [g for g in failed if g.blocks == "all"]
     blocks_no = [g for g in failed if g.blocks == "no"]
+    blocks_yes = [g for g in failed if g.blocks == "yes"]
     decisions = [c.decision for c in decisive]
     if not decisive:
         status = "inconclusive"
@@ -247,7 +250,7 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
         status = "inconclusive"
     elif "no" in decisions and not blocks_no:
         status = "not reproduced"
-    elif decisions and all(d == "yes" for d in decisions):
+    elif decisions and all(d == "yes" for d in decisions) and not blocks_yes:
         status = "reproduced"
     else:
         status = "inconclusive"
@@ -264,6 +267,8 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
                                                     f"{c.decides_at['text']}" for c in sized))
         elif "no" in decisions and blocks_no:
             parts.append("a claim fails, but a gate keeps that from meaning 'not reproduced'")
+        elif blocks_yes and all(d == "yes" for d in decisions):
+            parts.append("every claim holds, but a gate says the test was too weak to call it reproduced")
     if m > 1:
         parts.append(f"'no' is read at {100 * (1 - 0.05 / m):.1f}% (Bonferroni over {m} claims)")
     return status, ". ".join(parts)
@@ -283,15 +288,23 @@ class Resampler:
     `n_items`: the items every replicate shares (the same test set); `stat(r, idx)` returns replicate r's statistic
     on the items `idx` (an index array into 0..n_items-1, with repeats)."""
 
-    def __init__(self, n_items: int, replicates: int, n_boot: int = 1000, seed: int = 0):
+    def __init__(self, n_items: int, replicates: int, n_boot: int = 1000, seed: int = 0,
+                 strata: Sequence[int] | None = None):
+        """`strata`: sizes of consecutive groups of items (tasks) each resampled within itself, so every draw keeps
+        each group's size (their sum is n_items)."""
         self.n, self.k, self.n_boot = int(n_items), max(int(replicates), 1), n_boot
         rng = np.random.default_rng(seed)
-        self.draws = rng.integers(0, max(self.n, 1), (n_boot, self.n)) if self.n else np.zeros((n_boot, 0), int)
+        sizes = list(strata) if strata else [self.n]
+        if sum(sizes) != self.n:
+            raise ValueError(f"strata {sizes} do not add up to {self.n} items")
+        offsets = np.concatenate([[0], np.cumsum(sizes)])[:-1]
+        parts = [o + rng.integers(0, max(size, 1), (n_boot, size)) for o, size in zip(offsets, sizes) if size]
+        self.draws = np.concatenate(parts, axis=1) if parts else np.zeros((n_boot, 0), int)
         self.everything = np.arange(self.n)
 
     def claim(self, name: str, stat: Callable[[int, np.ndarray], float], bar: Bar, **kwargs) -> Claim:
         per = np.array([stat(r, self.everything) for r in range(self.k)], dtype=float)
-        boot = np.array([np.nanmean([stat(r, idx) for r in range(self.k)]) for idx in self.draws], dtype=float)
+        boot = np.array([_mean_of_finite([stat(r, idx) for r in range(self.k)]) for idx in self.draws], dtype=float)
         return self.combine(name, per, boot, bar, **kwargs)
 
     def mean_claim(self, name: str, values: np.ndarray, bar: Bar, **kwargs) -> Claim:
@@ -304,7 +317,9 @@ class Resampler:
         num = counts @ x.T  # (boot, replicates)
         den = counts @ ok.T.astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):
-            boot = np.nanmean(num / den, axis=1)
+            ratio = num / den
+        finite = np.isfinite(ratio)
+        boot = np.where(finite.any(1), np.where(finite, ratio, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
         return self.combine(name, per, boot, bar, **kwargs)
 
     def combine(self, name: str, per: np.ndarray, boot: np.ndarray, bar: Bar, **kwargs) -> Claim:
@@ -329,6 +344,13 @@ class Resampler:
         return Claim(name=name, estimate=estimate, se=se, df=df, bar=bar, method=kwargs.pop("method", method),
                      n=self.n, replicates=k, replicate_estimates=[float(x) for x in per], se_seed=se_seed,
                      se_item=se_item if np.isfinite(se_item) else 0.0, **kwargs)
+
+
+def _mean_of_finite(values) -> float:
+    """The mean of the finite values (NaN when none is: a resample without a defined statistic)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else float("nan")
 
 
 def replicates_gate(k: int, trains: bool = True) -> Gate:

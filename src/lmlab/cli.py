@@ -162,6 +162,8 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
                                 "sizes, a GPU)"),
               out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
               seed: int = typer.Option(0, help="random seed for every study"),
+              seeds: Optional[int] = typer.Option(None, min=1, help="replicates per cell for every study that draws "
+                                                                    "randomness (default: each profile's)"),
               only: list[str] = typer.Option(None, help="run only these studies (repeatable)"),
               model: list[str] = typer.Option(None, help="STUDY=MODEL to replace a study's default model"),
               report: bool = typer.Option(True, help="write OUT/report.html at the end"),
@@ -188,7 +190,9 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
         if not name:
             raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
         models[study] = name
-    settings = {name: {"device": device, "dtype": dtype} for name in STUDIES}
+    settings = {name: {"device": device, "dtype": dtype, **({"seeds": seeds} if seeds and not
+                                                             STUDIES[name].config.replicate_refusal else {})}
+                for name in STUDIES}
     outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print,
                        progress=functools.partial(_progress_table, profile, time.perf_counter()), jobs=jobs)
     if report:

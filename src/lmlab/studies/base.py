@@ -52,6 +52,9 @@ class StudyConfig(BaseModel):
         "quick", description="demo (a first run: minutes on a CPU, where the embedded model can show the effect), "
                              "quick (what a CPU decides in about an hour) or full (the paper's sizes, a GPU)")
     seed: int = Field(0, description="the same seed gives the same table")
+    seeds: int | None = Field(None, ge=1, description="independent replicates of every training run or random draw "
+                                                       "(their seeds derived from --seed); each claim is judged over "
+                                                       "them and their items")
     device: str = Field("auto", description=DEVICE_HELP)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="weights for inference (auto: float32 on cpu, bfloat16 on a GPU); a study that trains "
@@ -84,6 +87,7 @@ class StudyConfig(BaseModel):
             check_model_spec(name, scratch_ok=self.trains_own_model)
         self.check_placement()
         self.check_launch()
+        self.check_replicates()
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
     # why the study cannot run a model spread over devices (None: it can); see docs/scaling.md
@@ -92,6 +96,24 @@ class StudyConfig(BaseModel):
     # why the study cannot run as a whole over several processes yet (None: it shares its units out by rank)
     launch_refusal: ClassVar[str | None] = ("this study does not share its work out over processes yet; run it in one "
                                             "process (its training loop, lmlab.train.train, runs data-parallel)")
+
+    # why the study has nothing to replicate (None: --seeds applies)
+    replicate_refusal: ClassVar[str | None] = None
+
+    @property
+    def n_seeds(self) -> int:
+        """Replicates per cell: --seeds, else the profile's (1 where a profile names none)."""
+        return int(self.size("seeds") or 1)
+
+    def replicate_seeds(self) -> list[int]:
+        """The seed of each replicate, derived from --seed (lmlab.claims.replicate_seed)."""
+        from lmlab.claims import replicate_seed
+
+        return [replicate_seed(self.seed, r) for r in range(self.n_seeds)]
+
+    def check_replicates(self) -> None:
+        if self.replicate_refusal and self.seeds and self.seeds > 1:
+            raise LmlabError(f"--seeds {self.seeds}: {self.replicate_refusal}")
 
     def check_launch(self) -> None:
         """One sentence when the study is launched over several processes and cannot share its work out."""
