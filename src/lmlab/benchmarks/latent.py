@@ -20,8 +20,6 @@ from lmlab.errors import LmlabError
 @benchmark("latent-vs-cot")
 def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/bench", rounds: int = 3,
                  **_) -> list[dict]:
-    from safetensors.torch import load_file
-
     from lmlab.studies import latent as study
     from lmlab.studies import run_study
     from lmlab.studies.latent.measure import evaluate
@@ -36,8 +34,8 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
     config = study.Config(**{k: v for k, v in fields.items() if k in study.Config.model_fields})
     prep = study.prepare(config)
     rate = max(config.size("rates"))
-    weights = {name: load_file(study.final_weights(run, name)) for name in ("cot", f"r{rate}")}
-    model = prep.base
+    weights = {name: study.final_weights(run, name) for name in ("cot", f"r{rate}")}  # replicate 0
+    model = prep.initial[0]
     model.eval()
     times = {name: 0.0 for name in weights}
     tokens = {}
@@ -48,11 +46,12 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
                 raise LmlabError(f"the {name} checkpoint in {run} does not fit the rebuilt model "
                                  f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
             t0 = time.perf_counter()
-            result = evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)
+            result = evaluate(model, prep.vocab, prep.test, max_new=prep.max_new)[0]
             times[name] += time.perf_counter() - t0
             tokens[name] = sum(result["tokens"]) / len(result["tokens"])
     n = len(prep.test)
-    setup = f"{config.model}, {n} test problems, greedy, batch 250, {rounds} alternating rounds, run {run.name}"
+    setup = (f"{config.model} (replicate 0), {n} test problems, greedy, batch 250, {rounds} alternating rounds, "
+             f"run {run.name}")
     base_t = times["cot"]
     rows = []
     for name in weights:

@@ -4,7 +4,23 @@ Two tasks, each a stand-in for the paper's from-scratch settings (Su et al. 2502
 Maze and ProsQA, traces of hundreds of tokens whose early words "support textual coherence rather than
 core reasoning"):
 
-`walk` (the default), a maze-style grid walk:
+`turtle` (the default), a walk steered by turns:
+
+    Question: start 2 1 facing up . moves : left forward forward right forward ... . where do you end ?
+    Chain:    we start at 2 1 facing up and make 8 moves : left forward forward right forward ... . we go one
+              move at a time . left face left at 2 1 . forward left at 2 0 . forward left wall at 2 0 .
+              right face up at 2 0 . forward up at 1 0 . ...
+    Answer:   1 0
+
+A 4 x 4 grid whose border is a wall, 8 moves (left and right turn in place, forward steps one cell the way the
+walker faces, or is blocked by the wall). Every step restates the whole state (heading and position), so each
+step needs only the one before it and the prompt: a 2-layer model trained from scratch on the chains learns it in
+a few hundred steps, while the answer alone needs the whole walk composed in one pass (answer-only about 24%
+against CoT's 99-100%, measured on 2 cores: docs/studies/latent.md; the `walk` task below gave 86%, too close to
+CoT for the chain to be needed). The chain opens with a plan that restates the prompt (about 28 tokens of
+"coherence" text, a third of the chain) and runs about 83 tokens in all.
+
+`walk`, a maze-style grid walk (absolute moves; kept as an option):
 
     Question: start 3 3 . moves : left right down down left ... . where do you end ?
     Chain:    we start at 3 3 and make 8 moves : left , right , down , ... . we go one move at a time .
@@ -82,6 +98,45 @@ def _walk(rng: random.Random, size: int, min_moves: int, max_moves: int) -> Prob
         steps.append(step)
         words += len(step.split())
     return Problem(question, tuple(steps), f"{x} {y}", (question,), tuple(computed))
+
+
+HEADINGS = ["up", "right", "down", "left"]  # clockwise: a right turn adds 1
+
+
+def _turtle(rng: random.Random, size: int, min_moves: int, max_moves: int) -> Problem:
+    x, y, h = rng.randrange(size), rng.randrange(size), 0
+    moves = [rng.choice(["left", "right", "forward", "forward"]) for _ in range(rng.randint(min_moves, max_moves))]
+    question = f"start {x} {y} facing up . moves : {' '.join(moves)} . where do you end ?"
+    steps = [f"we start at {x} {y} facing up and make {len(moves)} moves : {' '.join(moves)} . "
+             f"we go one move at a time ."]
+    computed: list[int] = []
+    words = len(steps[0].split())
+    for move in moves:
+        if move != "forward":
+            h = (h + (1 if move == "right" else 3)) % 4
+            step = f"{move} face {HEADINGS[h]} at {x} {y} ."
+            computed.append(words + 2)
+        else:
+            dx, dy = DIRECTIONS[HEADINGS[h]]
+            if 0 <= x + dx < size and 0 <= y + dy < size:
+                x, y = x + dx, y + dy
+                step = f"forward {HEADINGS[h]} at {x} {y} ."
+                computed += [words + 3, words + 4]
+            else:
+                step = f"forward {HEADINGS[h]} wall at {x} {y} ."
+                computed.append(words + 2)  # "wall" is what the step finds out; the position is copied
+        steps.append(step)
+        words += len(step.split())
+    return Problem(question, tuple(steps), f"{x} {y}", (question,), tuple(computed))
+
+
+def generate_turtle_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, size: int = 4,
+                             min_moves: int = 8, max_moves: int = 8) -> dict[str, list[Problem]]:
+    """Disjoint train/dev/test sets of turtle walks (turns and steps relative to a heading), the same for the
+    same seed."""
+    if size < 2 or not 1 <= min_moves <= max_moves or size > 10:
+        raise LmlabError("the turtle walk needs 2 <= size <= 10 and 1 <= min_moves <= max_moves")
+    return _generate(lambda rng: _turtle(rng, size, min_moves, max_moves), n_train, n_dev, n_test, seed)
 
 
 def generate_walk_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, size: int = 6,

@@ -1,18 +1,21 @@
 """S0 figure, verdict and the report's key rows, read from the result's tables alone.
 
-Verdict (the paper's claim: tokens fall steadily as r rises while accuracy stays at or above CoT, within
-about one point, one-sided):
-- "inconclusive" when a rate's model wrote fewer than 0.1 latent tokens per problem (the method was not
-  exercised), or when an accuracy interval is too wide to decide; the minimum detectable difference is
-  printed (one-sided 5%, 80% power) with the test size that one point would take;
-- "inconclusive (fine-tuning did not converge)" instead of "not reproduced" when a rate that falls short was
-  still learning at the end: its training loss fell over the last quarter of steps by more than 10% of the
-  third quarter's and by more than 0.01 nats per token, although the cosine schedule had nearly stopped
-  it (a heuristic; the quick profile's 150 steps fail it, 450 pass);
-- "not reproduced" only when accuracy is clearly worse than CoT (the paired 95% interval of latent − CoT lies
-  below −1 point) or the tokens do not fall, with the fine-tuning converged;
-- "reproduced" when tokens fall steadily, the top rate uses clearly fewer tokens than CoT and every rate's
-  one-sided 95% lower bound of latent − CoT is at or above −1 point.
+Claims (lmlab.claims: each the mean over replicates, with an interval over replicates and the test problems
+they share, paired per problem):
+- per rate r: accuracy of r minus CoT's >= -1 point ("accuracy stays within about one point of CoT");
+- tokens fall: generated tokens at the lowest rate at least a token below CoT's with the interval below 0 ("no"
+  when the interval excludes a fall of a token), and from each rate to the next no rise beyond half a token.
+Gates:
+- replicates: one training run cannot decide a claim about a training method (blocks every decision);
+- the CoT models learned the task (accuracy >= 90% each; blocks every decision);
+- the method was exercised: every rate's models wrote at least 0.1 latent tokens a problem (blocks every decision);
+- the latent models learned to read their codes (METHODS, S0, turn 4): each scores above its replicate's
+  answer-only model, and no lower with the true codes forced than with its own by more than 5 points (blocks
+  every decision: a failed training is never a finding);
+- training converged: no model's training loss still falling over its last quarter by more than 10% of the
+  third quarter's and by more than 0.01 nats per token (a heuristic; blocks "not reproduced");
+- the chain is needed (METHODS, S0, turn 4): answer-only at least 30 points below CoT, or latents have nothing to
+  carry and the test is too weak to call the claim reproduced (blocks "reproduced").
 """
 
 from __future__ import annotations
@@ -20,18 +23,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.stats import duration, bootstrap
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
+CLAIM = "Token count falls steadily as r rises, while accuracy stays at or above CoT's, within about one point."
 POINT = 0.01  # "within about one point" of accuracy
 MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not exercised
 STILL_LEARNING = (0.10, 0.01)  # last-quarter loss drop (relative, nats/token) that means training had not converged
-Z_ONE_SIDED, Z_POWER = 1.645, 0.842  # one-sided 5%, 80% power
+COT_LEARNED = 0.90
+CHAIN_NEEDED = 0.30  # answer-only at least this far below CoT (METHODS, S0, turn 4)
+FORCED_SLACK = 0.05  # forced true codes may score at most this much below the model's own codes
+LEVEL = 0.5  # tokens: a difference under half a token is level, not a rise
 
 
 def still_learning(row) -> tuple[float, float] | None:
-    """(third-quarter loss, last-quarter loss) when the fine-tuning was still learning at its end, else None."""
-    q3, q4 = row.get("ft_loss_q3", np.nan), row.get("ft_loss_q4", np.nan)
+    """(third-quarter loss, last-quarter loss) when the training was still learning at its end, else None."""
+    q3, q4 = row.get("loss_q3", row.get("ft_loss_q3", np.nan)), row.get("loss_q4", row.get("ft_loss_q4", np.nan))
     if pd.isna(q3) or pd.isna(q4):
         return None
     drop = float(q3) - float(q4)
@@ -39,150 +46,154 @@ def still_learning(row) -> tuple[float, float] | None:
 
 
 def _variants(result) -> pd.DataFrame:
-    return result.table("variant")
+    v = result.table("variant")
+    return v.assign(replicate=v["replicate"] if "replicate" in v else 0)
 
 
-def _rates(result) -> pd.DataFrame:
+def _rates(result) -> list[int]:
     v = _variants(result)
-    return v[v["variant"].str.startswith("r")].sort_values("rate")
+    return sorted(int(r) for r in v[v["variant"].str.startswith("r")]["rate"].unique())
 
 
-def _col(frame: pd.DataFrame, name: str) -> pd.Series:
-    return frame[name] if name in frame else pd.Series(np.nan, index=frame.index)
-
-
-def figure(result, fig=None):
-    v = _variants(result)
-    cot = v[v["variant"] == "cot"]
-    points = _rates(result)
-    fig, ax = canvas(fig, (6.4, 5.0))
-    acc = 100 * points["accuracy"]
-    ax.errorbar(points["rate"], acc, yerr=[(acc - 100 * points["acc_lo"]).clip(lower=0),
-                                           (100 * points["acc_hi"] - acc).clip(lower=0)],
-                color="tab:blue", marker="o", capsize=3, label="accuracy (latent + text)")
-    forced = 100 * _col(points, "forced_accuracy")
-    if forced.notna().any():
-        ax.plot(points["rate"], forced, color="tab:blue", marker="o", markerfacecolor="none", linestyle="none",
-                label="accuracy, true codes forced")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(points["rate"]))
-    ax.set_xticklabels([str(int(r)) for r in points["rate"]])
-    ax.set_xlabel("Latent compression rate r")
-    ax.set_ylabel("Accuracy (%)", color="tab:blue")
-    if not cot.empty:
-        c = cot.iloc[0]
-        ax.axhline(100 * c["accuracy"], color="tab:blue", linestyle="--", linewidth=1, label="CoT accuracy")
-        ax.axhspan(100 * c["acc_lo"], 100 * c["acc_hi"], color="tab:blue", alpha=0.08)
-    answer_only = v[v["variant"] == "answer-only"]
-    if not answer_only.empty:
-        ax.axhline(100 * answer_only["accuracy"].iloc[0], color="tab:blue", linestyle=":", linewidth=1,
-                   label="answer-only accuracy")
-    ax2 = ax.twinx()
-    ax2.errorbar(points["rate"], points["tokens"], yerr=[(points["tokens"] - points["tok_lo"]).clip(lower=0),
-                                                         (points["tok_hi"] - points["tokens"]).clip(lower=0)],
-                 color="tab:red", marker="s", capsize=3, label="generated tokens")
-    if not cot.empty:
-        ax2.axhline(cot["tokens"].iloc[0], color="tab:red", linestyle="--", linewidth=1, label="CoT tokens")
-    ax2.set_ylabel("Generated tokens per problem", color="tab:red")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14),
-              ncol=3, fontsize=7, frameon=False)
-    ax.set_title("Accuracy and tokens vs latent compression rate")
-    data = result.config.get("data", "walk")
-    caption(fig, f"{result.models[0]} on the {data} task: latent compression of reasoning chains "
-                 f"({len(_correct(result, 'cot'))} test problems)")
-    return finish(fig)
-
-
-def _correct(result, variant: str, column: str = "correct") -> np.ndarray:
-    """0/1 per test problem, in test order (the same problems for every variant: paired)."""
+def _per_problem(result, variant: str, column: str = "correct") -> np.ndarray:
+    """(replicates, problems) of `column`, in test order (the same problems for every variant and replicate)."""
     rows = result.table("problem")
-    return rows[rows["variant"] == variant].sort_values("idx")[column].to_numpy(dtype=float)
+    rows = rows.assign(replicate=rows["replicate"] if "replicate" in rows else 0)
+    part = rows[rows["variant"] == variant]
+    return part.pivot_table(index="replicate", columns="idx", values=column).sort_index().to_numpy(dtype=float)
 
 
-def compare(latent: np.ndarray, cot: np.ndarray, seed: int = 0) -> dict:
-    """Paired latent − CoT accuracy: estimate, 95% interval, one-sided 95% lower bound, the minimum
-    detectable difference (one-sided 5%, 80% power) and the test size one point would need."""
-    d = latent - cot
-    two = bootstrap(d, seed=seed)
-    one = bootstrap(d, confidence=0.90, seed=seed)
-    n = len(d)
-    se = float(np.std(d, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-    mde = (Z_ONE_SIDED + Z_POWER) * se
-    need = int(np.ceil(n * (mde / POINT) ** 2)) if np.isfinite(mde) and mde > 0 else n
-    return {"estimate": two.estimate, "low": two.low, "high": two.high, "one_sided_low": one.low, "mde": mde,
-            "n": n, "n_for_one_point": need}
+def _mean(v: pd.DataFrame, variant: str, column: str) -> float:
+    part = v[v["variant"] == variant]
+    return float(part[column].mean()) if len(part) and column in part else float("nan")
+
+
+def claims_and_gates(result):
+    v = _variants(result)
+    rates = _rates(result)
+    k = v["replicate"].nunique()
+    cot = _per_problem(result, "cot")
+    items = Resampler(cot.shape[1], k, seed=int(result.config.get("seed", 0) or 0))
+    claims = []
+    for r in rates:
+        claims.append(items.mean_claim(f"accuracy r={r} - CoT", _per_problem(result, f"r{r}") - cot,
+                                       Bar(">=", -POINT), unit=" pp", scale=100, n_unit="test problems",
+                                       effect=POINT))
+    if rates:
+        names = ["cot"] + [f"r{r}" for r in rates]
+        labels = ["CoT"] + [f"r={r}" for r in rates]
+        for (a, la), (b, lb) in zip(zip(names, labels), zip(names[1:], labels[1:])):
+            diff = _per_problem(result, b, "tokens") - _per_problem(result, a, "tokens")
+            # fewer than CoT: at least a token fewer with the interval below 0 ("no": a fall of a token excluded)
+            bar = Bar("<=", -1.0, null=0.0) if a == "cot" else Bar("<=", LEVEL)
+            claims.append(items.mean_claim(f"tokens {lb} - {la}", diff, bar, unit=" tokens", n_unit="test problems"))
+    gates = [replicates_gate(k)]
+    cot_acc = v[v["variant"] == "cot"].sort_values("replicate")["accuracy"]
+    gates.append(Gate("CoT models learned the task", bool((cot_acc >= COT_LEARNED).all()),
+                      why="CoT accuracy " + ", ".join(f"{100 * a:.1f}%" for a in cot_acc)
+                          + f" (needs {100 * COT_LEARNED:.0f}% each)", remedy="more --steps"))
+    idle = [f"r={int(row.rate)} replicate {int(row.replicate)}" for row in v[v["variant"].str.startswith("r")].itertuples()
+            if float(row.latents) < MIN_LATENTS]
+    gates.append(Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
+                      if idle else "every latent model writes codes", remedy="more --steps"))
+    answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
+    unread = []
+    for row in v[v["variant"].str.startswith("r")].itertuples():
+        ao = float(answer_only.get(row.replicate, np.nan))
+        forced = getattr(row, "forced_accuracy", np.nan)
+        if np.isfinite(ao) and float(row.accuracy) <= ao:
+            unread.append(f"r={int(row.rate)} replicate {int(row.replicate)}: {100 * row.accuracy:.1f}% is not above "
+                          f"answer-only's {100 * ao:.1f}%")
+        if pd.notna(forced) and float(forced) < float(row.accuracy) - FORCED_SLACK:
+            unread.append(f"r={int(row.rate)} replicate {int(row.replicate)}: {100 * forced:.1f}% with the true codes "
+                          f"forced vs {100 * row.accuracy:.1f}% with its own")
+    gates.append(Gate("latent models read their codes", not unread, why="; ".join(unread) or
+                      "every latent model beats answer-only and holds its accuracy with the true codes forced",
+                      remedy="a failed training, not a finding: more --steps or --vq-steps"))
+    learning = [f"{row.variant} replicate {int(row.replicate)}: {q[0]:.3f} -> {q[1]:.3f} nats/token"
+                for row in v.itertuples() if (q := still_learning(row._asdict()))]
+    gates.append(Gate("training converged", not learning, why="; ".join(learning) or
+                      "every loss flat over its last quarter", remedy="more --steps", blocks="no"))
+    gap = _mean(v, "cot", "accuracy") - _mean(v, "answer-only", "accuracy")
+    gates.append(Gate("the chain is needed", not np.isfinite(gap) or gap >= CHAIN_NEEDED,
+                      why=f"answer-only {100 * _mean(v, 'answer-only', 'accuracy'):.1f}% vs CoT "
+                          f"{100 * _mean(v, 'cot', 'accuracy'):.1f}% (needs {100 * CHAIN_NEEDED:.0f} points between)",
+                      remedy="a task whose answer needs the chain", blocks="yes"))
+    return claims, gates
 
 
 def verdict(result) -> Verdict:
-    claim = ("Token count falls steadily as r rises, while accuracy stays at or above CoT's, within about one "
-             "point.")
     v = _variants(result)
-    cot = v[v["variant"] == "cot"]
+    if v[v["variant"] == "cot"].empty or not _rates(result):
+        return Verdict(status="inconclusive", claim=CLAIM, summary="the table has no CoT or latent rows")
+    claims, gates = claims_and_gates(result)
+    k = v["replicate"].nunique()
+    seconds = float(getattr(result, "seconds", 0.0) or 0.0)
+    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    head = (f"{k} replicates; CoT {_spread(v, 'cot', 'accuracy')} with {_mean(v, 'cot', 'tokens'):.1f} tokens, "
+            f"answer-only {_spread(v, 'answer-only', 'accuracy')}; "
+            + "; ".join(f"r={r}: {_spread(v, f'r{r}', 'accuracy')} with {_mean(v, f'r{r}', 'tokens'):.1f} tokens, "
+                        f"{_mean(v, f'r{r}', 'latents'):.2f} latents a problem, true codes forced "
+                        f"{_spread(v, f'r{r}', 'forced_accuracy')}" for r in _rates(result)) + ". ")
+    return Verdict(status=status, claim=CLAIM, summary=head + text, evidence=evidence(claims, gates))
+
+
+def _spread(v: pd.DataFrame, variant: str, column: str) -> str:
+    """'92.0% (replicates 90.5, 92.5, 93.0)'."""
+    part = v[v["variant"] == variant].sort_values("replicate")
+    if part.empty or column not in part or part[column].isna().all():
+        return "-"
+    values = 100 * part[column].astype(float)
+    return f"{values.mean():.1f}% (replicates {', '.join(f'{x:.1f}' for x in values)})"
+
+
+def figure(result, fig=None):
+    """Accuracy and generated tokens vs the compression rate: each replicate a small point, the mean over
+    replicates joined with its 95% interval (replicates and problems); CoT and answer-only as reference lines
+    with the band over their replicates."""
+    v = _variants(result)
     rates = _rates(result)
-    if cot.empty or rates.empty:
-        return Verdict(status="inconclusive", claim=claim, summary="the table has no CoT or latent rows")
-    c = cot.iloc[0]
-    diffs = {int(r["rate"]): compare(_correct(result, r["variant"]), _correct(result, "cot"))
-             for _, r in rates.iterrows()}
-    top = rates.iloc[-1]
-    fewer = float(top["tok_hi"]) < float(c["tok_lo"])  # the highest rate uses clearly fewer tokens than CoT
-    seq = [float(c["tokens"])] + [float(t) for t in rates["tokens"]]
-    steady = all(b <= a + 0.5 for a, b in zip(seq, seq[1:]))  # never rises by more than half a token
-    idle = [int(r["rate"]) for _, r in rates.iterrows() if float(r["latents"]) < MIN_LATENTS]
-    worse = [r for r, d in diffs.items() if d["high"] < -POINT]
-    holds = [r for r, d in diffs.items() if d["one_sided_low"] >= -POINT]
-    reduction = 1 - float(top["tokens"]) / float(c["tokens"])
-    parts = []
-    for _, r in rates.iterrows():
-        d = diffs[int(r["rate"])]
-        forced = r.get("forced_accuracy", np.nan)
-        parts.append(f"r={int(r['rate'])}: {100 * r['accuracy']:.1f}%, {r['tokens']:.1f} tokens, "
-                     f"{r['latents']:.2f} latents/problem, vs CoT {100 * d['estimate']:+.1f} pp "
-                     f"[{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
-                     + (f", true codes forced {100 * forced:.1f}%" if pd.notna(forced) else ""))
-    text = (f"CoT: accuracy {100 * c['accuracy']:.1f}% [{100 * c['acc_lo']:.1f}, {100 * c['acc_hi']:.1f}], "
-            f"{c['tokens']:.1f} tokens. " + "; ".join(parts)
-            + f". Tokens at r={int(top['rate'])}: {100 * reduction:.0f}% fewer than CoT.")
-    if idle:
-        status = "inconclusive"
-        text += (f" The method was not exercised at r={', '.join(map(str, idle))}: fewer than {MIN_LATENTS} latent "
-                 "tokens per problem.")
-    elif worse and any(still_learning(r) for _, r in rates.iterrows() if int(r["rate"]) in worse):
-        status = "inconclusive"
-        learning = {int(r["rate"]): still_learning(r) for _, r in rates.iterrows() if int(r["rate"]) in worse}
-        text += (" Accuracy is below CoT's, but the fine-tuning had not converged: its training loss still fell "
-                 "over the last quarter of steps (" + "; ".join(f"r={k}: {v[0]:.3f} → {v[1]:.3f} nats/token"
-                                                              for k, v in learning.items() if v)
-                 + "). It needs more fine-tuning steps (--finetune-steps) before it can say 'not reproduced'.")
-    elif worse or not fewer:
-        status = "not reproduced"
-        if worse:
-            text += f" Accuracy is clearly below CoT's (interval below −1 point) at r={', '.join(map(str, worse))}."
-        if not fewer:
-            text += " The top rate does not use clearly fewer tokens than CoT."
-    elif steady and len(holds) == len(diffs):
-        status = "reproduced"
-    else:
-        status = "inconclusive"
-        open_rates = [r for r in diffs if r not in holds]
-        if open_rates:
-            text += (" Not decided within one point at r=" + ", ".join(map(str, open_rates)) + ": minimum detectable "
-                     "difference " + ", ".join(f"{100 * diffs[r]['mde']:.1f} pp" for r in open_rates)
-                     + f" at n = {diffs[open_rates[0]]['n']} (one-sided 5%, 80% power); one point needs about "
-                     + ", ".join(f"{diffs[r]['n_for_one_point']}" for r in open_rates) + " test problems: a rerun with "
-                     f"--n-test {max(diffs[r]['n_for_one_point'] for r in open_rates)} (only the evaluation grows; "
-                     f"this whole run took {duration(getattr(result, 'seconds', 0.0))} on this machine).")
-        if not steady:
-            text += " Tokens do not fall steadily with r."
-    evidence = {"token_reduction_at_max_rate": reduction, "tokens_fall": fewer, "tokens_steady": steady,
-                "rates_not_exercised": idle, "rates_clearly_worse": worse, "rates_within_one_point": holds,
-                "rates_still_learning": [int(r["rate"]) for _, r in rates.iterrows() if still_learning(r)],
-                "accuracy_diff_vs_cot": {r: [d["estimate"], d["low"], d["high"]] for r, d in diffs.items()},
-                "one_sided_lower_bound": {r: d["one_sided_low"] for r, d in diffs.items()},
-                "min_detectable_difference": {r: d["mde"] for r, d in diffs.items()}}
-    return Verdict(status=status, claim=claim, summary=text, evidence=evidence)
+    fig, ax = canvas(fig, (6.6, 5.0))
+    claims, _ = claims_and_gates(result) if rates and not v[v["variant"] == "cot"].empty else ([], [])
+    cot_acc = 100 * _mean(v, "cot", "accuracy")
+    acc_mean = [cot_acc + next(c.scale * c.estimate for c in claims if c.name == f"accuracy r={r} - CoT")
+                for r in rates]
+    acc_err = [[c.scale * (c.estimate - c.low) for c in claims if c.name.startswith("accuracy")],
+               [c.scale * (c.high - c.estimate) for c in claims if c.name.startswith("accuracy")]]
+    ax.errorbar(rates, acc_mean, yerr=acc_err, color="tab:blue", marker="o", capsize=3,
+                label="accuracy (latent + text), mean and 95% interval")
+    for r in rates:
+        part = v[v["variant"] == f"r{r}"]
+        ax.scatter([r] * len(part), 100 * part["accuracy"], color="tab:blue", s=10, alpha=0.6)
+        if "forced_accuracy" in part and part["forced_accuracy"].notna().any():
+            ax.scatter([r] * len(part), 100 * part["forced_accuracy"], facecolors="none", edgecolors="tab:blue", s=24)
+    ax.scatter([], [], facecolors="none", edgecolors="tab:blue", s=24, label="accuracy, true codes forced (replicates)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(rates, [str(r) for r in rates])
+    ax.set_xlabel("Latent compression rate r")
+    ax.set_ylabel("Accuracy (%)", color="tab:blue")
+    for name, style, label in (("cot", "--", "CoT accuracy"), ("answer-only", ":", "answer-only accuracy")):
+        part = v[v["variant"] == name]
+        if len(part):
+            ax.axhline(100 * part["accuracy"].mean(), color="tab:blue", linestyle=style, linewidth=1, label=label)
+            ax.axhspan(100 * part["accuracy"].min(), 100 * part["accuracy"].max(), color="tab:blue", alpha=0.08)
+    ax2 = ax.twinx()
+    tok_mean = [_mean(v, f"r{r}", "tokens") for r in rates]
+    ax2.plot(rates, tok_mean, color="tab:red", marker="s", label="generated tokens (mean over replicates)")
+    for r in rates:
+        part = v[v["variant"] == f"r{r}"]
+        ax2.scatter([r] * len(part), part["tokens"], color="tab:red", s=10, alpha=0.6)
+    ax2.axhline(_mean(v, "cot", "tokens"), color="tab:red", linestyle="--", linewidth=1, label="CoT tokens")
+    ax2.set_ylabel("Generated tokens per problem", color="tab:red")
+    lines, lines2 = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+              fontsize=7, frameon=False)
+    ax.set_title("Accuracy and tokens vs latent compression rate")
+    data = result.config.get("data", "turtle")
+    n = len(_per_problem(result, "cot")[0]) if len(v) else 0
+    caption(fig, f"{result.models[0]} on the {data} task: latent compression of reasoning chains "
+                 f"({v['replicate'].nunique()} replicates x {n} test problems)")
+    return finish(fig)
 
 
 def _pct(x) -> str:
@@ -192,19 +203,19 @@ def _pct(x) -> str:
 def summary(result) -> pd.DataFrame:
     v = _variants(result)
     rows = []
-    for _, r in v.iterrows():
-        row = {"variant": r["variant"], "rate": r["rate"],
-               "accuracy": f"{100 * r['accuracy']:.1f}% [{100 * r['acc_lo']:.1f}, {100 * r['acc_hi']:.1f}]",
-               "tokens": f"{r['tokens']:.1f} [{r['tok_lo']:.1f}, {r['tok_hi']:.1f}]",
-               "latents": round(float(r["latents"]), 2), "ms/problem": round(1000 * r["seconds_per_problem"], 1)}
-        if str(r["variant"]).startswith("r"):
-            row.update({"used latents": _pct(r.get("used_latents")),
-                        "acc with / without latents": f"{_pct(r.get('acc_with_latents')) or '-'} / "
-                                                      f"{_pct(r.get('acc_without_latents')) or '-'}",
-                        "acc, true codes forced": _pct(r.get("forced_accuracy")),
-                        "VQ rec computed / copied": f"{_pct(r.get('vq_dev_computed_acc')) or '-'} / "
-                                                   f"{_pct(r.get('vq_dev_copied_acc')) or '-'}",
-                        "train m share": _pct(r.get("train_m_share")),
-                        "codes used": r.get("codebook_used")})
+    for name, part in v.groupby("variant", sort=False):
+        row = {"variant": name, "rate": int(part["rate"].iloc[0]), "replicates": len(part),
+               "accuracy": _spread(v, name, "accuracy"),
+               "tokens": f"{part['tokens'].mean():.1f} ({', '.join(f'{t:.1f}' for t in part['tokens'])})",
+               "latents": round(float(part["latents"].mean()), 2),
+               "ms/problem": round(1000 * float(part["seconds_per_problem"].mean()), 1)}
+        if str(name).startswith("r"):
+            row.update({"used latents": _pct(part["used_latents"].mean()),
+                        "acc, true codes forced": _spread(v, name, "forced_accuracy"),
+                        "VQ rec computed / copied": f"{_pct(part.get('vq_dev_computed_acc', pd.Series()).mean()) or '-'}"
+                                                   f" / {_pct(part.get('vq_dev_copied_acc', pd.Series()).mean()) or '-'}",
+                        "train m share": _pct(part.get("train_m_share", pd.Series()).mean()),
+                        "codes used": ", ".join(str(int(c)) for c in part.get("codebook_used", pd.Series())
+                                                if pd.notna(c))})
         rows.append(row)
     return pd.DataFrame(rows)

@@ -6,7 +6,7 @@ c_i the VQ-VAE codes of the chunks they replace (L/r codes per chunk).
 
 Chunks of the chain are segments of at most L tokens that end where a word starts (`segments`): a number
 or a multi-token word is never cut between latent and text, and a shorter segment is padded to L. m is a
-whole number of segments, drawn per example (`draw_m`): 0 for about 1/7 of examples, otherwise up to half
+whole number of segments, drawn per example (`draw_m`): 0 for about 1/7 of examples, otherwise up to 40%
 of the chain and never into its final step.
 
 VQ-VAE (our own, about 30 lines of quantizer: METHODS.md asks for the codebook and commitment losses
@@ -243,11 +243,15 @@ def segments(ex: Example, chunk: int) -> list[tuple[int, int]]:
     return out
 
 
+MAX_REPLACED = 0.4  # the paper's largest m, 256 of a ~640-token trace
+
+
 def replacement_options(ex: Example, chunk: int) -> list[int]:
     """The m values (chain tokens replaced) a training example allows, besides 0: whole segments from the
-    left, never reaching the final step and never more than half of the chain (the paper abstracts about a
-    fifth of a trace; replacing all of it is its All-Replace ablation, which collapses)."""
-    limit = min(ex.last_step, len(ex.chain) // 2)
+    left, never reaching the final step and never more than 40% of the chain (the paper's set {0, 72, ..., 256}
+    on traces of about 640 tokens: a fifth on average, 40% at most; replacing all of it is its All-Replace
+    ablation, which collapses)."""
+    limit = min(ex.last_step, int(MAX_REPLACED * len(ex.chain)))
     return [e for _, e in segments(ex, chunk) if e <= limit]
 
 

@@ -9,7 +9,7 @@ from pydantic import Field
 from lmlab.errors import LmlabError
 from lmlab.studies.base import StudyConfig
 
-DATA = ("walk", "classes", "arithmetic")
+DATA = ("turtle", "walk", "classes", "arithmetic")
 PRETRAINED = {"smollm2-135m"}
 
 
@@ -23,16 +23,17 @@ class Config(StudyConfig):
                                            "position)")
     n_train: int | None = Field(None, ge=1, description="training problems")
     n_test: int | None = Field(None, ge=1, description="test problems")
-    base_steps: int | None = Field(None, ge=1, description="steps of the CoT model's training")
-    finetune_steps: int | None = Field(None, ge=1, description="steps of each latent model's fine-tuning")
+    steps: int | None = Field(None, ge=1, description="training steps of every variant (CoT, answer-only, each rate), "
+                                                     "each from the same initial weights")
     vq_steps: int | None = Field(None, ge=1, description="steps of the VQ-VAE's training")
     d_model: int | None = Field(None, ge=1, description="scratch model: width")
     n_layers: int | None = Field(None, ge=1, description="scratch model: layers")
     batch_size: int | None = Field(None, ge=1, description="sequences per training step")
     lr: float | None = Field(None, gt=0, description="learning rate of the CoT and latent models")
     max_steps_per_problem: int = Field(4, ge=2, description="arithmetic: reasoning steps per problem (2..this)")
-    data: str = Field("walk", description="walk (a maze-style grid walk, the default), classes (ProsQA-style class "
-                                          "chains), arithmetic (short +/- chains, a stress test), or "
+    data: str = Field("turtle", description="turtle (a walk steered by turns, the default), walk (a maze-style "
+                                            "grid walk), classes (ProsQA-style class chains), arithmetic (short "
+                                            "+/- chains, a stress test), or "
                                           "gsm8k (the hub's GSM8K train split), or gsm8k:PATH (a GSM8K jsonl "
                                           "file or saved dataset folder)")
     max_new: int | None = Field(None, ge=1, description="generated tokens per test problem (default: the longest "
@@ -56,7 +57,7 @@ class Config(StudyConfig):
 
     @property
     def task(self) -> str:
-        """walk, classes, arithmetic or gsm8k ("generated", the name before the walk existed, is arithmetic)."""
+        """turtle, walk, classes, arithmetic or gsm8k ("generated", the name before the walk existed, is arithmetic)."""
         if self.data == "gsm8k" or self.data.startswith("gsm8k:"):
             return "gsm8k"
         return "arithmetic" if self.data == "generated" else self.data
@@ -76,4 +77,4 @@ def check_config(config: Config) -> None:
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
                          f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
     if config.task not in (*DATA, "gsm8k"):
-        raise LmlabError(f"unknown --data '{config.data}'; use walk, classes, arithmetic, gsm8k or gsm8k:PATH")
+        raise LmlabError(f"unknown --data '{config.data}'; use turtle, walk, classes, arithmetic, gsm8k or gsm8k:PATH")

@@ -13,6 +13,8 @@ from lmlab.runs import RunDir
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import Config
 from lmlab.train import TrainConfig, train
+from lmlab.parallel import all_sum, group_size
+from lmlab.train.ensemble import per_replicate_ce, replicas
 from lmlab.train.loop import share
 
 
@@ -23,16 +25,25 @@ def collate_for(pad: int):
 
 
 def lm_loss(model, batch):
-    """The batch's mean CE over its target tokens; under a launch this process's share of the global batch's
-    mean (every process's tokens weigh alike, so N processes follow one process's curve)."""
-    tokens = float((batch["labels"][:, 1:] != -100).sum())
-    return share(model(**batch).loss * tokens, tokens)
+    """The batch's mean CE over its target tokens, one per replicate of a stacked model (lmlab.train.ensemble);
+    under a launch this process's share of the global batch's mean (every process's tokens weigh alike, so N
+    processes follow one process's curve)."""
+    k = replicas(model)
+    if k == 1:
+        tokens = float((batch["labels"][:, 1:] != -100).sum())
+        return share(model(**batch).loss * tokens, tokens)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    ce, tokens = per_replicate_ce(logits, batch["labels"], k)
+    totals = torch.tensor(all_sum(tokens.tolist()), dtype=ce.dtype, device=ce.device)
+    return ce * (group_size() / totals.clamp_min(1e-12))
 
 
-def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None) -> TrainConfig:
+def train_cfg(config: Config, steps: int, desc: str, lr: float | None = None,
+              replicate_seeds: list[int] | None = None, seed: int | None = None) -> TrainConfig:
     return TrainConfig(steps=steps, batch_size=config.size("batch_size"), lr=lr or config.size("lr"), weight_decay=0.1,
                        warmup_steps=max(1, steps // 20), schedule="cosine", checkpoint_every=max(50, steps // 4),
-                       seed=config.seed, description=desc, **config.train_settings())
+                       seed=config.seed if seed is None else seed, replicate_seeds=replicate_seeds or [],
+                       description=desc, **config.train_settings())
 
 
 def padded(ids: list[int], chunk: int, pad: int) -> list[int]:
@@ -58,10 +69,13 @@ def max_offset(examples: list[L.Example]) -> int:
     return max(len(ex.prompt) + len(ex.chain) + len(ex.answer) for ex in examples)
 
 
-def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_dir: RunDir):
-    """Train the VQ-VAE for `rate` on chunks of the training sequences (resumable)."""
+def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_dir: RunDir, seed: int | None = None,
+             replicate: int = 0):
+    """Train replicate `replicate`'s VQ-VAE for `rate` (initial weights, batches and code restarts from `seed`) on
+    chunks of the training sequences (resumable)."""
+    seed = config.seed if seed is None else seed
     chunks = vq_chunks(examples, config.chunk, vocab.pad)
-    torch.manual_seed(config.seed + rate)
+    torch.manual_seed(seed + rate)
     with torch.device(config.torch_device()):  # built where it trains and runs
         vq = L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
                           max_prompt=max(len(p) for p, _, _ in chunks) + 8, pad_id=vocab.pad,
@@ -86,8 +100,9 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
             vq.quantizer.restart_dead(state["z"])
 
     steps = config.size("vq_steps")
-    train(vq, chunks, collate, loss_fn, train_cfg(config, steps, f"VQ-VAE r={rate}", lr=2e-3),
-          run_dir.path / f"vq-r{rate}", on_step=on_step)
+    train(vq, chunks, collate, loss_fn, train_cfg(config, steps, f"VQ-VAE r={rate}, replicate {replicate}", lr=2e-3,
+                                                  seed=seed),
+          run_dir.path / f"vq-r{rate}-rep{replicate}", on_step=on_step)
     return vq, chunks, collate
 
 
@@ -116,36 +131,50 @@ def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[
 
 @torch.no_grad()
 def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 250,
-             prefixes: list[list[int]] | None = None) -> dict:
-    """Greedy generation; per problem: correct, generated tokens (latent + text, to <eos>; a forced prefix
-    counts as generated), latents used. `prefixes`: ids forced after each prompt (the true codes). Under a launch
-    each process generates its share of the problems (lmlab.parallel.share_out); seconds_per_problem is the
-    whole evaluation's wall time over the problems."""
+             prefixes: list[list[list[int]]] | None = None) -> list[dict]:
+    """Greedy generation, one dict per replicate of a stacked model (one for an ordinary model); per problem:
+    correct, generated tokens (latent + text, to <eos>; a forced prefix counts as generated), latents used.
+    `prefixes[r][i]`: ids forced after problem i's prompt for replicate r (the true codes of its VQ-VAE). A stacked
+    model generates every replicate's rows in one batch. Under a launch each process generates its share of the
+    problems (lmlab.parallel.share_out); seconds_per_problem is the whole evaluation's wall time over the problems
+    (for all replicates at once)."""
     model.eval()
-    prefixes = prefixes or [[] for _ in examples]
+    k = replicas(model)
+    prefixes = prefixes or [[[] for _ in examples] for _ in range(k)]
     t0 = time.perf_counter()
     rows = parallel.share_out(len(examples), lambda idx: _generate(
-        model, vocab, [examples[i] for i in idx], [prefixes[i] for i in idx], max_new, batch_size))
+        model, vocab, [examples[i] for i in idx], [[p[i] for i in idx] for p in prefixes], max_new, batch_size))
     seconds = time.perf_counter() - t0
-    correct, tokens, latents = (list(col) for col in zip(*rows)) if rows else ([], [], [])
-    return {"correct": correct, "tokens": tokens, "latents": latents,
-            "seconds_per_problem": seconds / max(1, len(examples))}
+    out = []
+    for r in range(k):
+        mine = [row[r] for row in rows]
+        correct, tokens, latents = (list(col) for col in zip(*mine)) if mine else ([], [], [])
+        out.append({"correct": correct, "tokens": tokens, "latents": latents,
+                    "seconds_per_problem": seconds / max(1, len(examples))})
+    return out
 
 
-def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[int]], max_new: int,
-              batch_size: int) -> list[tuple[bool, int, int]]:
-    """(correct, generated tokens, latents) per example, generated in batches."""
+def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[list[int]]], max_new: int,
+              batch_size: int) -> list[list[tuple[bool, int, int]]]:
+    """Per example, per replicate: (correct, generated tokens, latents), generated in batches (a stacked model's
+    rows are each replicate's prompts in turn)."""
     device = module_device(model)
+    k = len(prefixes)
     out_rows = []
     for start in range(0, len(examples), batch_size):
         part = examples[start:start + batch_size]
-        forced = prefixes[start:start + batch_size]
-        ids, mask = L.pad_left([ex.prompt + f for ex, f in zip(part, forced)], vocab.pad, device)
+        forced = [p[start:start + batch_size] for p in prefixes]
+        ids, mask = L.pad_left([ex.prompt + f for r in range(k) for ex, f in zip(part, forced[r])], vocab.pad, device)
         out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=max_new, do_sample=False,
                              eos_token_id=vocab.eos, pad_token_id=vocab.pad)
-        for ex, f, row in zip(part, forced, out[:, ids.shape[1]:].tolist()):
-            gen = f + (row[:row.index(vocab.eos) + 1] if vocab.eos in row else row)
-            out_rows.append((L.is_correct(vocab, gen, ex.value), len(gen), sum(1 for t in gen if vocab.is_code(t))))
+        gen = out[:, ids.shape[1]:].tolist()
+        for i, ex in enumerate(part):
+            per = []
+            for r in range(k):
+                row = gen[r * len(part) + i]
+                g = forced[r][i] + (row[:row.index(vocab.eos) + 1] if vocab.eos in row else row)
+                per.append((L.is_correct(vocab, g, ex.value), len(g), sum(1 for t in g if vocab.is_code(t))))
+            out_rows.append(per)
     return out_rows
 
 

@@ -1,26 +1,33 @@
 """S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275), seed 000.
 
-1. Data (data/generated/planning.py): by default a generated maze-style grid walk whose step-by-step
-   trace is 104-140 tokens, most of them restating the move and the position a step starts from (the
-   paper's from-scratch settings, a Keys-Finding Maze and ProsQA, have long traces whose early words
-   "support textual coherence rather than core reasoning"); `--data classes` ProsQA-style class chains;
+1. Data (data/generated/planning.py): by default a generated turtle walk (turns and steps relative to a heading
+   on a walled grid) whose step-by-step trace opens with a plan that restates the prompt and then restates the
+   heading or position each step computes, about 75 tokens (the paper's from-scratch setting, a Keys-Finding
+   Maze, has traces whose early words "support textual coherence rather than core reasoning"); the answer alone
+   needs the whole walk composed in one pass, so the chain is needed (METHODS, S0, turn 4); `--data walk` the
+   earlier absolute-move grid walk; `--data classes` ProsQA-style class chains;
    `--data arithmetic` the short +/- chains (data/generated/reasoning.py), where every computed value is
    needed later, kept as a stress test; `--data gsm8k:PATH` a GSM8K jsonl file. Splits are disjoint.
-2. Base model (METHODS DECISION): by default a small Llama-architecture transformer trained from scratch
-   in the run on prompt -> chain -> answer, the prompt masked in the loss, with a word-level vocabulary
-   that already holds the K codes and the two latent markers. `--model smollm2-135m` starts from the
-   pretrained SmolLM2-135M instead: its tokenizer gets <cot>, <ans>, the markers and the K codes as new
-   special tokens, its embeddings are resized, and the same CoT training makes the base. Either way every
-   variant starts from the same base weights.
+2. Models (the paper: "training the model from scratch for the Keys-Finding Maze problem", and fine-tuning
+   pretrained LLMs on the mixed data): by default every variant is a small Llama-architecture transformer
+   trained from scratch in the run on its own data (prompt -> chain -> answer, the prompt masked in the loss),
+   with a word-level vocabulary that already holds the K codes and the two latent markers, for the same number
+   of steps from the same initial weights. `--model smollm2-135m` fine-tunes the pretrained SmolLM2-135M
+   instead: its tokenizer gets <cot>, <ans>, the markers and the K codes as new special tokens and its
+   embeddings are resized. (An earlier version trained a CoT base and fine-tuned every variant from it; the
+   from-scratch setting of the paper has no such base.)
 3. Per rate r: a VQ-VAE over chunks of at most L tokens (L/r codes each, codebook K; codes.py), trained on
-   chunks of the whole training sequences (question, chain, answer) and applied to the chain; then a copy
-   of the base model is fine-tuned on mixed sequences where the leftmost m chain tokens are replaced by
-   <boLatent> codes <eoLatent>. As in the paper, m is drawn per example from a chunk-aligned set: 0 for
-   about 1/7 of examples, else a whole number of chunks that leaves the final step and at least half of
-   the chain as text (the paper abstracts about a fifth of a ~640-token trace). Chunks end at word
-   starts, so a number is never split between latent and text.
-4. Baselines in the same run, fine-tuned from the same base for the same steps: CoT (m = 0 always) and
-   answer-only (no chain).
+   chunks of the whole training sequences (question, chain, answer) and applied to the chain; then the
+   model is trained on mixed sequences where the leftmost m chain tokens are replaced by <boLatent> codes
+   <eoLatent>. As in the paper, m is drawn per example from a chunk-aligned set: 0 for about 1/7 of
+   examples, else a whole number of chunks that leaves the final step as text and covers at most 40% of the
+   chain (the paper's set {0, 72, ..., 256} on ~640-token traces: a fifth on average, 40% at most). Chunks
+   end at word starts, so a number is never split between latent and text.
+4. Baselines in the same run, trained the same way for the same steps: CoT (m = 0 always) and answer-only
+   (no chain).
+Replicates (lmlab.claims): the whole procedure runs k times (`--seeds`), each replicate from its own seed
+(initial weights, batch order, VQ-VAE, the m draws), on the same data and test problems; the k models of a
+variant train together as one stacked module (lmlab.train.ensemble) and generate together.
 5. Evaluation: greedy generation on the test split; accuracy (Wilson interval), generated tokens per
    problem (latent + text, up to and including <eos>; bootstrap interval), wall time per problem.
    Diagnostics per rate: latent tokens per problem and the share of problems that used any; accuracy
@@ -29,7 +36,7 @@
    codes lose information" (forced below CoT) from "the model cannot produce the codes" (forced at CoT,
    free generation below).
 
-Compression rate on the figure's x axis: r; CoT and answer-only are reference lines.
+Compression rate on the figure's x axis: r; CoT and answer-only are reference lines; each replicate is a point.
 
 Under a launch (`torchrun -m lmlab latent ...`, lmlab.parallel) every model trains data-parallel (each process a
 slice of every batch; the CE terms are token shares of the global batch's mean, and the VQ-VAE's codebook is set
@@ -48,22 +55,27 @@ import pandas as pd
 import torch
 
 from lmlab import parallel
-from lmlab.data.generated.planning import generate_class_problems, generate_walk_problems
+from lmlab.data.generated.planning import (generate_class_problems, generate_turtle_problems,
+                                           generate_walk_problems)
 from lmlab.data.generated.reasoning import generate_problems, read_gsm8k_problems, split_problems
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, ScratchSpec, load_model, resize_vocabulary
 from lmlab.runs import RunDir
-from lmlab.stats import bootstrap, wilson
+from lmlab.stats import wilson
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import PRETRAINED, Config, check_config
 from lmlab.studies.latent.measure import (chunk_codes, collate_for, evaluate, forced_prefix, lm_loss, train_cfg,
                                          train_vq, vq_quality)
 from lmlab.train import train
+from lmlab.train.ensemble import stack
+from lmlab.train.loop import PerReplicate
 
 
 def load_problems(config: Config) -> dict:
     n_test = config.size("n_test")
     n_dev = min(n_test, 200)  # the dev split only measures the VQ-VAE's reconstruction
+    if config.task == "turtle":
+        return generate_turtle_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
     if config.task == "walk":
         return generate_walk_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
     if config.task == "classes":
@@ -80,6 +92,54 @@ def load_problems(config: Config) -> dict:
     return out
 
 
+@dataclass
+class Prepared:
+    initial: list[torch.nn.Module]  # one per replicate: untrained (scratch) or pretrained with resized embeddings
+    vocab: object
+    train: list
+    dev: list
+    test: list
+    max_new: int
+
+
+def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
+    """Data, vocabulary and each replicate's initial model, the same for the same config (the benchmark
+    rebuilds a finished run's models from this and the run's checkpoints)."""
+    check_config(config)
+    problems = load_problems(config)
+    seeds = config.replicate_seeds()
+    if config.model in PRETRAINED:
+        vocab, initial = None, []
+        for seed in seeds:  # the new tokens' embeddings are drawn per replicate
+            torch.manual_seed(seed)
+            model, vocab = _pretrained(config, lm)
+            initial.append(model)
+    else:
+        texts = [p.question + " " + p.chain for split in problems.values() for p in split]
+        vocab = L.Vocab.from_texts(texts, config.codebook)
+    train_ex = [L.make_example(vocab, p) for p in problems["train"]]
+    test_ex = [L.make_example(vocab, p) for p in problems["test"]]
+    dev_ex = [L.make_example(vocab, p) for p in problems["dev"]]
+    max_new = config.max_new or max(len(ex.chain) + len(ex.answer) for ex in train_ex) + 16
+    longest = max(len(ex.prompt) for ex in train_ex + test_ex + dev_ex) + max_new
+    if config.model not in PRETRAINED:
+        initial = [load_model("scratch", dtype=torch.float32, device=config.torch_device(), scratch=ScratchSpec(
+            vocab_size=len(vocab), d_model=config.size("d_model"), n_layers=config.size("n_layers"), n_heads=4,
+            max_positions=max(256, longest + 64), bos=vocab.bos, eos=vocab.eos, pad=vocab.pad, seed=seed)).model
+            for seed in seeds]
+    for model in initial:
+        model.train()  # as built: the training loop decides the mode
+    context = initial[0].config.max_position_embeddings
+    if longest > context:
+        raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
+                         f"{context}")
+    n_chunks = sum(len(L.segments(ex, config.chunk)) for ex in train_ex)
+    if n_chunks < config.codebook:
+        raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
+                         "or generate more problems")
+    return Prepared(initial, vocab, train_ex, dev_ex, test_ex, max_new)
+
+
 def _pretrained(config: Config, lm: LoadedModel | None = None):
     """(model, vocab) for the pretrained option: the tokenizer grown by the markers and codes, the
     embeddings resized to match (models.resize_vocabulary)."""
@@ -90,137 +150,116 @@ def _pretrained(config: Config, lm: LoadedModel | None = None):
     return lm.model, vocab
 
 
-@dataclass
-class Prepared:
-    base: torch.nn.Module  # untrained (scratch) or pretrained with resized embeddings
-    vocab: object
-    train: list
-    dev: list
-    test: list
-    max_new: int
-
-
-def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
-    """Data, vocabulary and the untrained base model, the same for the same config (the benchmark
-    rebuilds a finished run's models from this and the run's checkpoints)."""
-    check_config(config)
-    problems = load_problems(config)
-    if config.model in PRETRAINED:
-        base, vocab = _pretrained(config, lm)
-    else:
-        texts = [p.question + " " + p.chain for split in problems.values() for p in split]
-        vocab = L.Vocab.from_texts(texts, config.codebook)
-    train_ex = [L.make_example(vocab, p) for p in problems["train"]]
-    test_ex = [L.make_example(vocab, p) for p in problems["test"]]
-    dev_ex = [L.make_example(vocab, p) for p in problems["dev"]]
-    max_new = config.max_new or max(len(ex.chain) + len(ex.answer) for ex in train_ex) + 16
-    longest = max(len(ex.prompt) for ex in train_ex + test_ex + dev_ex) + max_new
-    if config.model not in PRETRAINED:
-        base = load_model("scratch", dtype=torch.float32, device=config.torch_device(), scratch=ScratchSpec(
-            vocab_size=len(vocab), d_model=config.size("d_model"), n_layers=config.size("n_layers"), n_heads=4,
-            max_positions=max(256, longest + 64), bos=vocab.bos, eos=vocab.eos, pad=vocab.pad, seed=config.seed)).model
-        base.train()  # as built: the training loop decides the mode
-    if longest > base.config.max_position_embeddings:
-        raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
-                         f"{base.config.max_position_embeddings}")
-    n_chunks = sum(len(L.segments(ex, config.chunk)) for ex in train_ex)
-    if n_chunks < config.codebook:
-        raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
-                         "or generate more problems")
-    return Prepared(base, vocab, train_ex, dev_ex, test_ex, max_new)
-
-
-def final_weights(run_dir, name: str):
-    """The last checkpoint's model file of fine-tune `name` in a latent run folder."""
+def final_weights(run_dir, name: str, replicate: int = 0) -> dict:
+    """Replicate `replicate`'s weights of variant `name` in a finished latent run folder (its last checkpoint holds
+    every replicate, stacked: lmlab.train.ensemble)."""
     from pathlib import Path
 
-    found = sorted((Path(run_dir) / f"ft-{name}" / "checkpoints").glob("step-*/model.safetensors"))
+    from safetensors.torch import load_file
+
+    found = sorted((Path(run_dir) / f"train-{name}" / "checkpoints").glob("step-*/model.safetensors"))
     if not found:
-        raise LmlabError(f"no fine-tuned '{name}' model in {run_dir}; is it a finished `lmlab latent` run?")
-    return found[-1]
+        raise LmlabError(f"no trained '{name}' model in {run_dir}; is it a finished `lmlab latent` run?")
+    return {key: value[replicate] for key, value in load_file(found[-1]).items()}
+
+
+def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, replicate: int, seed: int):
+    """One replicate's VQ-VAE for `rate`, its training items (the leftmost m chain tokens of each replaced by
+    codes), the forced prefixes of the test problems, and the numbers that describe them."""
+    vocab, train_ex = prep.vocab, prep.train
+    vq, chunks, _ = train_vq(vocab, train_ex, config, rate, run_dir, seed=seed, replicate=replicate)
+    extra = vq_quality(vq, vocab, prep.dev, config, chunks)
+    rng = random.Random(f"{seed}|{rate}")
+    ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
+    codes = parallel.share_out(len(train_ex), lambda idx: [  # each process encodes its share
+        chunk_codes(vq, vocab, train_ex[i], config.chunk) if ms[i] else [] for i in idx])
+    items, shares, ratio = [], [], []
+    for ex, m, ex_codes in zip(train_ex, ms, codes):
+        n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
+        items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, ex_codes, m, n) + ex.answer))
+        shares.append(m / len(ex.chain))
+        if m:
+            ratio.append(m / n)
+    extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
+                 tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
+    forced = parallel.share_out(len(prep.test), lambda idx: [
+        forced_prefix(vq, vocab, prep.test[i], config, rate) for i in idx])
+    return items, forced, extra
+
+
+def _fit_stats(losses: list[float]) -> dict:
+    """The training loss over the third and the last quarter of steps (the convergence check reads them)."""
+    quarter = max(1, len(losses) // 4)
+    return {"loss_q3": float(np.mean(losses[-2 * quarter:-quarter] or losses)),
+            "loss_q4": float(np.mean(losses[-quarter:]))}
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     prep = prepare(config, lm)
-    base, vocab, train_ex, dev_ex, test_ex, max_new = (prep.base, prep.vocab, prep.train, prep.dev, prep.test,
-                                                       prep.max_new)
+    vocab, train_ex, test_ex = prep.vocab, prep.train, prep.test
+    seeds = config.replicate_seeds()
     collate = collate_for(vocab.pad)
-
     cot_items = [(ex.prompt, ex.chain + ex.answer) for ex in train_ex]
-    train(base, cot_items, collate, lm_loss, train_cfg(config, config.size("base_steps"), "base model (CoT)"),
-          run_dir.path / "base")
-    base_state = {k: v.clone() for k, v in base.state_dict().items()}
-
-    def finetune(name: str, items) -> tuple[torch.nn.Module, dict]:
-        model = base  # the base's own module, its weights reset to the base state: one model in memory
-        model.load_state_dict(base_state)
-        fit = train(model, items, collate, lm_loss, train_cfg(config, config.size("finetune_steps"),
-                                                              f"fine-tune {name}", lr=config.size("lr") / 2),
-                    run_dir.path / f"ft-{name}")
-        quarter = max(1, len(fit.losses) // 4)  # the training loss over the third and the last quarter of steps
-        return model, {"ft_loss_q3": float(np.mean(fit.losses[-2 * quarter:-quarter] or fit.losses)),
-                       "ft_loss_q4": float(np.mean(fit.losses[-quarter:]))}
-
     done = run_dir.done("variants")
     parallel.sync()  # every process has read the same variants as done before rank 0 records one
     variants = [("cot", 1), ("answer-only", 0)] + [(f"r{r}", r) for r in config.size("rates")]
     for name, rate in variants:
         if name in done:
             continue
-        extra, forced = {}, None
+        extras = [{} for _ in seeds]
+        forced = None
         if name == "cot":
-            items = cot_items
+            data = [cot_items] * len(seeds)
         elif name == "answer-only":
-            items = [(ex.prompt, ex.answer) for ex in train_ex]
+            data = [[(ex.prompt, ex.answer) for ex in train_ex]] * len(seeds)
         else:
-            vq, chunks, vq_collate = train_vq(vocab, train_ex, config, rate, run_dir)
-            extra = vq_quality(vq, vocab, dev_ex, config, chunks)
-            rng = random.Random(f"{config.seed}|{rate}")
-            ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
-            codes = parallel.share_out(len(train_ex), lambda idx: [  # each process encodes its share
-                chunk_codes(vq, vocab, train_ex[i], config.chunk) if ms[i] else [] for i in idx])
-            items, shares, ratio = [], [], []
-            for ex, m, ex_codes in zip(train_ex, ms, codes):
-                n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
-                items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, ex_codes, m, n) + ex.answer))
-                shares.append(m / len(ex.chain))
-                if m:
-                    ratio.append(m / n)
-            extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
-                         tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
-            forced = parallel.share_out(len(test_ex), lambda idx: [
-                forced_prefix(vq, vocab, test_ex[i], config, rate) for i in idx])
-        model, fit = finetune(name, items)
-        extra.update(fit)
-        result = evaluate(model, vocab, test_ex, max_new=max_new)
-        acc = wilson(sum(result["correct"]), len(result["correct"]))
-        tok = bootstrap(np.array(result["tokens"], dtype=float), seed=config.seed)
-        used = np.array(result["latents"]) > 0
-        right = np.array(result["correct"], dtype=float)
-        row = {"kind": "variant", "variant": name, "rate": rate, "accuracy": acc.estimate, "acc_lo": acc.low,
-               "acc_hi": acc.high, "tokens": tok.estimate, "tok_lo": tok.low, "tok_hi": tok.high,
-               "latents": float(np.mean(result["latents"])), "used_latents": float(used.mean()),
-               "acc_with_latents": float(right[used].mean()) if used.any() else float("nan"),
-               "acc_without_latents": float(right[~used].mean()) if (~used).any() else float("nan"),
-               "seconds_per_problem": result["seconds_per_problem"], "n_test": len(test_ex), **extra}
-        forced_correct = [None] * len(test_ex)
-        if forced is not None:
-            fres = evaluate(model, vocab, test_ex, max_new=max_new, prefixes=[f for f, _ in forced])
-            facc = wilson(sum(fres["correct"]), len(fres["correct"]))
-            row.update(forced_accuracy=facc.estimate, forced_lo=facc.low, forced_hi=facc.high,
-                       forced_tokens=float(np.mean(fres["tokens"])),
-                       forced_m_share=float(np.mean([m / len(ex.chain) for (_, m), ex in zip(forced, test_ex)])))
-            forced_correct = [int(c) for c in fres["correct"]]
-        per_problem = [{"kind": "problem", "variant": name, "idx": i, "correct": int(c), "tokens": int(t),
-                        "latents": int(n), "forced_correct": fc}
-                       for i, (c, t, n, fc) in enumerate(zip(result["correct"], result["tokens"], result["latents"],
-                                                               forced_correct))]
+            made = [_latent_items(prep, config, rate, run_dir, r, seed) for r, seed in enumerate(seeds)]
+            data, forced, extras = [m[0] for m in made], [m[1] for m in made], [m[2] for m in made]
+        model = stack([copy.deepcopy(m) for m in prep.initial])  # every variant starts from the same weights
+        fit = train(model, PerReplicate(data), collate, lm_loss, train_cfg(config, config.size("steps"),
+                                                                          f"{name} ({len(seeds)} replicates)",
+                                                                          replicate_seeds=seeds),
+                    run_dir.path / f"train-{name}")
+        curves = np.array(fit.replicate_losses)  # (steps, replicates)
+        result = evaluate(model, vocab, test_ex, max_new=prep.max_new)
+        fres = evaluate(model, vocab, test_ex, max_new=prep.max_new, prefixes=[[f for f, _ in fr] for fr in forced]) \
+            if forced is not None else None
         if not parallel.is_main():  # it trained its slices and generated its share; rank 0 records the variant
             continue
-        run_dir.record("variants", name, [row] + per_problem)
-        run_dir.log(f"{name}: accuracy {acc}, tokens {tok.estimate:.1f}, latents {row['latents']:.2f}"
-                    + (f", forced codes {row['forced_accuracy']:.3f}" if forced is not None else ""))
+        rows = []
+        for r, seed in enumerate(seeds):
+            rows += _variant_rows(name, rate, r, seed, result[r], fres[r] if fres else None,
+                                  [m for _, m in forced[r]] if forced else None, test_ex,
+                                  {**extras[r], **_fit_stats(curves[:, r].tolist())})
+        run_dir.record("variants", name, rows)
+        accs = [float(np.mean(result[r]["correct"])) for r in range(len(seeds))]
+        run_dir.log(f"{name}: accuracy per replicate " + ", ".join(f"{100 * a:.1f}%" for a in accs))
     parallel.main_only()
     rows = [r for rs in run_dir.done("variants").values() for r in rs]
     order = {name: i for i, (name, _) in enumerate(variants)}
-    return pd.DataFrame(sorted(rows, key=lambda r: order.get(r["variant"], 99)))
+    return pd.DataFrame(sorted(rows, key=lambda r: (order.get(r["variant"], 99), r.get("replicate", 0))))
+
+
+def _variant_rows(name, rate, replicate, seed, result, fres, forced_m, test_ex, extra) -> list[dict]:
+    """One replicate's summary row of a variant and its per-problem rows."""
+    acc = wilson(sum(result["correct"]), len(result["correct"]))
+    tokens = np.array(result["tokens"], dtype=float)
+    used = np.array(result["latents"]) > 0
+    right = np.array(result["correct"], dtype=float)
+    row = {"kind": "variant", "variant": name, "rate": rate, "replicate": replicate, "seed": seed,
+           "accuracy": acc.estimate, "acc_lo": acc.low, "acc_hi": acc.high, "tokens": float(tokens.mean()),
+           "latents": float(np.mean(result["latents"])), "used_latents": float(used.mean()),
+           "acc_with_latents": float(right[used].mean()) if used.any() else float("nan"),
+           "acc_without_latents": float(right[~used].mean()) if (~used).any() else float("nan"),
+           "seconds_per_problem": result["seconds_per_problem"], "n_test": len(test_ex), **extra}
+    forced_correct = [None] * len(test_ex)
+    if fres is not None:
+        facc = wilson(sum(fres["correct"]), len(fres["correct"]))
+        row.update(forced_accuracy=facc.estimate, forced_lo=facc.low, forced_hi=facc.high,
+                   forced_tokens=float(np.mean(fres["tokens"])),
+                   forced_m_share=float(np.mean([m / len(ex.chain) for m, ex in zip(forced_m, test_ex)])))
+        forced_correct = [int(c) for c in fres["correct"]]
+    return [row] + [{"kind": "problem", "variant": name, "replicate": replicate, "idx": i, "correct": int(c),
+                     "tokens": int(t), "latents": int(n), "forced_correct": fc}
+                    for i, (c, t, n, fc) in enumerate(zip(result["correct"], result["tokens"], result["latents"],
+                                                            forced_correct))]
