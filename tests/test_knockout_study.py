@@ -186,20 +186,26 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
 
 
-def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",)):
-    """Knockout rows with a planted effect: at each layer a sample's E_Q knockout flips its probe with
-    probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the control flips with ctrl_flip."""
+def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",), replicates=3):
+    """Knockout rows with a planted effect, for each replicate (its own probes and control draw): at each layer a
+    sample's E_Q knockout flips its probe with probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the
+    control flips with ctrl_flip."""
     rows = [dict(kind="counts", n_layers=8, model="m")]
     rng = np.random.default_rng(seed)
-    for d in datasets:
-        for i in range(n):
-            for layer in (0, 2, 4, 6, 7):
-                for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)):
-                    flip = int(rng.random() < p_flip)
-                    dp = rng.normal(q_drop, 5) if flip else rng.normal(0, 3)
-                    rows.append(dict(kind="knockout", id=f"{d}{i}", dataset=d, layer=layer, condition=cond,
-                                     flipped=flip, group="Q" if flip else "A", delta_p=dp))
+    for r in range(replicates):
+        for d in datasets:
+            for i in range(n):
+                for layer in (0, 2, 4, 6, 7):
+                    for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)):
+                        flip = int(rng.random() < p_flip)
+                        dp = rng.normal(q_drop, 5) if flip else rng.normal(0, 3)
+                        rows.append(dict(kind="knockout", replicate=r, id=f"{d}{i}", dataset=d, layer=layer,
+                                         condition=cond, flipped=flip, group="Q" if flip else "A", delta_p=dp))
     return rows
+
+
+def _decisions(v):
+    return {(c["group"], c["name"]): c["decision"] for c in v.evidence["claims"]}
 
 
 def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
@@ -207,20 +213,45 @@ def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
     good = verdict(from_rows("knockout", _planted(datasets=("a", "b"))))
     assert good.status == "reproduced", good.summary
     assert good.evidence["layers_compared"] == [4, 6, 7]
+    assert {c["replicates"] for c in good.evidence["claims"]} == {3}
     # the gap is built in by the split, but the control flips as often: not the paper's finding
-    same = verdict(from_rows("knockout", _planted(n=100, eq_flip=0.3, ctrl_flip=0.3)))
+    same = verdict(from_rows("knockout", _planted(n=400, eq_flip=0.3, ctrl_flip=0.3)))
     assert same.status == "not reproduced", same.summary
-    assert same.evidence["datasets"]["d"]["checks"]["E_Q flips more than control"] == "no"
+    assert _decisions(same)[("d", "E_Q flips - control flips")] == "no"
     # flips without a drop: the gap's interval excludes -10 pp
     flat = verdict(from_rows("knockout", _planted(q_drop=-3.0)))
-    assert flat.status == "not reproduced" and flat.evidence["datasets"]["d"]["checks"]["Q-A gap <= -10 pp"] == "no"
+    assert flat.status == "not reproduced" and _decisions(flat)[("d", "Q-A gap")] == "no"
     # too few samples to split: inconclusive, naming the counts, never "reproduced"
     thin = verdict(from_rows("knockout", _planted(n=6)))
-    assert thin.status == "inconclusive" and "too few samples" in thin.summary
+    assert thin.status == "inconclusive" and "Q- and A-Anchored samples: FAILED" in thin.summary
     # one set without probes leaves the verdict inconclusive, with its counts
     rows = _planted() + [dict(kind="probe_skipped", probe_set="e", correct_train=3, incorrect_train=40, needed=10)]
     skipped = verdict(from_rows("knockout", rows))
-    assert skipped.status == "inconclusive" and "e: no probes (3 correct / 40 incorrect" in skipped.summary
+    assert skipped.status == "inconclusive" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
+
+
+def test_replicates_that_disagree_leave_the_knockout_verdict_open():
+    """Two replicates (probe splits) show the effect, one shows none: the claims cannot decide, whatever each
+    replicate's own interval says."""
+    rows = _planted(replicates=2, n=60) + [
+        dict(r, replicate=2) for r in _planted(replicates=1, n=60, q_drop=-2.0, eq_flip=0.06, seed=5)
+        if r["kind"] == "knockout"]
+    split = verdict(from_rows("knockout", rows))
+    assert split.status == "inconclusive", split.summary
+    assert "the replicates disagree" in split.summary and "seeds" in split.summary
+
+
+def test_sweep_with_several_control_draws_equals_each_draw_alone(decoder):
+    """S1's replicates share one sweep: E_Q and every replicate's control draw as rows of one batch; each draw's
+    hidden states equal a sweep with that draw alone."""
+    ids = decoder.tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+    draws = [[2, 3], [1, 4], None]
+    both = sweep(decoder, ids, [5, 7], draws, [0, 2])
+    for draw, got in zip(draws, both.controls):
+        alone = sweep(decoder, ids, [5, 7], draw, [0, 2])
+        for k in (0, 2):
+            assert torch.allclose(got[k], (alone.control or alone.clean)[k], atol=1e-5)
+            assert torch.allclose(both.eq[k], alone.eq[k], atol=1e-5)
 
 
 def test_sweep_equals_hand_masked_eager_that_blocks_each_key_from_later_queries(decoder):

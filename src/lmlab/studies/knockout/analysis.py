@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.stats import bootstrap, decide_sentence, n_to_decide, percentile_interval, wilson
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.stats import bootstrap, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.knockout.config import MIN_GROUP
 
@@ -23,7 +24,6 @@ FAR = -10.0  # "far below": a Q - A gap of at least 10 pp whose 95% interval lie
 # control's with the interval's low end above 0; "no" when the interval's high end is below 10 points.
 FLIP_MARGIN = 0.10
 N_BOOT = 2000
-Z_POWER = (1.96 + 0.84) / 1.96  # minimum detectable effect (80% power, two-sided 5%) / the interval's half-width
 COLORS = ["tab:blue", "tab:orange", "tab:purple", "tab:green", "tab:red", "tab:brown"]
 
 
@@ -45,8 +45,9 @@ def figure(result, fig=None):
     if len(control):
         _line(left, control, "delta_p", "random tokens (control, all sets)", "grey", ":")
     left.axhline(0, color="black", lw=0.5)
+    k = ko.replicate.nunique() if "replicate" in ko else 1
     left.set(xlabel="Layer (probe trained on; E_Q knocked out in layers 0..k)", ylabel="ΔP (pp)",
-             title="ΔP, split per probe layer (Q- vs A-Anchored)")
+             title="ΔP, split per probe layer (Q- vs A-Anchored)" + (f"; thin: each of {k} replicates" if k > 1 else ""))
     right.set(xlabel="Layer", ylabel="probe predictions flipped (%)", title="flip rate: E_Q vs control", ylim=(0, 100))
     for ax in (left, right):
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7, frameon=False)
@@ -56,6 +57,8 @@ def figure(result, fig=None):
 
 
 def _line(ax, rows, column, label, color, style, scale=1.0):
+    """The mean over every replicate's rows per layer (bold, with a bootstrap band over the rows) and each
+    replicate's own mean (thin)."""
     layers = sorted(rows.layer.unique())
     if not layers:
         return
@@ -63,6 +66,10 @@ def _line(ax, rows, column, label, color, style, scale=1.0):
              for layer in layers]
     ax.plot(layers, [s.estimate for s in stats], style, color=color, label=label, lw=1.6)
     ax.fill_between(layers, [s.low for s in stats], [s.high for s in stats], color=color, alpha=0.12)
+    if "replicate" in rows and rows.replicate.nunique() > 1:
+        for _, part in rows.groupby("replicate"):
+            per = part.groupby("layer")[column].mean().reindex(layers)
+            ax.plot(layers, scale * per.to_numpy(dtype=float), style, color=color, lw=0.6, alpha=0.45)
 
 
 def late_layers(layers: list[int], n_layers: int) -> list[int]:
@@ -84,61 +91,61 @@ def _gap(dp: np.ndarray, flip: np.ndarray, w: np.ndarray) -> float:
     return float(np.nanmean(per_layer)) if np.isfinite(per_layer).any() else float("nan")
 
 
-def _check(estimate: float, iv, yes, no) -> str:
-    return "yes" if yes(estimate, iv) else ("no" if no(estimate, iv) else "unclear")
+def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
+    return ko.assign(replicate=ko["replicate"] if "replicate" in ko else 0)
 
 
-def set_evidence(ko: pd.DataFrame, late: list[int], seed: int = 0) -> dict:
-    """One dataset's numbers over the late layers, with sample-clustered bootstrap intervals."""
+def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
+    """One dataset's claims over the late layers, each over the replicates (probe splits and control draws) and
+    the questions they share; and its counts."""
+    ko = _replicate(ko)
     ids = sorted(ko.id.unique())
-    eq, ctrl = ko[ko.condition == "eq"], ko[ko.condition == "control"]
-    dp_e, fl_e = _matrix(eq, ids, late, "delta_p"), _matrix(eq, ids, late, "flipped")
-    dp_c, fl_c = _matrix(ctrl, ids, late, "delta_p"), _matrix(ctrl, ids, late, "flipped")
+    reps = sorted(int(r) for r in ko.replicate.unique())
+    mats = []
+    for r in reps:
+        part = ko[ko.replicate == r]
+        eq, ctrl = part[part.condition == "eq"], part[part.condition == "control"]
+        mats.append({name: _matrix(rows, ids, late, col) for name, rows, col in
+                     (("dp_e", eq, "delta_p"), ("fl_e", eq, "flipped"), ("dp_c", ctrl, "delta_p"),
+                      ("fl_c", ctrl, "flipped"))})
     n = len(ids)
-    rng = np.random.default_rng(seed)
-    weights = [np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(N_BOOT)]
-    ones = np.ones(n)
-    flip_diff = np.nanmean(fl_e - fl_c, axis=1)  # per sample: E_Q flips minus control flips over the late layers
+    sampler = Resampler(n, len(reps), n_boot=N_BOOT, seed=seed)
 
-    def stat(f):
-        return f(ones), np.array([f(w) for w in weights])
+    def weights(idx):
+        return np.bincount(idx, minlength=n).astype(float)
 
-    gap, gap_b = stat(lambda w: _gap(dp_e, fl_e, w))
-    cgap, cgap_b = stat(lambda w: _gap(dp_c, fl_c, w))
-    has = ~np.isnan(flip_diff)
-    fd, fd_b = stat(lambda w: float(np.average(flip_diff[has], weights=w[has])) if (w[has] > 0).any() else np.nan)
-    n_q = np.nansum(fl_e, axis=0)
-    n_ctrl_q = np.nansum(fl_c, axis=0)
-    entry = {"n_samples": n, "n_q_per_layer": dict(zip(late, n_q.astype(int).tolist())),
-             "n_a_per_layer": dict(zip(late, (np.sum(~np.isnan(fl_e), axis=0) - n_q).astype(int).tolist())),
-             "q_minus_a": percentile_interval(gap, gap_b).as_dict(),
-             "eq_flip_rate": float(np.nanmean(fl_e)), "control_flip_rate": float(np.nanmean(fl_c)),
-             "eq_minus_control_flip_rate": percentile_interval(fd, fd_b).as_dict(),
-             "control_q_per_layer": dict(zip(late, n_ctrl_q.astype(int).tolist()))}
-    entry["q_mean_count"] = float(np.mean(n_q))
-    entry["a_mean_count"] = float(np.mean(np.sum(~np.isnan(fl_e), axis=0) - n_q))
-    g, f = entry["q_minus_a"], entry["eq_minus_control_flip_rate"]
-    checks = {"Q-A gap <= -10 pp": _check(g["estimate"], g, lambda e, i: e <= FAR and i["high"] < 0,
-                                           lambda e, i: i["low"] > FAR),
-              "E_Q flips more than control": _check(f["estimate"], f, lambda e, i: e >= FLIP_MARGIN and i["low"] > 0,
-                                                    lambda e, i: i["high"] < FLIP_MARGIN)}
-    if np.mean(n_ctrl_q) >= MIN_GROUP:  # the control flips often enough to be split: its gap must be smaller
-        d = percentile_interval(gap - cgap, gap_b - cgap_b).as_dict()
-        entry["control_q_minus_a"] = percentile_interval(cgap, cgap_b).as_dict()
-        entry["gap_minus_control_gap"] = d
-        checks["Q-A gap beyond the control's"] = _check(d["estimate"], d, lambda e, i: e <= FAR and i["high"] < 0,
-                                                        lambda e, i: i["low"] > FAR)
-    entry["checks"] = checks
-    half = (g["high"] - g["low"]) / 2 if np.isfinite(g["high"]) else float("nan")
-    entry["min_detectable_gap_pp"] = round(Z_POWER * half, 1)
-    return entry
+    def gap(i, idx):
+        return _gap(mats[i]["dp_e"], mats[i]["fl_e"], weights(idx))
+
+    def control_gap(i, idx):
+        return _gap(mats[i]["dp_c"], mats[i]["fl_c"], weights(idx))
+
+    def flips(i, idx):
+        diff = np.nanmean(mats[i]["fl_e"] - mats[i]["fl_c"], axis=1)  # per question: E_Q flips - control flips
+        w = weights(idx) * ~np.isnan(diff)
+        return float(np.average(np.nan_to_num(diff), weights=w)) if w.sum() > 0 else float("nan")
+
+    common = dict(group=dataset, n_unit="questions")
+    claims = [sampler.claim("Q-A gap", gap, Bar("<=", FAR, null=0.0), unit=" pp", **common),
+              sampler.claim("E_Q flips - control flips", flips, Bar(">=", FLIP_MARGIN, null=0.0), unit=" pts",
+                            scale=100, **common)]
+    n_q = np.mean([np.nansum(m["fl_e"], axis=0).mean() for m in mats])
+    n_a = np.mean([(np.sum(~np.isnan(m["fl_e"]), axis=0) - np.nansum(m["fl_e"], axis=0)).mean() for m in mats])
+    n_ctrl_q = np.mean([np.nansum(m["fl_c"], axis=0).mean() for m in mats])
+    if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap must be smaller
+        claims.append(sampler.claim("Q-A gap beyond the control's", lambda i, idx: gap(i, idx) - control_gap(i, idx),
+                                    Bar("<=", FAR, null=0.0), unit=" pp", **common))
+    counts = {"n_samples": n, "replicates": len(reps), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
+              "control_q_mean_count": float(n_ctrl_q), "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),
+              "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))}
+    return claims, counts
 
 
 def verdict(result) -> Verdict:
-    """Per dataset, over the middle-to-last sweep layers: the Q - A gap (per-layer split) must be at most
-    -10 pp with its interval below 0, and the E_Q flip rate must exceed the control's (interval above 0).
-    "Not reproduced" needs an interval that excludes the claim on some set; a set with too few Q or A
-    samples, or no probes, leaves the verdict inconclusive for it, with the counts."""
+    """Per dataset, over the middle-to-last sweep layers: the Q - A gap (per-layer split) at most -10 pp with its
+    interval below 0, E_Q flipping the probes at least 10 points more often than the control with its interval
+    above 0, and, where the control flips often enough to be split, a gap at least 10 pp beyond the control's.
+    A set with too few Q- or A-Anchored samples, or no probes, is a failed gate (no decision)."""
     meta = result.info
     ko = result.table("knockout")
     skipped = result.table("probe_skipped")
@@ -149,107 +156,50 @@ def verdict(result) -> Verdict:
     layers = sorted(int(l) for l in ko.layer.unique())
     n_layers = int(meta.get("n_layers", max(layers) + 1))
     late = late_layers(layers, n_layers)
-    evidence: dict = {"layers_compared": late, "counts": meta, "datasets": {}}
-    status_of, notes = {}, []
+    seed = int(result.config.get("seed", 0) or 0)
+    claims, gates, notes, sets = [], [], [], {}
     for dataset in sorted(ko.dataset.unique()):
-        entry = set_evidence(ko[ko.dataset == dataset], late)
-        evidence["datasets"][dataset] = entry
-        g = entry["q_minus_a"]
-        short = (f"{dataset}: Q-A {g['estimate']:+.1f} pp [{g['low']:+.1f}, {g['high']:+.1f}], E_Q flips "
-                 f"{100 * entry['eq_flip_rate']:.0f}% vs control {100 * entry['control_flip_rate']:.0f}%")
-        if entry["q_mean_count"] < MIN_GROUP or entry["a_mean_count"] < MIN_GROUP:
-            status_of[dataset] = "inconclusive"
-            notes.append(f"{dataset}: too few samples per layer ({entry['q_mean_count']:.1f} Q / "
-                         f"{entry['a_mean_count']:.1f} A on average; need {MIN_GROUP})")
-            continue
-        checks = entry["checks"].values()
-        status_of[dataset] = ("not reproduced" if "no" in checks else
-                              "reproduced" if all(c == "yes" for c in checks) else "inconclusive")
-        if status_of[dataset] == "inconclusive":
-            open_checks = ", ".join(k for k, v in entry["checks"].items() if v == "unclear")
-            short += (f" (undecided: {open_checks}; the interval is too wide at n = {entry['n_samples']}; minimum "
-                      f"detectable Q-A gap about {entry['min_detectable_gap_pp']:.0f} pp)")
-        notes.append(short)
-    for row in skipped.itertuples():
-        status_of[row.probe_set] = "inconclusive"
-        notes.append(f"{row.probe_set}: no probes ({int(row.correct_train)} correct / {int(row.incorrect_train)} incorrect "
-                     f"training answers, need {int(row.needed)} of each)")
-    evidence["set_status"] = status_of
+        set_c, counts = set_claims(ko[ko.dataset == dataset], late, dataset, seed)
+        sets[dataset] = counts
+        claims += set_c
+        notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
+                     f"{100 * counts['control_flip_rate']:.0f}%")
+        gates.append(Gate(f"{dataset}: Q- and A-Anchored samples", min(counts["q_mean_count"], counts["a_mean_count"])
+                          >= MIN_GROUP, why=f"{counts['q_mean_count']:.1f} Q / {counts['a_mean_count']:.1f} A per layer "
+                                           f"on average (needs {MIN_GROUP} each)",
+                          remedy="more questions (--per-dataset)"))
+    for row in skipped.drop_duplicates("probe_set").itertuples() if len(skipped) else ():
+        gates.append(Gate(f"{row.probe_set}: probes", False, why=f"{int(row.correct_train)} correct / "
+                          f"{int(row.incorrect_train)} incorrect training answers (need {int(row.needed)} of each)",
+                          remedy="more questions, or an easier set"))
+    k = _replicate(ko).replicate.nunique()
+    gates.append(replicates_gate(k, trains=False))
+    seconds = float(getattr(result, "seconds", 0.0) or 0.0)
+    status, text = judge(claims, gates, seconds=seconds)
+    summary = f"over layers {late[0]}-{late[-1]}, {k} replicates (probe split and control draw): " + "; ".join(notes) \
+        + ". " + text
     det = result.table("detection")
     if "note" in det:
-        for row in det[det.note.notna()].itertuples():
-            notes.append(f"mixture of probes for {getattr(row, 'probe_set', 'all')}: {row.note}")
-    _add_side_evidence(result, evidence)
-    statuses = set(status_of.values())
-    status = ("not reproduced" if "not reproduced" in statuses else
-              "reproduced" if statuses == {"reproduced"} else "inconclusive")
-    summary = f"over layers {late[0]}-{late[-1]}: " + "; ".join(notes)
-    if status == "inconclusive":
-        evidence["to_decide"] = to_decide(evidence, status_of, meta, getattr(result, "seconds", 0.0))
-        summary += f". {evidence['to_decide']['text'].capitalize()}"
-    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
-
-
-def _gap_distance(iv: dict) -> float:
-    """A gap check says yes when the estimate is <= -10 with the interval below 0, no when the interval lies above
-    -10: the distance its interval has to clear from the estimate."""
-    return abs(iv["estimate"]) if iv["estimate"] <= FAR else iv["estimate"] - FAR
-
-
-def to_decide(evidence: dict, status_of: dict, meta: dict, seconds: float) -> dict:
-    """Questions a set that would decide every undecided set at 80% power: for an open check, the size at which
-    the interval would clear its bar (10 pp of gap, 10 points of flips) at the estimated effect, which is the
-    effect's distance to the bar (an estimate on the bar needs a size no run can reach); for a set short of Q-
-    or A-Anchored samples, the size that gives MIN_GROUP of each. Its time is this run's pace."""
-    per_set: dict[str, int] = {}
-    sets = evidence["datasets"]
-    n_sets = max(len(status_of), 1)
-    asked = int(meta.get("questions", 0)) // n_sets or 1  # questions a set
-    for name, status in status_of.items():
-        if status != "inconclusive" or name not in sets:
-            continue
-        entry = sets[name]
-        n = entry["n_samples"]
-        scale = asked / max(n, 1)  # questions asked per sample that has probes
-        needs = []
-        if min(entry["q_mean_count"], entry["a_mean_count"]) < MIN_GROUP:
-            fewest = max(min(entry["q_mean_count"], entry["a_mean_count"]), 0.5)
-            needs.append(int(np.ceil(n * MIN_GROUP / fewest)))
-        # the distance from each estimate to the bar its interval has to clear, either way
-        flips = entry["eq_minus_control_flip_rate"]
-        checks = [("Q-A gap <= -10 pp", entry["q_minus_a"], _gap_distance(entry["q_minus_a"])),
-                  ("E_Q flips more than control", flips, flips["estimate"] if flips["estimate"] >= FLIP_MARGIN
-                   else FLIP_MARGIN - flips["estimate"])]
-        if "gap_minus_control_gap" in entry:
-            beyond = entry["gap_minus_control_gap"]
-            checks.append(("Q-A gap beyond the control's", beyond, _gap_distance(beyond)))
-        for check, iv, distance in checks:
-            if entry["checks"].get(check) == "unclear":
-                needs.append(n_to_decide(n, (iv["high"] - iv["low"]) / 2, max(distance, 1e-9)) or 0)
-        if needs:
-            per_set[name] = int(np.ceil(max(needs) * scale))
-    if not per_set:
-        return {"per_set": {}, "text": "a set without probes needs more answers of each kind (more questions, or an "
-                                       "easier set)"}
-    most = max(per_set.values())
-    text = decide_sentence("questions", asked * n_sets, most * n_sets, seconds,
-                           "the estimated effects against the 10-point bars on "
-                           + ", ".join(f"{k} ({v:,} a set)" for k, v in per_set.items()),
-                           "the full profile asks 1,000 a set")
-    return {"per_set": per_set, "questions_per_set": most, "text": text}
+        for row in det[det.note.notna()].drop_duplicates("note").itertuples():
+            summary += f"; mixture of probes for {getattr(row, 'probe_set', 'all')}: {row.note}"
+    ev = {**evidence(claims, gates), "layers_compared": late, "counts": meta, "datasets": sets}
+    _add_side_evidence(result, ev)
+    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
 
 
 def _add_side_evidence(result, evidence: dict) -> None:
     probes = result.table("probe")
     if len(probes) and "best" in probes:
-        evidence["probe_best"] = {r.probe_set: {"layer": int(r.layer), "test_auroc": r.test_auroc}
+        evidence["probe_best"] = {f"{r.probe_set} replicate {int(getattr(r, 'replicate', 0))}":
+                                  {"layer": int(r.layer), "test_auroc": r.test_auroc}
                                   for r in probes[probes.best == 1].itertuples()}
     patch = result.table("patching")
     for grp in ("Q", "A") if "flipped" in patch else ():
         flips = patch[patch.group == grp].flipped
         evidence[f"patching_flip_rate_{grp}"] = wilson(int(flips.sum()), len(flips)).as_dict()
     for row in result.table("detection").itertuples():
-        key = f"detection_auroc_{getattr(row, 'probe_set', '')}_{row.method.replace(' ', '_')}"
+        key = (f"detection_auroc_{getattr(row, 'probe_set', '')}_{row.method.replace(' ', '_')}"
+               f"_replicate{int(getattr(row, 'replicate', 0))}")
         evidence[key] = {"auroc": row.auroc, "low": getattr(row, "low", None), "high": getattr(row, "high", None),
                          "note": getattr(row, "note", None)}
 

@@ -49,10 +49,24 @@ def sweep_layers(n_layers: int, every: int, best: int) -> list[int]:
 class SweepResult:
     clean: dict[int, torch.Tensor]  # layer -> (d,) hidden state at the last token, clean row
     eq: dict[int, torch.Tensor]  # layer k -> (d,) hidden at layer k with E_Q blocked in layers 0..k
-    control: dict[int, torch.Tensor]
+    controls: list[dict[int, torch.Tensor]]  # one per control draw (a replicate each), as `eq`
     prefix_len: int
     rows: dict = field(default_factory=dict)  # (condition, layer) -> its row of the batch (0 = clean)
     all_positions: dict[int, torch.Tensor] | None = None  # layer -> (rows, suffix, d), when asked
+
+    @property
+    def control(self) -> dict[int, torch.Tensor]:
+        """The first control draw's hidden states (the one of a one-replicate run)."""
+        return self.controls[0] if self.controls else {}
+
+
+def _control_sets(ctrl_pos) -> list[list[int] | None]:
+    """None, one control draw (a list of positions) or several (a list of them) -> a list of draws."""
+    if ctrl_pos is None:
+        return []
+    if ctrl_pos and isinstance(ctrl_pos[0], (list, tuple)) or (ctrl_pos and ctrl_pos[0] is None):
+        return list(ctrl_pos)
+    return [ctrl_pos]
 
 
 def first_changed(positions: list[int], scope: str) -> int:
@@ -60,11 +74,11 @@ def first_changed(positions: list[int], scope: str) -> int:
     return (min(positions) if scope == "each" else max(positions)) + 1
 
 
-def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
+def _rows(eq_pos, ctrl_sets, layers, seq_len, n_layers, device):
     """Row 0 is clean; one row per (condition, cut-off), the deepest cut-offs first, so that `RetireRows` can drop
     each row after the layer it is read at. A condition that blocks nothing *is* the clean computation, so it
     maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
-    conditions = [("eq", eq_pos)] + ([("control", ctrl_pos)] if ctrl_pos is not None else [])
+    conditions = [("eq", eq_pos)] + [(f"control{i}", c) for i, c in enumerate(ctrl_sets)]
     n_rows = 1 + sum(len(layers) for _, positions in conditions if positions)
     keys = torch.zeros(n_rows, seq_len, dtype=torch.bool, device=device)
     layer_mask = torch.zeros(n_rows, n_layers, dtype=torch.bool, device=device)
@@ -84,23 +98,26 @@ def _rows(eq_pos, ctrl_pos, layers, seq_len, n_layers, device):
     return keys, layer_mask, index, active
 
 
-def sweep_prefix(seq_len: int, eq_pos: list[int], ctrl_pos: list[int] | None, scope: str = "each") -> int:
-    """The tokens before the first position any row of a sample's sweep changes (computed once, clean)."""
-    changed = [first_changed(p, scope) for p in (eq_pos, ctrl_pos) if p]
+def sweep_prefix(seq_len: int, eq_pos: list[int], ctrl_pos, scope: str = "each") -> int:
+    """The tokens before the first position any row of a sample's sweep changes (computed once, clean); `ctrl_pos`
+    one control draw or several."""
+    changed = [first_changed(p, scope) for p in [eq_pos, *_control_sets(ctrl_pos)] if p]
     prefix = min(changed) if changed else seq_len - 1
     return max(1, min(prefix, seq_len - 1))
 
 
 @torch.no_grad()
-def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int] | None, layers: list[int],
+def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos, layers: list[int],
           keep_positions: bool = False, scope: str = "each", shared: tuple[int, object] | None = None) -> SweepResult:
-    """One sample: clean row + one row per (condition, layer cut-off), prefix computed once. `shared`: the
-    (length, cache) of a prefix this sample shares with others (`generation.prefix_cache`), computed once for
-    all of them, no longer than `sweep_prefix`; it is copied and only the rest of the prefix is run."""
+    """One sample: clean row + one row per (condition, layer cut-off), prefix computed once. `ctrl_pos`: None, one
+    control draw (positions) or several (one per replicate), all in the same batch. `shared`: the (length, cache) of
+    a prefix this sample shares with others (`generation.prefix_cache`), computed once for all of them, no longer
+    than `sweep_prefix`; it is copied and only the rest of the prefix is run."""
     device = lm.device
     seq_len = len(ids)
-    prefix = sweep_prefix(seq_len, eq_pos, ctrl_pos, scope)
-    keys, layer_mask, index, active = _rows(eq_pos, ctrl_pos, layers, seq_len, lm.layout.n_layers, device)
+    ctrl_sets = _control_sets(ctrl_pos)
+    prefix = sweep_prefix(seq_len, eq_pos, ctrl_sets, scope)
+    keys, layer_mask, index, active = _rows(eq_pos, ctrl_sets, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
     n_shared = shared[0] if shared is not None and shared[0] <= prefix else 0
@@ -125,7 +142,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos: list[int
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
     result = SweepResult(clean={k: last[k][0] for k in layers},
                          eq={k: last[k][index[("eq", k)]] for k in layers},
-                         control={k: last[k][index[("control", k)]] for k in layers} if ctrl_pos is not None else {},
+                         controls=[{k: last[k][index[(f"control{i}", k)]] for k in layers} for i in range(len(ctrl_sets))],
                          prefix_len=prefix, rows=index)
     if keep_positions:
         result.all_positions = {k: capture["resid_post", k].float().cpu() for k in layers}

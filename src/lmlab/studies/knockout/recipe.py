@@ -95,45 +95,48 @@ def _probe_groups(config, answered) -> dict[str, np.ndarray]:
     return {d: np.array([n for n, s in enumerate(sets) if s == d]) for d in dict.fromkeys(sets)}
 
 
-def _fit_probes(config, answered, correct, feats, n_layers):
-    """Phase 2: per probe group, a subject-grouped train/test split and one probe per layer; the best layer
-    by cross-validated AUROC on the training split. A group with too few answers of a class gets none."""
+def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate: int = 0):
+    """Phase 2, one replicate: per probe group, a subject-grouped train/test split drawn from `seed` and one probe
+    per layer; the best layer by cross-validated AUROC on the training split. A group with too few answers of a
+    class gets none."""
     split = np.array(["train"] * len(answered), dtype=object)
     fitted, rows = {}, []
     for name, idx in _probe_groups(config, answered).items():
-        tr, te = group_split([answered[n].subject or answered[n].question for n in idx], config.test_fraction,
-                             config.seed)
+        tr, te = group_split([answered[n].subject or answered[n].question for n in idx], config.test_fraction, seed)
         train, test = idx[tr], idx[te]
         split[test] = "test"
         per_class = np.bincount(correct[train], minlength=2)
         if int(per_class.min()) < config.min_per_class:
-            rows.append(dict(kind="probe_skipped", probe_set=name, correct_train=int(per_class[1]),
+            rows.append(dict(kind="probe_skipped", replicate=replicate, probe_set=name, correct_train=int(per_class[1]),
                              incorrect_train=int(per_class[0]), needed=config.min_per_class))
             continue
         probes = fit_layer_probes(feats[idx], correct[idx], np.searchsorted(idx, train), np.searchsorted(idx, test),
-                                  list(range(n_layers)), config.seed)
+                                  list(range(n_layers)), seed)
         best = max(probes, key=lambda p: p.cv_auroc).layer
         fitted[name] = dict(probes=probes, best=best, idx=idx, train=train, test=test)
-        rows += [dict(kind="probe", probe_set=name, layer=p.layer, cv_auroc=p.cv_auroc, test_auroc=p.test_auroc,
-                      best=int(p.layer == best), n_train=len(train), n_test=len(test)) for p in probes]
+        rows += [dict(kind="probe", replicate=replicate, probe_set=name, layer=p.layer, cv_auroc=p.cv_auroc,
+                      test_auroc=p.test_auroc, best=int(p.layer == best), n_train=len(train), n_test=len(test))
+                 for p in probes]
     return fitted, split, rows
 
 
-def _knockout_rows(item, probe_set, res, probes, layers) -> list[dict]:
-    """ΔP and flips of one sample at every sweep layer, each condition's split by its own flips."""
+def _knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int) -> list[dict]:
+    """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw, each
+    condition's split by its own flips."""
     rows = []
     for k in layers:
         probe = probes[k]
-        p_clean = float(probe.p_true(res.clean[k].numpy())[0])
+        p_clean = float(probe.p_true(clean[k].numpy())[0])
         y_hat = int(p_clean >= 0.5)
         pc = p_clean if y_hat else 1 - p_clean
-        for cond, hidden in (("eq", res.eq), ("control", res.control)):
+        for cond, hidden in (("eq", eq), ("control", control)):
             if k in hidden:
                 p = float(probe.p_true(hidden[k].numpy())[0])
                 pk = p if y_hat else 1 - p
-                rows.append(dict(kind="knockout", id=item.id, dataset=item.dataset, probe_set=probe_set, layer=k,
-                                 condition=cond, p_clean=pc, p_knock=pk, delta_p=100 * (pk - pc),
-                                 rel_change=(pk - pc) / pc, y_hat=y_hat, flipped=int(pk < 0.5)))
+                rows.append(dict(kind="knockout", replicate=replicate, id=item.id, dataset=item.dataset,
+                                 probe_set=probe_set, layer=k, condition=cond, p_clean=pc, p_knock=pk,
+                                 delta_p=100 * (pk - pc), rel_change=(pk - pc) / pc, y_hat=y_hat,
+                                 flipped=int(pk < 0.5)))
     eq_flip = {r["layer"]: r["flipped"] for r in rows if r["condition"] == "eq"}
     for r in rows:
         r["group"] = "Q" if r["flipped"] else "A"  # at this layer, by this condition's own flip
@@ -141,18 +144,26 @@ def _knockout_rows(item, probe_set, res, probes, layers) -> list[dict]:
     return rows
 
 
-def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
-    """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes."""
-    bests = {f["best"] for f in fitted.values()}
-    layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
-    done = run_dir.done("knockout")
-    rng = random.Random(config.seed)
-    controls = []  # drawn for every question in order, so that a resumed or sharded run draws the same
+def _controls(config, answered, encoded, seeds) -> list[list]:
+    """Per question, one control draw per replicate (as many random non-E_Q question tokens as E_Q has), drawn for
+    every question in order from each replicate's own generator, so that a resumed or sharded run draws the same."""
+    rngs = [random.Random(seed) for seed in seeds]
+    out = []
     for item in answered:
         enc = encoded[item.id]
         pool = [p for p in enc["question"] if p not in set(enc["eq"])]
-        controls.append(sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None)
-    swept = [n for n in range(len(answered)) if probe_set_of.get(n) in fitted]
+        out.append([sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None for rng in rngs])
+    return out
+
+
+def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds):
+    """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes: E_Q and every
+    replicate's control draw in one batch, each replicate's probes reading the hidden states."""
+    bests = {f["best"] for fitted in fits for f in fitted.values()}
+    layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
+    done = run_dir.done("knockout")
+    controls = _controls(config, answered, encoded, seeds)
+    swept = [n for n in range(len(answered)) if probe_set_of.get(n) is not None]
     mine = {n for n in swept if answered[n].id not in done and parallel.mine(n)}  # every N-th per process
     # the few-shot prompt every question starts with runs once, up to the first token any knockout changes; it is
     # taken over every swept question, so that each process and a resumed run compute the same numbers
@@ -166,17 +177,25 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of):
                 name = probe_set_of[n]
                 res = sweep(lm, seqs[n], encoded[item.id]["eq"], controls[n], layers, scope=config.scope,
                             shared=shared)
-                run_dir.record("knockout", item.id, _knockout_rows(item, name, res, fitted[name]["probes"], layers))
+                rows = []
+                for r, fitted in enumerate(fits):
+                    if name in fitted:
+                        rows += _knockout_rows(item, name, res.eq, res.controls[r], res.clean, fitted[name]["probes"],
+                                               layers, r)
+                run_dir.record("knockout", item.id, rows)
             bar.advance(task)
     parallel.sync()
     parallel.main_only()  # the rest (patching, detection, the tables) is rank 0's
     done = run_dir.done("knockout")
-    ko_rows = [r for n, item in enumerate(answered) if probe_set_of.get(n) in fitted for r in done[item.id]]
-    # the fixed split, a secondary view: E_Q flipping the probe at its set's best layer
-    at_best = {r["id"]: r["group_eq"] for r in ko_rows
-               if r["condition"] == "eq" and r["layer"] == fitted[r["probe_set"]]["best"]}
+    ko_rows = [r for n, item in enumerate(answered) if probe_set_of.get(n) is not None for r in done[item.id]]
+    # the fixed split, a secondary view: E_Q flipping the probe at its set's best layer, per replicate
+    at_best = [{} for _ in fits]
+    for r in ko_rows:
+        fitted = fits[r["replicate"]]
+        if r["condition"] == "eq" and r["layer"] == fitted[r["probe_set"]]["best"]:
+            at_best[r["replicate"]][r["id"]] = r["group_eq"]
     for row in ko_rows:
-        row["group_best"] = at_best[row["id"]]
+        row["group_best"] = at_best[row["replicate"]].get(row["id"])
     return ko_rows, at_best
 
 
@@ -209,29 +228,35 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
 
     seqs = [encoded[i.id]["ids"] + answers[i.id] for i in answered]
     feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
-    fitted, split, probe_rows = _fit_probes(config, answered, correct, feats, lm.layout.n_layers) \
-        if answered else ({}, np.array([]), [])
-    for row, s in zip(base, split):
-        row["split"] = s
+    seeds = config.replicate_seeds()
+    fits, splits, probe_rows = [], [], []
+    for r, seed in enumerate(seeds):  # each replicate: its own train/test split and probes
+        fitted, split, rows = _fit_probes(config, answered, correct, feats, lm.layout.n_layers, seed, r) \
+            if answered else ({}, np.array([]), [])
+        fits.append(fitted)
+        splits.append(split)
+        probe_rows += rows
     for row in probe_rows:
         if row["kind"] == "probe_skipped":
-            run_dir.log(f"no probes for {row['probe_set']}: {row['correct_train']} correct and "
-                        f"{row['incorrect_train']} incorrect training answers (need {row['needed']} of each)")
-    if not fitted:
-        return pd.DataFrame(base + probe_rows + [dict(kind="counts", **counts)])
-    probe_set_of = {n: name for name, f in fitted.items() for n in f["idx"]}
-    ko_rows, group = _sweep(config, run_dir, lm, answered, encoded, seqs, fitted, probe_set_of)
-    for row in base:
-        row["group_best"] = group.get(row["id"])
+            run_dir.log(f"no probes for {row['probe_set']} (replicate {row['replicate']}): {row['correct_train']} "
+                        f"correct and {row['incorrect_train']} incorrect training answers (need {row['needed']} of each)")
+    for i, row in enumerate(base):  # each replicate's side of its split, in replicate order
+        row["split"] = ",".join(str(split[i]) for split in splits)
+    if not any(fits):
+        return pd.DataFrame(base + probe_rows + [dict(kind="counts", **counts, seeds=len(seeds))])
+    probe_set_of = {n: name for fitted in fits for name, f in fitted.items() for n in f["idx"]}
+    ko_rows, groups = _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds)
 
-    # 5-6. token patching and detection, per probe set at its best layer
+    # 5-6. token patching and detection, per replicate and probe set at its best layer
     extra = []
-    for name, f in fitted.items():
-        idx, best, probe = f["idx"], f["best"], f["probes"][f["best"]]
-        sub = [answered[n] for n in idx]
-        extra += patching_rows(lm, sub, answers, correct[idx], group, probe, config, feats[idx, best])
-        extra += [dict(r, probe_set=name) for r in
-                  detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
-                                 np.searchsorted(idx, f["test"]), [group[i.id] for i in sub], probe, best,
-                                 config.seed)]
-    return pd.DataFrame(base + probe_rows + ko_rows + extra + [dict(kind="counts", **counts)])
+    for r, fitted in enumerate(fits):
+        for name, f in fitted.items():
+            idx, best, probe = f["idx"], f["best"], f["probes"][f["best"]]
+            sub = [answered[n] for n in idx]
+            extra += [dict(row, replicate=r) for row in
+                      patching_rows(lm, sub, answers, correct[idx], groups[r], probe, config, feats[idx, best])]
+            extra += [dict(row, probe_set=name, replicate=r) for row in
+                      detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
+                                     np.searchsorted(idx, f["test"]), [groups[r].get(i.id) for i in sub], probe, best,
+                                     seeds[r])]
+    return pd.DataFrame(base + probe_rows + ko_rows + extra + [dict(kind="counts", **counts, seeds=len(seeds))])
