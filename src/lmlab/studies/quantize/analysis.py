@@ -5,14 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.evaluation import metric_value
-from lmlab.stats import duration, n_to_decide, percentile_interval
+from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
 NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (paper: 83.95 vs ~84.0 at 2 bits)
 MIN_TEACHER = 50.0  # a teacher below this (metric x 100) did not learn its task: left out of the average
 PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in points
+C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
+LEARNED_MARGIN = 5.0  # a student within this many points of the majority-class predictor has not learned
 
 
 def learned_tasks(scores: pd.DataFrame, min_teacher: float = MIN_TEACHER) -> tuple[list[str], list[str]]:
@@ -22,134 +25,165 @@ def learned_tasks(scores: pd.DataFrame, min_teacher: float = MIN_TEACHER) -> tup
     return kept, [t for t in dict.fromkeys(scores.task) if t not in kept]
 
 
-def close_check(gap: float, low: float, high: float, near: float = NEAR) -> str:
-    """'2-bit close to the teacher' on the interval of teacher - student: yes if its upper bound is within `near`
-    points, no if its lower bound is beyond, else unclear."""
-    if high <= near:
-        return "yes"
-    if low > near:
-        return "no"
-    return "unclear"
-
-
 def _configs(scores: pd.DataFrame) -> list[tuple[int, str]]:
     return sorted({(int(r.bits), r.budget) for r in scores.itertuples()}, key=lambda c: (-c[0], c[1]))
 
 
-def _resampled_averages(result, n: int = 400, seed: int = 0, tasks: list[str] | None = None
-                        ) -> dict[tuple[int, str], np.ndarray]:
-    """Average score over tasks for each configuration, under joint bootstrap resamples of each task's test set."""
-    preds = result.table("pred")
+def _replicates(preds: pd.DataFrame) -> list[int]:
+    students = preds[preds.bits < 32]
+    if "replicate" not in students or students["replicate"].isna().all():
+        return [0]
+    return sorted(int(r) for r in students["replicate"].dropna().unique())
+
+
+class _Cells:
+    """Predictions per (task, bits, budget, replicate) over each task's test examples, and the average over tasks of
+    a metric on any resample of the examples (the tasks are the resampler's strata)."""
+
+    def __init__(self, result, tasks: list[str]):
+        preds = result.table("pred")
+        preds = preds[preds.task.isin(tasks)]
+        scores = result.table("score")
+        self.metric = dict(zip(scores.task, scores.metric))
+        self.tasks = tasks
+        self.reps = _replicates(preds)
+        self.sizes = [int(preds[preds.task == t].idx.max()) + 1 for t in tasks]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.labels = {}
+        self.pred: dict[tuple, np.ndarray] = {}
+        rep = preds["replicate"] if "replicate" in preds else pd.Series(np.nan, index=preds.index)
+        for (t, b, g, r), part in preds.assign(rep=rep.fillna(-1)).groupby(["task", "bits", "budget", "rep"]):
+            part = part.sort_values("idx")
+            self.labels[t] = part.label.to_numpy()
+            self.pred[(t, int(b), g, int(r))] = part.pred.to_numpy()
+
+    def has(self, bits: int, budget: str) -> bool:
+        return all((t, bits, budget, self.reps[0] if bits < 32 else -1) in self.pred for t in self.tasks)
+
+    def average(self, bits: int, budget: str, i: int, idx: np.ndarray) -> float:
+        """Replicate i's (the teacher: its one) average metric x 100 over tasks, on the examples `idx` (global)."""
+        r = -1 if bits == 32 else self.reps[i]
+        out = []
+        for n, t in enumerate(self.tasks):
+            local = idx[(idx >= self.offsets[n]) & (idx < self.offsets[n + 1])] - self.offsets[n]
+            out.append(100 * metric_value(self.metric[t], self.labels[t][local], self.pred[(t, bits, budget, r)][local]))
+        return float(np.mean(out))
+
+
+def claims_and_gates(result, tasks: list[str]):
+    """The claims the run's cells support, the gates, and the cells the claim needs that the profile did not run."""
+    cells = _Cells(result, tasks)
+    k = len(cells.reps)
+    sampler = Resampler(sum(cells.sizes), k, n_boot=400, seed=int(result.config.get("seed", 0) or 0),
+                        strata=cells.sizes)
+    budgets = sorted({g for (_, b, g, _) in cells.pred if b < 32})
+    best = "C" if "C" in budgets else (budgets[-1] if budgets else None)
+    unit = dict(unit=" points", n_unit="test examples", group=", ".join(tasks))
+
+    def diff(a, b):
+        return lambda i, idx: cells.average(*a, i, idx) - cells.average(*b, i, idx)
+
+    claims, missing = [], []
+    if best and cells.has(2, best):
+        claims.append(sampler.claim(f"teacher - 2-bit Budget-{best}", diff((32, "teacher"), (2, best)),
+                                    Bar("<=", NEAR), **unit))
+    else:
+        missing.append("2-bit close to the teacher (2-bit students)")
+    if best and cells.has(2, best) and cells.has(1, best):
+        claims.append(sampler.claim(f"2-bit - 1-bit, Budget-{best}", diff((2, best), (1, best)),
+                                    Bar(">=", 0.0, null=0.0), **unit))
+    else:
+        missing.append("1-bit drops more (1-bit students)")
+    gaps = []
+    for bits in (2, 1):
+        if cells.has(bits, "A") and cells.has(bits, "C"):
+            claims.append(sampler.claim(f"Budget-C - Budget-A at {bits} bit", diff((bits, "C"), (bits, "A")),
+                                        Bar(">=", -C_MARGIN), **unit))
+            gaps.append(bits)
+        elif bits in {b for (_, b, _, _) in cells.pred}:
+            missing.append(f"Budget-C >= Budget-A at {bits} bit (Budget-A and Budget-C students)")
+    if gaps == [2, 1]:
+        claims.append(sampler.claim("C-A gap at 1 bit - at 2 bits",
+                                    lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
+                                    - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)),
+                                    Bar(">=", 0.0, null=0.0), reported=True, effect=PAPER_GAP_EFFECT, **unit))
+    gates = [replicates_gate(k)]
     scores = result.table("score")
-    if tasks is not None:
-        preds, scores = preds[preds.task.isin(tasks)], scores[scores.task.isin(tasks)]
-    metric = dict(zip(scores.task, scores.metric))
-    rng = np.random.default_rng(seed)
-    out: dict[tuple[int, str], list] = {c: [] for c in _configs(scores)}
-    tasks = sorted(metric)
-    by = {(t, int(b), g): part.sort_values("idx") for (t, b, g), part in preds.groupby(["task", "bits", "budget"])}
-    sizes = {t: int(preds[preds.task == t].idx.max()) + 1 for t in tasks}
-    for _ in range(n):
-        idx = {t: rng.integers(0, sizes[t], sizes[t]) for t in tasks}
-        for config in out:
-            vals = []
-            for t in tasks:
-                part = by.get((t, *config))
-                if part is not None:
-                    vals.append(100 * metric_value(metric[t], part.label.to_numpy()[idx[t]], part.pred.to_numpy()[idx[t]]))
-            out[config].append(np.mean(vals))
-    return {c: np.array(v) for c, v in out.items()}
+    unlearned = []
+    for row in scores[(scores.bits < 32) & scores.task.isin(tasks)].itertuples():
+        labels = cells.labels[row.task]
+        # the majority-class predictor's score; the decoder's circuit tasks record 1 = right for every example (a
+        # choice between the answer and one distractor): chance is 50 there
+        floor = (100 * metric_value(row.metric, labels, np.full(len(labels), _majority(labels)))
+                 if len(np.unique(labels)) > 1 else 50.0)
+        if row.score < floor + LEARNED_MARGIN:
+            unlearned.append(f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate "
+                             f"{int(row.replicate) if pd.notna(getattr(row, 'replicate', np.nan)) else 0}: "
+                             f"{row.score:.1f} vs {floor:.1f} predicting the majority class")
+    gates.append(Gate("students learned", not unlearned, why="; ".join(unlearned) or
+                      f"every student at least {LEARNED_MARGIN:.0f} points above the majority class",
+                      remedy="a student at the majority rate has not converged: a larger budget (--epochs-a) or "
+                             "learning rate (--student-lr)"))
+    if missing:
+        gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
+                          remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))
+    return claims, gates
 
 
-def _interval(point: float, samples: np.ndarray) -> dict:
-    return percentile_interval(point, samples).as_dict()
+def _majority(labels: np.ndarray) -> float:
+    values, counts = np.unique(labels, return_counts=True)
+    return float(values[np.argmax(counts)])
+
+
+def _price(result, cells: _Cells) -> str:
+    """What the cells this profile left out would cost here: their KD steps at this run's pace (the whole run's
+    seconds over the KD steps it took, teacher and scoring included)."""
+    scores = result.table("score")
+    done = float(scores[scores.bits < 32].steps.sum()) if "steps" in scores else 0.0
+    seconds = float(getattr(result, "seconds", 0.0) or 0.0)
+    info = result.info
+    epoch = int(info.get("steps_per_epoch", 0) or 0) or int(scores[scores.bits < 32].steps.min() or 1)
+    a = int(info.get("epochs_a", 1) or 1) * epoch
+    have = {(b, g) for (_, b, g, _) in cells.pred if b < 32}
+    wanted = {(b, g) for b in (2, 1) for g in ("A", "C")} - have
+    steps = sum(a * (6 if g == "C" else 1) for _, g in wanted) * len(cells.reps) * len(cells.tasks)
+    cost = (f", about {duration(steps * seconds / done)} here at this run's pace" if seconds and done else "")
+    return (f"the {len(wanted)} cells left out x {len(cells.reps)} replicates are {steps} KD steps{cost} (a student at "
+            "this budget may still not learn: see the students-learned gate)")
 
 
 def verdict(result) -> Verdict:
-
     all_scores = result.table("score")
     kept, excluded = learned_tasks(all_scores)
     if not kept:
         return Verdict(status="inconclusive", claim=CLAIM, summary="no teacher learned its task (every teacher "
                        f"below {MIN_TEACHER:.0f}): nothing to compare the students with", evidence={"excluded": excluded})
+    claims, gates = claims_and_gates(result, kept)
+    seconds = float(getattr(result, "seconds", 0.0) or 0.0)
+    k = len(_replicates(result.table("pred")))
+    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
     scores = all_scores[all_scores.task.isin(kept)]
-    avg = scores.groupby(["bits", "budget"]).score.mean()
-    boot = _resampled_averages(result, tasks=kept)
-    teacher = float(avg.loc[(32, "teacher")])
-    get = lambda b, g: float(avg.loc[(b, g)])  # noqa: E731
-    sample = lambda b, g: boot[(b, g)]  # noqa: E731
-    evidence = {"average": {f"{b}-bit {g}": _interval(get(b, g), sample(b, g)) for b, g in boot},
-                "per_task": {f"{r.task} {int(r.bits)}-bit {r.budget}": round(r.score, 2) for r in scores.itertuples()},
-                "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget}": {"packed_bytes": r.packed_bytes, "fp32_bytes": r.fp32_bytes,
-                                                                      "file_bytes": r.file_bytes}
-                          for r in scores.itertuples() if r.bits < 32 and not pd.isna(getattr(r, "packed_bytes", np.nan))},
-                "averaged_tasks": kept, "excluded_tasks": excluded}
-    checks = {}
-    budgets = sorted({g for b, g in boot if b < 32})
-    best = "C" if "C" in budgets else (budgets[-1] if budgets else None)  # the largest budget run
-    if (2, best) in boot:
-        gap = teacher - get(2, best)
-        iv = _interval(gap, sample(32, "teacher") - sample(2, best))
-        evidence["teacher_minus_2bit"] = iv
-        checks["2-bit close to teacher"] = close_check(gap, iv["low"], iv["high"])
-    if (1, best) in boot and (2, best) in boot:
-        d = sample(2, best) - sample(1, best)
-        evidence["2bit_minus_1bit"] = _interval(get(2, best) - get(1, best), d)
-        checks["1-bit drops more"] = _sign_check(get(2, best) - get(1, best), d)
-    gaps = {}
-    for b in sorted({b for b, _ in boot if b < 32}):
-        if (b, "A") in boot and (b, "C") in boot:
-            d = sample(b, "C") - sample(b, "A")
-            gaps[b] = (get(b, "C") - get(b, "A"), d)
-            evidence[f"C_minus_A_{b}bit"] = _interval(*gaps[b])
-            high = percentile_interval(gaps[b][0], d).high
-            checks[f"Budget-C >= Budget-A at {b} bit"] = "yes" if gaps[b][0] >= 0 else ("no" if high < 0 else "unclear")
-    reported = {}
-    if 1 in gaps and 2 in gaps:  # reported, never decisive on its own: the paper's effect is 0.7 points
-        reported["C-A gap largest at 1 bit"] = _sign_check(gaps[1][0] - gaps[2][0], gaps[1][1] - gaps[2][1])
-        d = gaps[1][1] - gaps[2][1]
-        evidence["gap_difference_halfwidth"] = float(np.percentile(d, 97.5) - np.percentile(d, 2.5)) / 2
-    evidence["checks"] = checks
-    evidence["reported"] = reported
-    if checks and all(v == "yes" for v in checks.values()):
-        status = "reproduced"
-    elif any(v == "no" for v in checks.values()):
-        status = "not reproduced"
-    else:
-        status = "inconclusive"
-    parts = [f"teacher {teacher:.1f}"] + [f"{b}-bit {g} {get(b, g):.1f}" for b, g in _configs(scores) if b < 32]
-    said = {k: f"{k}: {v}" for k, v in checks.items()}
-    if "teacher_minus_2bit" in evidence and "2-bit close to teacher" in said:
-        iv = evidence["teacher_minus_2bit"]
-        said["2-bit close to teacher"] += (f" (teacher - 2-bit {iv['estimate']:+.1f} [{iv['low']:+.1f}, {iv['high']:+.1f}],"
-                                          f" close if the upper bound <= {NEAR:.0f})")
-    summary = f"average over {', '.join(kept)}: " + ", ".join(parts) + "; " + "; ".join(said.values())
-    for k, v in reported.items():
-        summary += (f"; {k}: {v} (reported only: the paper's effect is {PAPER_GAP_EFFECT} points, this run resolves "
-                    f"about ±{evidence['gap_difference_halfwidth']:.1f})")
-    if checks.get("2-bit close to teacher") == "unclear":
-        iv = evidence["teacher_minus_2bit"]
-        n_eval = int(result.info.get("n_eval", 0) or 0)
-        needed = n_to_decide(n_eval, (iv["high"] - iv["low"]) / 2, max(abs(NEAR - iv["estimate"]), 0.25))
-        if needed:
-            evidence["to_decide"] = {"n_eval": needed}
-            summary += (f"; to decide '2-bit close' at 80% power (the interval clear of {NEAR:.0f} points at this gap) "
-                        f"needs about {needed:,} test examples a task (this run: {n_eval:,}): a rerun with --n-eval "
-                        f"{needed} trains the same students and scores more examples, about "
-                        f"{duration(getattr(result, 'seconds', 0.0))} on this machine as this run took")
+    teacher = scores[scores.bits == 32].score.mean()
+    parts = [f"teacher {teacher:.1f}"]
+    for bits, budget in _configs(scores):
+        if bits < 32:
+            cell = scores[(scores.bits == bits) & (scores.budget == budget)].groupby("replicate").score.mean()
+            parts.append(f"{bits}-bit {budget} {cell.mean():.1f} (replicates {', '.join(f'{v:.1f}' for v in cell)})")
+    summary = f"average over {', '.join(kept)}, {k} replicates: " + ", ".join(parts) + ". " + text
     if excluded:
         summary += f"; left out of the average: {', '.join(excluded)} (teacher below {MIN_TEACHER:.0f})"
+    ev = {**evidence(claims, gates), "averaged_tasks": kept, "excluded_tasks": excluded,
+          "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget} rep {r.replicate}": {"packed_bytes": r.packed_bytes,
+                                                                                  "fp32_bytes": r.fp32_bytes,
+                                                                                  "file_bytes": r.file_bytes}
+                    for r in scores.itertuples() if r.bits < 32 and not pd.isna(getattr(r, "packed_bytes", np.nan))}}
     lm = result.table("lm")
     if len(lm):  # the decoder option: perplexity on held-out self-sampled text
-        evidence["perplexity"] = {f"{int(r.bits)}-bit {r.budget}" if r.bits < 32 else "teacher": round(r.perplexity, 3)
-                                  for r in lm.itertuples()}
-        summary += "; perplexity " + ", ".join(f"{k} {v:.2f}" for k, v in evidence["perplexity"].items())
-    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=evidence)
-
-
-def _sign_check(point: float, samples: np.ndarray) -> str:
-    low = percentile_interval(point, samples).low
-    return "yes" if low > 0 else ("no" if point <= 0 else "unclear")
+        mean = lm.groupby(["bits", "budget"], sort=False).perplexity.mean()
+        ev["perplexity"] = {f"{int(b)}-bit {g}" if b < 32 else "teacher": round(float(v), 3)
+                            for (b, g), v in mean.items()}
+        summary += "; perplexity " + ", ".join(f"{k_} {v:.2f}" for k_, v in ev["perplexity"].items())
+    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
 
 
 def figure(result, fig=None):
@@ -167,13 +201,20 @@ def figure(result, fig=None):
             ax.set_yscale("log")
         else:
             part = scores[scores.task.isin(learned)] if name == "Ave." else scores[scores.task == name]
+        if name == "Ave." and "replicate" in part:  # the average over tasks, per replicate
+            part = part.assign(replicate=part.replicate.fillna(-1)).groupby(
+                ["bits", "budget", "replicate"], as_index=False).score.mean()
         mean = part.groupby(["bits", "budget"]).score.mean()
         teacher = mean.loc[(32, "teacher")]
         for budget, style, color in (("A", "o-", "tab:blue"), ("C", "^--", "tab:orange"), ("B", "s:", "tab:green")):
             bits = [b for b in (2, 1) if (b, budget) in mean.index]
             if bits:
                 ax.plot([0] + [x[b] for b in bits], [teacher] + [mean.loc[(b, budget)] for b in bits], style,
-                        color=color, label=f"Budget-{budget}")
+                        color=color, label=f"Budget-{budget} (mean of replicates)")
+                for b in bits:  # each replicate a small point, nudged off the mean's x
+                    reps = part[(part.bits == b) & (part.budget == budget)].score
+                    ax.scatter(np.full(len(reps), x[b] + (0.06 if budget == "C" else -0.06)), reps, s=9,
+                               color=color, alpha=0.6)
         ax.plot([0], [teacher], "ks", label="teacher")
         metric = part.metric.iloc[0] if name != "Ave." else "score"
         ax.set_title(name if name != "Ave." or not left_out else f"Ave. (without {', '.join(left_out)})",

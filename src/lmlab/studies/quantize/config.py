@@ -18,7 +18,7 @@ class Config(StudyConfig):
     tasks: list[str] | None = Field(None, description="generated tasks (fact-cola, fact-mrpc, fact-mnli, fact-stsb, "
                                                       "fact-qnli), glue-NAME from the hub, or glue-NAME:DIR (the tsv "
                                                       "files or a saved DatasetDict)")
-    bits: list[int] = Field(default_factory=lambda: [2, 1], description="student weight bits")
+    bits: list[int] | None = Field(None, description="student weight bits")
     budgets: list[str] | None = Field(None, description="KD budgets: A (epochs_a), B (3x), C (6x)")
     n_train: int | None = Field(None, ge=1, description="generated: the task's training pool (teacher data, KD "
                                                         "inputs)")
@@ -52,7 +52,7 @@ class Config(StudyConfig):
         from lmlab.data.hubdata import is_saved_dataset
         from lmlab.errors import LmlabError
 
-        for bits in self.bits:
+        for bits in self.size("bits"):
             check_bits(bits)
         bad = [b for b in self.size("budgets") if b not in MULTIPLIER]
         if bad:

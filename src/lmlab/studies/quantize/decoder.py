@@ -102,21 +102,25 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     done = run_dir.done("results")
     parallel.sync()  # every process has read the same units as done before rank 0 records one
     rows: list[dict] = []
-    units = [("teacher", 32, None)] + [(f"{bits}bit-{b}", bits, b) for bits in config.bits for b in budgets]
-    for key, bits, budget in units:
+    seeds = config.replicate_seeds()
+    units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
+                                             for b in budgets for r in range(len(seeds))]
+    for key, bits, budget, replicate in units:
         if key not in done:
             info, steps = {}, 0
+            seed = config.seed if replicate is None else seeds[replicate]
             if bits == 32:
                 model = teacher
             else:
-                seed_unit(config.seed, "decoder", key)
+                seed_unit(seed, "decoder", key)
                 model = copy.deepcopy(teacher)
                 for p in model.parameters():
                     p.requires_grad_(True)
                 quantize_model(model, bits)
                 steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
                 tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
-                                 warmup_steps=per_epoch, seed=config.seed, description=f"{bits}-bit Budget-{budget} KD",
+                                 warmup_steps=per_epoch, seed=seed,
+                                 description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
                                  **config.train_settings())
                 weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
                 work = run_dir.path / "work" / key
@@ -128,12 +132,14 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                 continue
             lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)
             budget_name = budget or "teacher"
-            unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, steps=steps, **lm_metrics)]
+            unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, replicate=replicate, steps=steps,
+                              **lm_metrics)]
             for t in task_rows:
                 unit_rows.append(dict(kind="score", task=t["task"], metric="accuracy", bits=bits, budget=budget_name,
-                                      score=100 * float(np.mean(t["correct"])), steps=steps, **info))
-                unit_rows += [dict(kind="pred", task=t["task"], bits=bits, budget=budget_name, idx=i, pred=float(c),
-                                   label=1.0) for i, c in enumerate(t["correct"])]
+                                      replicate=replicate, score=100 * float(np.mean(t["correct"])), steps=steps,
+                                      **info))
+                unit_rows += [dict(kind="pred", task=t["task"], bits=bits, budget=budget_name, replicate=replicate,
+                                   idx=i, pred=float(c), label=1.0) for i, c in enumerate(t["correct"])]
             run_dir.record("results", key, unit_rows)
             run_dir.log(f"{key}: perplexity {lm_metrics['perplexity']:.2f}, accuracy "
                         + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))

@@ -76,13 +76,15 @@ def steps_per_epoch(config: Config, n: int) -> int:
     return max(1, n // config.size("batch_size"))
 
 
-def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weight_decay: float = 0.0) -> TrainConfig:
+def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weight_decay: float = 0.0,
+                 seed: int | None = None) -> TrainConfig:
     """A checkpoint at the end of an epoch, but not more often than every CHECKPOINT_STEPS steps: the demo's
     10-step epochs made a checkpoint every 9 s, 6% of the training time, where resuming loses little."""
     per_epoch = steps_per_epoch(config, n)
     every = per_epoch * max(1, -(-CHECKPOINT_STEPS // per_epoch))
     return TrainConfig(steps=epochs * per_epoch, batch_size=config.size("batch_size"), lr=lr, schedule="linear",
-                       warmup_steps=per_epoch, seed=config.seed, weight_decay=weight_decay, description=desc,
+                       warmup_steps=per_epoch, seed=config.seed if seed is None else seed, weight_decay=weight_decay,
+                       description=desc,
                        checkpoint_every=every, **config.train_settings())
 
 
@@ -120,16 +122,18 @@ def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCac
     return TeacherCache(teacher, task.train, collate, batch_size=64, scores=config.kd_attention > 0)
 
 
-def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None
-             ) -> list[dict]:
-    """One configuration of one task: the teacher's own score, or one quantized student trained with KD."""
+def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None,
+             replicate: int | None = None, seed: int | None = None) -> list[dict]:
+    """One configuration of one task: the teacher's own score, or one quantized student (replicate `replicate`,
+    seeded `seed`) trained with KD."""
     labels = np.array([e.label for e in task.test])
     info: dict = {}
+    seed = config.seed if seed is None else seed
     if bits == 32:
         model = teacher
         steps = 0
     else:
-        seed_unit(config.seed, task.name, key)
+        seed_unit(seed, task.name, key)
         model = copy.deepcopy(teacher)
         for p in model.parameters():
             p.requires_grad_(True)
@@ -140,8 +144,9 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         quantize_model(model, bits)
         regression = task.num_labels == 1
         tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
-                          config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}",
-                          weight_decay=config.size("weight_decay"))
+                          config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}"
+                          + (f", replicate {replicate}" if replicate is not None else ""),
+                          weight_decay=config.size("weight_decay"), seed=seed)
         work = run_dir.path / "work" / f"{task.name}-{key}"
         weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
         best = _BestDev(model, collate, task, steps_per_epoch(config, len(task.train))) if config.size("best_dev") else None
@@ -160,7 +165,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         return []
     score = metric_value(task.metric, labels, preds)
     rows = [dict(kind="score", task=task.name, metric=task.metric, bits=bits, budget=budget or "teacher",
-                 score=100 * score, steps=steps, **info)]
-    rows += [dict(kind="pred", task=task.name, bits=bits, budget=budget or "teacher", idx=i, pred=float(p),
-                  label=float(y)) for i, (p, y) in enumerate(zip(preds, labels))]
+                 replicate=replicate, seed=seed if replicate is not None else None, score=100 * score, steps=steps,
+                 **info)]
+    rows += [dict(kind="pred", task=task.name, bits=bits, budget=budget or "teacher", replicate=replicate, idx=i,
+                  pred=float(p), label=float(y)) for i, (p, y) in enumerate(zip(preds, labels))]
     return rows

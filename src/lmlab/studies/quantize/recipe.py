@@ -15,8 +15,9 @@ steps and Budget-C = 372, at lr 2e-4 (budget compensation; the paper's 2e-5..5e-
 The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, lr 5e-5 with weight decay
 0.01, and keeps each student's best dev checkpoint (scored every epoch), as DeepSpeed's XTC example does.
 A task whose teacher scores below 50 (analysis.MIN_TEACHER; fact-stsb: Pearson 0.17 at 192 examples) is left
-out of the average, and the verdict names it. Intervals are bootstrap intervals over test examples (one
-seed). Under a launch (`torchrun -m lmlab quantize`, docs/scaling.md) every process trains the teacher and each
+out of the average, and the verdict names it. Every student cell runs once per replicate (`--seeds`, each its own
+seed: dropout masks and batch order; the teacher and its cached outputs are one per task), and each claim's
+interval covers the replicates and the test examples (lmlab.claims). Under a launch (`torchrun -m lmlab quantize`, docs/scaling.md) every process trains the teacher and each
 student together, data-parallel (each a slice of every KD batch; lmlab.train), each scores its share of the test set, and
 rank 0 alone packs and records each unit. `--layer-reduction true` makes every student keep teacher layers 1, 3, 5, ... (the last one always),
 with student block j distilled from teacher block 2j + 1 (DECISION: the paper keeps "every other layer"
@@ -41,7 +42,8 @@ from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.studies.quantize.decoder import run_decoder
-from lmlab.studies.quantize.measure import collate_for, run_unit, seed_unit, teacher_cache, train_config
+from lmlab.studies.quantize.measure import (collate_for, run_unit, seed_unit, steps_per_epoch, teacher_cache,
+                                            train_config)
 from lmlab.train import train
 
 
@@ -66,7 +68,7 @@ def load_task(name: str, config: Config) -> NLUTask:
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
-    for b in config.bits:
+    for b in config.size("bits"):
         check_bits(b)
     budgets = config.size("budgets")
     bad = [b for b in budgets if b not in MULTIPLIER]
@@ -101,18 +103,25 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         for p in teacher.parameters():
             p.requires_grad_(False)
         cache = None
-        units = [("teacher", 32, None)] + [(f"{bits}bit-{b}", bits, b) for bits in config.bits for b in budgets]
-        for key, bits, budget in units:
+        # the teacher is one per task (the claim is student vs its teacher); every student cell runs once per
+        # replicate, each from its own seed (dropout masks, batch order)
+        units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
+                                                  for b in budgets for r in range(config.n_seeds)]
+        seeds = config.replicate_seeds()
+        for key, bits, budget, replicate in units:
             unit_key = f"{task.name}|{key}"
             if unit_key not in done:
                 if bits != 32 and cache is None:  # once per task, for all its students
                     cache = teacher_cache(config, task, teacher, collate)
-                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache)
+                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
+                                          replicate=replicate, seed=None if replicate is None else seeds[replicate])
                 if parallel.is_main():  # the others trained and scored with it; rank 0 records
                     run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]
         del teacher, cache
     parallel.main_only()
     rows.append(dict(kind="counts", model=base.name, tasks=",".join(t.name for t in tasks),
-                     n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a")))
+                     n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a"),
+                     seeds=config.n_seeds, bits=",".join(map(str, config.size("bits"))), budgets=",".join(budgets),
+                     steps_per_epoch=steps_per_epoch(config, config.size("n_train"))))
     return pd.DataFrame(rows)
