@@ -13,8 +13,13 @@ from lmlab.studies.base import StudyConfig
 class Config(StudyConfig):
     device_map_refusal = None  # inference only: the model may be spread over devices and disk
     launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
+    replicate_refusal = ("the filler study trains nothing and decodes greedily: a rerun draws nothing new (its "
+                         "sampled runs are --samples)")
     benchmark: str = Field("arithmetic", description="arithmetic (generated), gsm8k or math500 (the hub), or "
                                                       "gsm8k:PATH / math500:PATH (a jsonl file or saved dataset folder)")
+    accuracy: bool | None = Field(None, description="generate and score answers (the accuracy gains); false: the "
+                                                     "attention profile and the mechanism check alone, the gains "
+                                                     "priced at this machine's decoding pace (the demo)")
     n_test_per_level: int | None = Field(None, ge=1, description="test problems per level")
     n_dev_per_level: int | None = Field(None, ge=1, description="dev problems per level for tuning ARM")
     max_new_tokens: int | None = Field(None, ge=1, description="generation budget in new tokens (full: 2048, as the paper)")

@@ -65,6 +65,11 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
     n = config.insert_count
+    if not config.size("accuracy"):  # the demo: attention and mechanism only, the gains priced
+        return pd.DataFrame(_profiles(lm, config, test) + [_pace(lm, config, test)] + [dict(
+            kind="counts", model=lm.name, dev=0, test=0, benchmark=config.benchmark.split(":")[0],
+            samples=config.size("samples"), scoring=config.size("scoring"),
+            max_new_tokens=config.size("max_new_tokens"), insert_count=n, accuracy_run=False)])
     rows: list[dict] = []
 
     # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
@@ -97,13 +102,36 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += [r for job in answers[len(main):] for r in job]
 
     parallel.main_only()  # under a launch the generation was shared out; the rest is rank 0's
-    # attention profiles and the mechanism check
-    probe = spread(test, config.profile_problems)
-    prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
-               for cond in ("None", "Mless", "Mful")}
-    rows += profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
+    rows += _profiles(lm, config, test)
     rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
                      samples=config.size("samples"), scoring=config.size("scoring"),
                      max_new_tokens=config.size("max_new_tokens"), insert_count=n,
-                     arm_c=best["c"], arm_p1=best["p1"]))
+                     arm_c=best["c"], arm_p1=best["p1"], accuracy_run=True))
     return pd.DataFrame(rows)
+
+
+def _profiles(lm, config: Config, test) -> list[dict]:
+    """The attention profiles and the mechanism check on `profile_problems` test problems."""
+    parallel.main_only()
+    probe = spread(test, config.profile_problems)
+    n = config.insert_count
+    prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
+               for cond in ("None", "Mless", "Mful")}
+    return profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
+
+
+def _pace(lm, config: Config, test) -> dict:
+    """What one answer costs here: two problems decoded greedily at the profile's budget (w/o and Mless, one batch),
+    so the verdict can price the accuracy gains it does not run."""
+    import time
+
+    from lmlab.generation import greedy_answers
+
+    item = test[0]
+    prompts = [build_ids(lm, item.question)[0], build_ids(lm, item.question, FILLERS["Mless"], config.insert_count)[0]]
+    budget = config.size("max_new_tokens")
+    t0 = time.perf_counter()
+    outs = greedy_answers(lm, prompts, budget, len(prompts), stop_at_newline=False, description="pace")
+    seconds = time.perf_counter() - t0
+    return dict(kind="pace", seconds_per_answer=seconds / len(prompts), max_new_tokens=budget,
+                tokens=float(sum(len(o) for o in outs) / len(outs)))
