@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -38,7 +39,7 @@ def test_two_processes_write_the_one_process_tables(tmp_path, study, units):
     for name in a.tables:
         pd.testing.assert_frame_equal(a.tables[name].reset_index(drop=True), b.tables[name].reset_index(drop=True))
     assert one["verdict"] == two["verdict"]  # and the summary, up to what would decide it (timed at each run's pace)
-    assert one["summary"].split(" To detect")[0] == two["summary"].split(" To detect")[0]
+    assert one["summary"].split("to decide:")[0] == two["summary"].split("to decide:")[0]
     partial = Path(two["path"]) / "partial"
     assert {p.name for p in partial.glob(f"{units}.rank*.jsonl")} == {f"{units}.rank0.jsonl", f"{units}.rank1.jsonl"}
     manifest = json.loads((Path(two["path"]) / "manifest.json").read_text())  # written by rank 0 alone
@@ -83,7 +84,21 @@ def test_training_studies_over_two_processes_write_the_one_process_tables(tmp_pa
     for name in a.tables:  # (wall times aside)
         x, y = (t.reset_index(drop=True).drop(columns=[c for c in t if c.startswith("seconds")])
                 for t in (a.tables[name], b.tables[name]))
-        pd.testing.assert_frame_equal(x, y, check_exact=False, atol=1e-4, rtol=0)
+        lists = [c for c in x if not pd.api.types.is_numeric_dtype(x[c]) and x[c].astype(str).str.startswith("[").any()]
+        for c in lists:  # per-prompt values stored as lists: compared as numbers, row by row
+            for u, v in zip(x[c], y[c]):
+                u, v = (json.loads(w) if isinstance(w, str) and w.startswith("[") else w for w in (u, v))
+                if isinstance(u, list) or isinstance(v, list):
+                    assert np.allclose(np.asarray(u, float), np.asarray(v, float), atol=1e-4, rtol=0), (name, c)
+                else:
+                    assert u == v or (pd.isna(u) and pd.isna(v)), (name, c, u, v)
+        for c in {"kept", "edges_per_query"} & set(x):  # S4: a gate at its threshold may flip under another
+            u, v = x.pop(c).to_numpy(float), y.pop(c).to_numpy(float)  # summation order: one edge in a sequence's
+            assert np.allclose(u, v, atol=0, rtol=2e-3) and np.mean(~np.isclose(u, v, atol=1e-6)) <= 0.01  # ~1000
+        # (perplexities run to 5e4; S4's explained-effect curve divides by a tiny model's small clean-corrupt gap)
+        loose = name == "curve"  # (its sparse rows come from models DDP trained in another summation order)
+        pd.testing.assert_frame_equal(x.drop(columns=lists), y.drop(columns=lists), check_exact=False,
+                                      atol=5e-3 if loose else 1e-4, rtol=5e-3 if loose else 1e-6)
     assert one["verdict"] == two["verdict"]
     manifest = json.loads((Path(two["path"]) / "manifest.json").read_text())
     assert manifest["status"] == "complete" and (Path(two["path"]) / "log.rank1.txt").is_file()

@@ -1,7 +1,6 @@
 """S4: circuit tasks, attribution vs activation patching, the sparse gate, GECO, sparse save/load, verdict."""
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -16,6 +15,7 @@ from lmlab.interventions.attention import gated_softmax
 from lmlab.models import load_model, save_model
 from lmlab.studies import sparse_circuits as study
 from lmlab.studies.sparse_circuits.analysis import verdict
+from lmlab.studies.sparse_circuits.circuit_analysis import derive
 from lmlab.studies.result import from_rows
 from lmlab.train import TrainConfig
 from lmlab.train.geco import GECO
@@ -407,57 +407,71 @@ def test_toy_exact_match_is_per_problem():
 
 # --- verdict ------------------------------------------------------------------------------------------
 
-def _table(mults, kept, ce_hi, converged=True, n_prompts=64, kept_trace=None):
-    rows = [{"kind": "multiplier", "task": t, "value": m, "lo": lo, "hi": hi, "dense_heads": 10, "sparse_heads": 5}
-            for t, (m, lo, hi) in mults.items()]
-    rows.append({"kind": "sparsity", "variant": "sparse", "value": kept, "ce": 3.0, "ce_diff": ce_hi / 2, "lo": 0.0,
-                 "hi": ce_hi, "tau_slack": 0.1, "converged": converged, "final_ema": -0.01 if converged else 0.2,
-                 "multiplier": 5.0, "steps": 40, "n_prompts": n_prompts, "tokens": 256, "edges_per_query": 1.5,
-                 "fallback": 0.1})
-    trace = kept_trace if kept_trace is not None else [kept] * 40
-    rows += [{"kind": "geco", "step": i + 1, "ce": 3.0, "ema": -0.01, "multiplier": 5.0, "tau": 3.1,
-              "kept_edges": k} for i, k in enumerate(trace)]
-    return pd.DataFrame(rows)
+def _curve(need: int, n_prompts: int, rng, total: int = 16) -> list:
+    return [(n, (0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)) + rng.normal(0, 0.02, n_prompts))
+            for n in range(total + 1)]
+
+
+def _table(heads, kept, ce_diff, converged=True, n_prompts=64, kept_trace=None, k=3, n_seq=16):
+    """The model half's tables: per task the dense curve needing heads[task][0] and k sparse replicates needing
+    heads[task][1] heads for 0.9; held-out text with `kept` edges and a CE change of `ce_diff` per sequence."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for task, (nd, ns) in heads.items():
+        rows += [{"kind": "per_prompt", "variant": "dense", "task": task, "n_heads": n,
+                  "values": json.dumps(v.round(4).tolist())} for n, v in _curve(nd, n_prompts, rng)]
+        rows += [{"kind": "per_prompt", "variant": "sparse", "replicate": r, "task": task, "n_heads": n,
+                  "values": json.dumps(v.round(4).tolist())} for r in range(k) for n, v in _curve(ns, n_prompts, rng)]
+    for r in range(k):
+        rows.append({"kind": "sparsity", "replicate": r, "variant": "sparse", "value": kept, "ce": 3.0, "tau_slack": 0.1,
+                     "converged": converged, "final_ema": -0.01 if converged else 0.2, "multiplier": 5.0, "steps": 40,
+                     "n_prompts": n_prompts, "tokens": 256, "edges_per_query": 1.5, "fallback": 0.1})
+        rows += [{"kind": "sparse_seq", "replicate": r, "idx": i, "kept": kept + rng.normal(0, 0.001),
+                  "ce_diff": ce_diff + rng.normal(0, 0.02)} for i in range(n_seq)]
+        trace = kept_trace if kept_trace is not None else [kept] * 40
+        rows += [{"kind": "geco", "replicate": r, "step": i + 1, "ce": 3.0, "ema": -0.01, "multiplier": 5.0,
+                  "tau": 3.1, "kept_edges": x} for i, x in enumerate(trace)]
+    return derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=20)
+
+
+def _v(*args, **kw):
+    return verdict(from_rows("sparse-circuits", _table(*args, **kw)))
 
 
 def test_verdict_can_go_each_way():
-    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
-    assert verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.05))).status == "reproduced"
-    assert verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05))).status == "not reproduced"  # edges not sparse
-    assert verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.50))).status == "not reproduced"  # loss not held
-    worse = {t: (0.5, 0.3, 0.8) for t in TASKS}
-    assert verdict(from_rows("sparse-circuits", _table(worse, 0.01, 0.05))).status == "not reproduced"
-    mixed = {t: (1.1, 0.7, 1.6) for t in TASKS}
-    assert verdict(from_rows("sparse-circuits", _table(mixed, 0.01, 0.05))).status == "inconclusive"
+    good = {t: (8, 4) for t in TASKS}
+    v = _v(good, 0.01, 0.02)
+    assert v.status == "reproduced", v.summary
+    mean = next(c for c in v.evidence["claims"] if c["name"] == "mean log2 multiplier over the tasks")
+    assert 2 ** mean["estimate"] == pytest.approx(2.0, rel=0.1) and mean["replicates"] == 3
+    assert _v(good, 0.30, 0.02).status == "not reproduced"  # edges not sparse
+    assert _v(good, 0.01, 0.50).status == "not reproduced"  # loss not held
+    assert _v({t: (4, 8) for t in TASKS}, 0.01, 0.02).status == "not reproduced"  # the sparse model needs more
+    mixed = {"ioi": (8, 4), "greater-than": (4, 8), "docstring": (6, 6), "ioi-long": (6, 6)}
+    assert _v(mixed, 0.01, 0.02).status == "inconclusive"
 
 
-def test_verdict_waits_for_convergence():
-    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
+def test_verdict_waits_for_convergence_and_power():
+    good = {t: (8, 4) for t in TASKS}
     # the constraint's moving average still violated at the end: no claim either way, whatever the numbers
-    for kept, ce_hi in ((0.30, 0.50), (0.01, 0.05)):
-        v = verdict(from_rows("sparse-circuits", _table(good, kept, ce_hi, converged=False)))
-        assert v.status == "inconclusive" and v.summary.startswith("Post-training did not converge")
+    for kept, ce in ((0.30, 0.50), (0.01, 0.02)):
+        v = _v(good, kept, ce, converged=False)
+        assert v.status == "inconclusive" and "post-training converged: FAILED" in v.summary
         assert "+0.200 nats over tau" in v.summary
     # the constraint holds but the edges were still falling fast over the last quarter
-    falling = list(np.linspace(0.9, 0.3, 40))
-    v = verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05, kept_trace=falling)))
-    assert v.status == "inconclusive" and v.evidence["reason"] == "post-training did not converge"
-    assert v.evidence["edges_still_falling"]
+    v = _v(good, 0.30, 0.02, kept_trace=list(np.linspace(0.9, 0.3, 40)))
+    assert v.status == "inconclusive" and "edges kept still fell" in v.summary
     # settled at 30%: a real miss
-    settled = [0.9] * 10 + [0.3] * 30
-    assert verdict(from_rows("sparse-circuits", _table(good, 0.30, 0.05, kept_trace=settled))).status == "not reproduced"
-
-
-def test_multiplier_with_few_prompts_is_underpowered():
-    good = {t: (2.0, 1.3, 3.0) for t in TASKS}
-    v = verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.05, n_prompts=12)))
-    assert v.status == "inconclusive" and v.evidence["multiplier_underpowered"] and "underpowered" in v.summary
-    worse = {t: (0.5, 0.3, 0.8) for t in TASKS}  # intervals that exclude 1 still count against the claim
-    assert verdict(from_rows("sparse-circuits", _table(worse, 0.01, 0.05, n_prompts=12))).status == "not reproduced"
+    assert _v(good, 0.30, 0.02, kept_trace=[0.9] * 10 + [0.3] * 30).status == "not reproduced"
+    # 12 prompt pairs: never "reproduced"; a sparse model that clearly needs more heads still counts against
+    weak = _v(good, 0.01, 0.02, n_prompts=12)
+    assert weak.status == "inconclusive" and "multiplier powered: FAILED" in weak.summary
+    assert _v({t: (4, 8) for t in TASKS}, 0.01, 0.02, n_prompts=12).status == "not reproduced"
+    assert _v(good, 0.01, 0.02, k=1).status == "inconclusive"  # one post-training run
 
 
 def test_paper_fraction_as_edges_per_query():
-    from lmlab.studies.sparse_circuits.analysis import paper_edges_per_query
+    from lmlab.studies.sparse_circuits.circuit_analysis import paper_edges_per_query
 
     assert paper_edges_per_query(255) == pytest.approx(0.004 * 128)  # 256 causal keys per query on average / 2
 
@@ -470,18 +484,18 @@ def test_derive_builds_multiplier_from_per_prompt_rows():
     for variant, values in (("dense", dense), ("sparse", sparse)):
         for n, v in zip(grid, values):
             rows.append({"kind": "per_prompt", "variant": variant, "task": "ioi", "n_heads": n,
-                         "values": json.dumps(v.tolist())})
-    table = study.analysis.derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=50)
+                         "values": json.dumps(v.tolist()), **({"replicate": 0} if variant == "sparse" else {})})
+    table = derive(pd.DataFrame(rows), 0.9, seed=0, n_boot=50)
     m = table[table["kind"] == "multiplier"].iloc[0]
     assert m["dense_heads"] == 4 and m["sparse_heads"] == 2 and m["value"] == pytest.approx(2.0)
-    assert not math.isnan(m["lo"])
+    assert m["replicate"] == 0
 
 
 # --- the study end to end, on the embedded model with tiny sizes -----------------------------------------
 
 TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2,
                 eval_tokens=8, toy_steps=3, toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4,
-                fine_grid=False)
+                fine_grid=False, seeds=2)
 
 
 @pytest.mark.embedded
@@ -503,8 +517,10 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smoll
     sparse = table[(table["kind"] == "sparsity") & (table["variant"] == "sparse")].iloc[0]
     assert 0 <= sparse["value"] <= 1 and sparse["tokens"] >= 8 and sparse["edges_per_query"] >= 0
     geco = result.table("geco")
-    assert list(geco["step"]) == [1, 2] and (geco["multiplier"] > 0).all()  # the whole trace, across the resume
-    back = load_model(str(result.path / "sparse_model"))
+    assert geco.groupby("replicate").step.apply(list).tolist() == [[1, 2], [1, 2]]  # whole traces, across the resume
+    assert (geco["multiplier"] > 0).all()
+    assert set(table[table["kind"] == "multiplier"]["replicate"]) == {0, 1}
+    back = load_model(str(result.path / "post_training" / "rep0" / "sparse_model"))
     assert back.meta.get("sparse_attention")
     assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")
 
@@ -517,26 +533,102 @@ def test_heads_needed_ignores_an_early_spike():
     assert never.heads_needed(0.9) is None
 
 
-def test_toy_only_verdict_decides_on_the_toy_and_knows_when_it_cannot():
-    """The demo's S4 runs the addition toy alone: reproduced when the sparse toy keeps <= 5% of edges within 2
-    points of the dense toy's exact match, not reproduced when it keeps many more, inconclusive when the dense
-    toy never learned addition or the constraint is still violated."""
+def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, heads=(8, 3), spread=0.0, n_seq=200,
+              n_prompts=40):
+    """Toy tables of k replicates: per sequence exact match and kept edges, a GECO trace, and explained-effect
+    curves whose heads-needed at 0.9 is heads[0] (dense) and heads[1] (sparse); `spread`: replicate r's kept share
+    is kept + r * spread."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for r in range(k):
+        kr = kept + r * spread
+        rows += [dict(kind="toy", replicate=r, variant="dense", value=dense_em, ce=0.01, kept=1.0, edges_per_query=23.5,
+                      floor=0.043),
+                 dict(kind="toy", replicate=r, variant="sparse", value=sparse_em, ce=0.02, kept=kr, edges_per_query=1.0,
+                      fallback=0.0, floor=0.043, final_ema=-0.03 if converged else 0.05, converged=converged,
+                      tau=0.04, steps=300)]
+        rows += [dict(kind="toy_seq", replicate=r, idx=i, dense_em=float(rng.random() < dense_em),
+                      sparse_em=float(rng.random() < sparse_em), kept=float(np.clip(kr + rng.normal(0, 0.003), 0, 1)))
+                 for i in range(n_seq)]
+        rows += [dict(kind="toy_geco", replicate=r, step=i + 1, ce=0.03, tau=0.04, ema=-0.01, multiplier=1.0,
+                      kept_edges=kr) for i in range(40)]
+        for variant, need in (("dense", heads[0]), ("sparse", heads[1])):
+            for n in range(17):
+                base = 0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)
+                rows.append(dict(kind="toy_per_prompt", replicate=r, variant=variant, n_heads=n,
+                                 values=json.dumps((base + rng.normal(0, 0.02, n_prompts)).round(4).tolist())))
+    return rows
+
+
+def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
+    """The demo's S4 runs the addition toy alone, k replicates: reproduced when every claim holds over them
+    (<= 5% of edges, exact match within 2 points, fewer heads), not reproduced when the sparse toys keep many
+    edges, inconclusive when a dense toy did not learn, a post-training did not converge, the replicates disagree,
+    or there is one replicate."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
 
-    def result(dense_em=0.994, sparse_em=0.982, kept=0.043, converged=True):
-        rows = [dict(kind="toy", variant="dense", value=dense_em, ce=0.01, kept=1.0, edges_per_query=23.5, floor=0.043),
-                dict(kind="toy", variant="sparse", value=sparse_em, ce=0.02, kept=kept, edges_per_query=1.0,
-                     fallback=0.0, floor=0.043, multiplier=2.0, final_ema=-0.03 if converged else 0.05,
-                     converged=converged, tau=0.04, steps=300)]
-        rows += [dict(kind="toy_geco", step=i + 1, ce=0.03, tau=0.04, ema=-0.01, multiplier=1.0, kept_edges=kept)
-                 for i in range(40)]
-        return from_rows("sparse-circuits", rows, "toy")
+    def judged(**kw):
+        return s4_verdict(from_rows("sparse-circuits", _toy_rows(**kw), "toy"))
 
-    assert s4_verdict(result()).status == "reproduced"
-    assert s4_verdict(result(kept=0.20)).status == "not reproduced"
-    assert s4_verdict(result(sparse_em=0.90)).status == "not reproduced"
-    undecided = s4_verdict(result(dense_em=0.30))
-    assert undecided.status == "inconclusive" and "did not learn addition" in undecided.summary
-    assert s4_verdict(result(converged=False)).status == "inconclusive"
-    assert "64 prompt pairs" in s4_verdict(result()).summary  # what the multiplier half would take
+    good = judged()
+    assert good.status == "reproduced", good.summary
+    mult = next(c for c in good.evidence["claims"] if c["name"].startswith("log2 multiplier"))
+    assert 2 ** mult["estimate"] == pytest.approx(8 / 3, rel=0.05) and mult["decision"] == "yes"
+    assert judged(kept=0.20).status == "not reproduced"
+    assert judged(sparse_em=0.85).status == "not reproduced"
+    undecided = judged(dense_em=0.30)
+    assert undecided.status == "inconclusive" and "dense toys learned addition: FAILED" in undecided.summary
+    assert judged(converged=False).status == "inconclusive"
+    split = judged(kept=0.02, spread=0.04)  # 2%, 6%, 10%: on both sides of the 5% bar
+    assert split.status == "inconclusive" and "the replicates disagree" in split.summary
+    assert judged(k=1).status == "inconclusive"
+    assert "64 prompt pairs" in good.summary  # what the model's half would take
+
+
+def test_replicates_post_trained_together_equal_each_post_trained_alone(tmp_path):
+    """Sparse post-training of a stacked toy (one GECO multiplier per replicate, the gate's noise keyed per
+    replicate seed) follows each replicate post-trained alone: the same CE and multiplier trajectory and edges."""
+    from lmlab.train.ensemble import stack
+
+    data = toy.addition_data(n_test=50)
+    seeds = [101, 202]
+    cfg = dict(steps=5, batch_size=8, lr=1e-3, schedule="constant", checkpoint_every=10, progress=False)
+
+    def fresh(seed):
+        return toy.build_toy(seed=seed, d_model=32, n_layers=2, n_heads=2).model
+
+    alone = [sparse_post_train(fresh(s), data.train[:64], toy.collate, toy.answer_loss, 1.5 + i, TrainConfig(seed=s, **cfg),
+                               tmp_path / f"a{s}", rate=0.5, clip=0.1) for i, s in enumerate(seeds)]
+    together = sparse_post_train(stack([fresh(s) for s in seeds]), data.train[:64], toy.collate, toy.answer_loss,
+                                 [1.5, 2.5], TrainConfig(replicate_seeds=seeds, **cfg), tmp_path / "t", rate=0.5,
+                                 clip=0.1)
+    for r, solo in enumerate(alone):
+        np.testing.assert_allclose(np.array(together.gecos[r].trace), np.array(solo.geco.trace), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose([h["kept_edges"] for h in together.histories[r]],
+                                   [h["kept_edges"] for h in solo.history], atol=1e-6)
+        assert together.gecos[r].tau == solo.geco.tau
+
+
+def test_geco_clip_bounds_how_fast_a_large_violation_moves_lambda():
+    unbounded, bounded = GECO(tau=0.0, rate=1.0, alpha=0.0), GECO(tau=0.0, rate=1.0, alpha=0.0, clip=0.1)
+    for _ in range(10):
+        unbounded.update(2.0)
+        bounded.update(2.0)
+    assert unbounded.multiplier == pytest.approx(1e4)  # e^20, clipped at the bound
+    assert bounded.multiplier == pytest.approx(np.exp(1.0), rel=1e-6)  # ten steps of e^0.1
+    for _ in range(10):
+        bounded.update(-2.0)
+    assert bounded.multiplier == pytest.approx(1.0, rel=1e-6)
+
+
+def test_toy_circuit_task_pairs_differ_in_the_first_operand_ones_digit_only():
+    data = toy.addition_data(n_test=200, seed=0)
+    task = toy.circuit_task(data.test_pairs, 30, seed=1)
+    assert len(task) == 30 and task.metric == "logit_diff"
+    for p in task.prompts:
+        assert len(p.clean) == len(p.corrupted) == 9  # <bos> a b + c d = e f
+        assert p.clean[1] == p.corrupted[1] and p.clean[2] != p.corrupted[2] and p.clean[4:6] == p.corrupted[4:6]
+        x, y = int(p.clean_text[:2]), int(p.clean_text[3:5])
+        assert (x, y) in set(data.test_pairs) and p.answer == toy.TOK[str((x + y) % 10)]
+        assert p.answer != p.distractor

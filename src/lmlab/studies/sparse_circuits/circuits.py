@@ -120,9 +120,14 @@ def activation_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
     return scores
 
 
-def ranking(scores: np.ndarray) -> list[tuple[int, int]]:
-    """Heads ordered by |score|, largest first (ties broken by position, so the order is stable)."""
+def ranking(scores: np.ndarray, tie: float = 1e-5) -> list[tuple[int, int]]:
+    """Heads ordered by |score|, largest first. Scores within `tie` x the largest |score| of each other count as
+    tied and keep their position order, so float noise (another summation order, several processes) does not
+    reorder heads whose scores only differ in their last digits."""
     flat = np.abs(np.nan_to_num(scores, nan=-np.inf)).ravel()
+    top = float(np.max(flat[np.isfinite(flat)])) if np.isfinite(flat).any() else 0.0
+    if top > 0:
+        flat = np.where(np.isfinite(flat), np.round(flat / (tie * top)), flat)
     order = np.argsort(-flat, kind="stable")
     n_heads = scores.shape[1]
     return [(int(i // n_heads), int(i % n_heads)) for i in order]

@@ -35,6 +35,8 @@ class Config(StudyConfig):
     geco_rate: float | None = Field(None, description="GECO multiplier rate (default: sized to the step budget, "
                                                       "a slack-sized violation held for half of it moves lambda 10x)")
     geco_initial: float = Field(1.0, description="GECO multiplier at step 0")
+    geco_clip: float | None = Field(2.0, description="the largest constraint violation one multiplier update acts on, "
+                                                     "in slacks (none: unbounded)")
     n_text: int | None = Field(None, ge=1, description="sequences the dense model samples for post-training "
                                                  "(with the docstrings: steps x batch, so none is seen twice)")
     n_docstrings: int | None = Field(None, ge=0, description="stdlib docstrings mixed into the post-training text")
@@ -45,7 +47,13 @@ class Config(StudyConfig):
     toy_steps: int | None = Field(None, ge=1, description="toy: dense training steps")
     toy_sparse_steps: int | None = Field(None, ge=1, description="toy: sparse post-training steps")
     toy_width: int | None = Field(None, ge=8, description="toy: d_model")
+    toy_batch: int | None = Field(None, ge=1, description="toy: sequences (of 5 problems) per dense training step")
+    toy_sparse_batch: int | None = Field(None, ge=1, description="toy: sequences per sparse post-training step")
     toy_slack: float = Field(0.03, description="toy: tau = dense answer CE + this (nats)")
+    toy_lr: float = Field(3e-3, gt=0, description="toy: dense training learning rate (cosine, 5% warm-up)")
+    toy_sparse_lr: float = Field(1e-3, gt=0, description="toy: sparse post-training learning rate (constant)")
+    toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
+                                                    "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
 
     def check_inputs(self, models: bool = True) -> None:
@@ -80,10 +88,12 @@ class Config(StudyConfig):
                              "folder of a sparse-circuits run)")
         record = folder.parent / "sparse_training.json"
         if not record.is_file():
-            raise LmlabError(f"--sparse-model {folder} has no sparse_training.json beside it: give the sparse_model/ "
-                             "folder inside a sparse-circuits run folder")
-        manifest = folder.parent / "manifest.json"
-        source = json.loads(manifest.read_text()).get("model") if manifest.is_file() else None
+            raise LmlabError(f"--sparse-model {folder} has no sparse_training.json beside it: give a "
+                             "post_training/repN/sparse_model folder of a sparse-circuits run")
+        # the run folder's manifest: beside the record (an older layout) or two folders up (post_training/repN)
+        manifest = next((p / "manifest.json" for p in (folder.parent, folder.parent.parent.parent)
+                         if (p / "manifest.json").is_file()), None)
+        source = json.loads(manifest.read_text()).get("model") if manifest is not None else None
         if source is not None and source != self.model:
             raise LmlabError(f"--sparse-model {folder} was post-trained from {source}, not {self.model}")
         return json.loads(record.read_text())

@@ -44,11 +44,13 @@ def reference_batch(lm, items: list[dict]) -> dict:
     return batch
 
 
-def discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
-    """Clean metric, ranking and explained-effect curve per task, recorded per task (resumable)."""
+def discover(lm, variant: str, config: Config, run_dir: RunDir, replicate: int | None = None) -> None:
+    """Clean metric, ranking and explained-effect curve per task, recorded per task (resumable); `replicate`: the
+    post-training replicate a sparse model is (its rows carry it)."""
     done = run_dir.done(f"discovery-{variant}")
     for i, name in enumerate(config.tasks):
-        if name in done or not parallel.mine(i):  # under a launch each process takes its tasks
+        key = name if replicate is None else f"{name}|rep{replicate}"
+        if key in done or not parallel.mine(i):  # under a launch each process takes its tasks
             continue
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
         z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
@@ -58,16 +60,17 @@ def discover(lm, variant: str, config: Config, run_dir: RunDir) -> None:
         grid = circuits.heads_grid(len(order), fine=config.size("fine_grid"))
         curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=config.batch_size, z_corr=z_corr)
         clean = curve.clean  # every head kept: the unpatched run
-        rows = [{"kind": "task", "variant": variant, "task": name, "clean_metric": float(clean.mean()),
+        rep = {} if replicate is None else {"replicate": replicate}
+        rows = [{"kind": "task", "variant": variant, **rep, "task": name, "clean_metric": float(clean.mean()),
                  "accuracy": float((clean > 0).mean()), "corrupted_metric": float(corrupted.mean()),
                  "metric": task.metric, "total_heads": len(order),
                  "components": "heads+mlps" if config.mlps else "heads"}]
         for n, values in zip(curve.grid, curve.values):
-            rows.append({"kind": "per_prompt", "variant": variant, "task": name, "n_heads": n,
+            rows.append({"kind": "per_prompt", "variant": variant, **rep, "task": name, "n_heads": n,
                          "values": json.dumps([round(float(v), 6) for v in values])})
-        rows += [{"kind": "ranking", "variant": variant, "task": name, "rank": rank, "layer": l, "index": h,
+        rows += [{"kind": "ranking", "variant": variant, **rep, "task": name, "rank": rank, "layer": l, "index": h,
                   "score": round(float(scores[l, h]), 6)} for rank, (l, h) in enumerate(order[:40], 1)]
-        run_dir.record(f"discovery-{variant}", name, rows)
+        run_dir.record(f"discovery-{variant}", key, rows)
         run_dir.log(f"{variant} {name}: clean {clean.mean():.3f}, corrupted {corrupted.mean():.3f}, "
                     f"N@{config.threshold} = {curve.heads_needed(config.threshold)}")
 

@@ -24,9 +24,11 @@
 3. The same discovery on the sparse model; multiplier = heads the dense model needs / heads the
    sparse model needs at 0.9 (> 1: the sparse model needs fewer), with a percentile interval from
    resampling prompts (the ranking is fixed; the curve is recomputed from per-prompt metrics).
-4. The toy of the paper's Figure 1 (toy.py): 4 layers trained from scratch on 2-digit addition, five
-   problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained; its
-   attention edges are drawn dense above, sparse below.
+4. The toy of the paper's Figure 1 (toy.py, toy_study.py): 4 layers trained from scratch on 2-digit addition,
+   five problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained, k times
+   (`--seeds`), the replicates trained together as one stacked module; each replicate's circuit for the ones
+   digit is found dense and sparse, which draws the seed's figure at toy scale (explained effect vs heads kept,
+   the multiplier over replicates); its attention edges are drawn dense above, sparse below.
 
 Under a launch (`torchrun -m lmlab sparse-circuits`, docs/scaling.md) discovery is shared out by task (the
 attribution check is one more unit), rank 0 samples the text and measures sparsity, and every process
@@ -59,8 +61,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from lmlab import parallel
 from lmlab.data.generated.circuits import TASKS, make_task
@@ -68,19 +69,19 @@ from lmlab.data.generated.selftext import sample_text, stdlib_docstrings
 from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce_edges
 from lmlab.files import atomic_write
-from lmlab.interventions import SparseAttention, intervene
 from lmlab.models import LoadedModel, save_model
 from lmlab.runs import RunDir
 from lmlab.stats import bootstrap
 from lmlab.studies.result import split_tables
-from lmlab.studies.sparse_circuits import toy
-from lmlab.studies.sparse_circuits.analysis import derive, geco_figure, toy_figure
+from lmlab.studies.sparse_circuits.analysis import geco_figure, toy_figure
+from lmlab.studies.sparse_circuits.circuit_analysis import derive
+from lmlab.studies.sparse_circuits.toy_study import run_toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.measure import (discover, reference_batch, text_batches, verify,
                                                     with_dense_reference)
-from lmlab.train import TrainConfig, train
+from lmlab.train import TrainConfig
 from lmlab.train.geco import sized_rate
-from lmlab.train.sparse import sparse_post_train
+from lmlab.train.sparse import qk_scale, sparse_post_train
 
 
 def _eval_tokens(lm, config: Config) -> int:
@@ -109,11 +110,14 @@ def _text(lm, config: Config, run_dir: RunDir) -> dict:
     return data
 
 
-def _post_train(lm, config: Config, run_dir: RunDir):
-    """Sample text, measure tau, sparse-post-train, save; returns the folder of the sparse model."""
-    folder = run_dir.path / "sparse_model"
+def _post_train(lm, config: Config, run_dir: RunDir, replicate: int = 0, seed: int | None = None):
+    """Sample text, measure tau, sparse-post-train replicate `replicate` (its gate noise and batch order from
+    `seed`), save; returns the folder of its sparse model and its training record (beside the folder)."""
+    seed = config.seed if seed is None else seed
+    where = run_dir.path / "post_training" / f"rep{replicate}"
+    folder = where / "sparse_model"
     if (folder / "lmlab.json").is_file():
-        return folder, json.loads((run_dir.path / "sparse_training.json").read_text())
+        return folder, json.loads((where / "sparse_training.json").read_text())
     data = _text(lm, config, run_dir)
     train_seqs = data["train"]
     items, dense_ce = with_dense_reference(lm, train_seqs, config.batch_size)
@@ -130,80 +134,62 @@ def _post_train(lm, config: Config, run_dir: RunDir):
                     f"{config.size('sparse_batch')} draws")
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(steps, config.slack)
     tc = TrainConfig(steps=steps, batch_size=config.size("sparse_batch"), lr=config.sparse_lr,
-                     schedule="constant", warmup_steps=0, checkpoint_every=5, seed=config.seed,
-                     lr_scale=qk_scale(config.qk_lr_scale), description="sparse post-training",
+                     schedule="constant", warmup_steps=0, checkpoint_every=5, seed=seed,
+                     lr_scale=qk_scale(config.qk_lr_scale), description=f"sparse post-training, replicate {replicate}",
                      **config.train_settings())
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
-                            run_dir.path / "sparse_train", rate=rate, initial_multiplier=config.geco_initial)
+                            where / "sparse_train", rate=rate, initial_multiplier=config.geco_initial,
+                            clip=config.geco_clip * config.slack if config.geco_clip else None)
     if parallel.is_main():  # every process holds the same weights: rank 0 saves them
         save_model(lm, folder, sparse_attention=True)
         info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
                 "final_multiplier": out.geco.multiplier,
                 "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
                 "steps": steps, "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens,
-                "geco": [list(t) for t in out.geco.trace], "history": out.history}
-        atomic_write(run_dir.path / "sparse_training.json", json.dumps(info))
-        shutil.rmtree(run_dir.path / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
+                "geco": [list(t) for t in out.geco.trace], "history": out.history, "seed": seed}
+        atomic_write(where / "sparse_training.json", json.dumps(info))
+        shutil.rmtree(where / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
     parallel.sync()
-    return folder, json.loads((run_dir.path / "sparse_training.json").read_text())
+    return folder, json.loads((where / "sparse_training.json").read_text())
 
 
-def qk_scale(scale: float) -> dict[str, float]:
-    """The learning-rate multiplier for the query and key projections (Llama/Gemma names); GPT-NeoX and GPT-2
-    fuse q, k and v in one matrix, which then takes the multiplier whole."""
-    if scale == 1.0:
-        return {}
-    return {name: scale for name in ("q_proj", "k_proj", "query_key_value", "c_attn")}
-
-
-def _geco_rows(kind: str, info: dict) -> list[dict]:
+def _geco_rows(kind: str, info: dict, replicate: int = 0) -> list[dict]:
     """One row per post-training step: the constraint (CE), its moving-average violation, lambda, edges kept."""
     edges = {h["step"]: h["kept_edges"] for h in info.get("history", [])}
-    return [{"kind": kind, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
+    return [{"kind": kind, "replicate": replicate, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
              "kept_edges": edges.get(i + 1)}
             for i, (ce, tau, ema, lam) in enumerate(info.get("geco", []))]
 
 
-def _toy(config: Config, run_dir: RunDir) -> None:
-    if run_dir.done("toy"):
+def _sparsity(sparse_lm, config: Config, run_dir: RunDir, eval_seqs, info: dict, replicate: int) -> None:
+    """Replicate `replicate`'s edges kept and CE change on the held-out text, per sequence and in all (recorded)."""
+    key = f"rep{replicate}"
+    if key in run_dir.done("sparsity") or not parallel.is_main():
         return
-    data = toy.addition_data(seed=config.seed)
-    model = toy.build_toy(seed=config.seed, d_model=config.size("toy_width"), device=config.torch_device()).model
-    steps = config.size("toy_steps")
-    tc = TrainConfig(steps=steps, batch_size=128, lr=3e-3, weight_decay=0.1, warmup_steps=steps // 20,
-                     schedule="cosine", checkpoint_every=200, seed=config.seed, description="toy: addition",
-                     **config.train_settings())
-    train(model, data.train, toy.collate, toy.answer_loss, tc, run_dir.path / "toy_dense")
-    dense_train = toy.evaluate(model, data.train[:2000])  # every process: tau comes from it
-    if parallel.is_main():
-        dense = toy.evaluate(model, data.test)
-        dense_usage = toy.edge_usage(model, data.test[:200])
-
-    sparse_steps = config.size("toy_sparse_steps")
-    tau = dense_train["ce"] + config.toy_slack
-    tc = TrainConfig(steps=sparse_steps, batch_size=128, lr=1e-3, schedule="constant", checkpoint_every=100,
-                     seed=config.seed, lr_scale=qk_scale(config.qk_lr_scale), description="toy: sparse post-training",
-                     **config.train_settings())
-    rate = config.geco_rate if config.geco_rate is not None else sized_rate(sparse_steps, config.toy_slack)
-    out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, tau, tc, run_dir.path / "toy_sparse",
-                            rate=rate, initial_multiplier=config.geco_initial)
-    if not parallel.is_main():  # it trained its slices; rank 0 evaluates and records
-        return
-    gate = SparseAttention(sample=False)
-    with intervene(model, gate):
-        sparse = toy.evaluate(model, data.test)
-    sparse_usage = toy.edge_usage(model, data.test[:200], interventions=(SparseAttention(sample=False),))
-    save_file({"dense": torch.from_numpy(dense_usage), "sparse": torch.from_numpy(sparse_usage)},
-              str(run_dir.path / "toy_edges.safetensors"))
-    rows = [{"kind": "toy", "variant": "dense", "value": dense["exact_match"], "ce": dense["ce"], "kept": 1.0,
-             "edges_per_query": (toy.SEQ_LEN + 1) / 2, "floor": 2 / (toy.SEQ_LEN + 1)},
-            {"kind": "toy", "variant": "sparse", "value": sparse["exact_match"], "ce": sparse["ce"],
-             "kept": gate.kept_fraction, "edges_per_query": gate.edges_per_query,
-             "fallback": gate.fallback_edges / max(gate.queries, 1.0), "floor": 2 / (toy.SEQ_LEN + 1),
-             "multiplier": out.geco.multiplier, "final_ema": out.geco.ema, "converged": out.geco.holds,
-             "tau": tau, "steps": sparse_steps}]
-    rows += _geco_rows("toy_geco", {"tau": tau, "geco": out.geco.trace, "history": out.history})
-    run_dir.record("toy", "toy", rows)
+    # how the model was post-trained, as its record says (an earlier run's, with --sparse-model; one from before
+    # the record named its batch and text length leaves them out)
+    trained = {"steps": info.get("steps", len(info["losses"])), "batch": info.get("batch"),
+               "train_tokens": info.get("train_tokens")}
+    # one held-out sequence at a time: no padding, so every query row is a real token's
+    per_seq = [causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, [seq], 1)) for seq in eval_seqs]
+    sparse_ce = np.array([ce[0] for ce, _ in per_seq])
+    counts = {name: np.array([c[name] for _, c in per_seq]) for name in ("kept", "total", "queries", "fallback")}
+    dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
+    ci = bootstrap(sparse_ce - dense_ce, seed=config.seed)
+    tokens = int(np.mean([len(s) for s in eval_seqs]))
+    rows = [{"kind": "sparsity", "replicate": replicate, "variant": "dense", "value": 1.0, "ce": float(np.mean(dense_ce)),
+             "edges_per_query": (tokens + 1) / 2, "tokens": tokens},
+            {"kind": "sparsity", "replicate": replicate, "variant": "sparse",
+             "value": counts["kept"].sum() / max(counts["total"].sum(), 1.0),
+             "edges_per_query": counts["kept"].sum() / max(counts["queries"].sum(), 1.0),
+             "fallback": counts["fallback"].sum() / max(counts["queries"].sum(), 1.0), "tokens": tokens,
+             "n_sequences": len(eval_seqs), "ce": float(np.mean(sparse_ce)), "ce_diff": ci.estimate, "lo": ci.low,
+             "hi": ci.high, "tau_slack": config.slack, "multiplier": info["final_multiplier"],
+             "final_ema": info["final_ema"], "converged": bool(info["converged"]),
+             **trained, "n_prompts": config.size("n_prompts")}]
+    rows += [{"kind": "sparse_seq", "replicate": replicate, "idx": i, "kept": k / max(t, 1.0), "ce_diff": float(c - d)}
+             for i, (k, t, c, d) in enumerate(zip(counts["kept"], counts["total"], sparse_ce, dense_ce))]
+    run_dir.record("sparsity", key, rows + _geco_rows("geco", info, replicate))
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
@@ -211,7 +197,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if name not in TASKS:
             raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
     if not config.size("circuits"):  # the toy alone: no model to load
-        _toy(config, run_dir)
+        run_toy(config, run_dir)
         parallel.main_only()
         table = pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
         _toy_figures(config, run_dir, table)
@@ -230,45 +216,37 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if parallel.is_main() and not run_dir.done("dense-text"):  # before post-training changes the weights
         dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
         run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
-    if config.sparse_model:
-        folder, info = Path(config.sparse_model), config.sparse_training()
-    else:
-        folder, info = _post_train(lm, config, run_dir)  # every process, data-parallel
-    del lm
-    # through load_model: the deterministic gate comes back with it (placed by the device map, if any)
-    sparse_lm = config.load(str(folder), train=not config.sparse_model)
-    if not sparse_lm.meta.get("sparse_attention"):
-        raise LmlabError(f"{folder} did not load back as a sparse-attention model")
-    # how the model was post-trained, as its record says (an earlier run's, with --sparse-model; one from before
-    # the record named its batch and text length leaves them out)
-    trained = {"steps": info.get("steps", len(info["losses"])), "batch": info.get("batch"),
-               "train_tokens": info.get("train_tokens")}
-    if not run_dir.done("sparsity") and parallel.is_main():
-        # one held-out sequence at a time: no padding, so every query row is a real token's
-        sparse_ce, counts = causal_lm_ce_edges(sparse_lm.model, text_batches(sparse_lm, eval_seqs, 1))
-        dense_ce = np.array([r["ce"] for r in run_dir.done("dense-text")["dense-text"]])
-        ci = bootstrap(np.array(sparse_ce) - dense_ce, seed=config.seed)
-        tokens = int(np.mean([len(s) for s in eval_seqs]))
-        run_dir.record("sparsity", "sparsity", [
-            {"kind": "sparsity", "variant": "dense", "value": 1.0, "ce": float(np.mean(dense_ce)),
-             "edges_per_query": (tokens + 1) / 2, "tokens": tokens},
-            {"kind": "sparsity", "variant": "sparse", "value": counts["kept"] / max(counts["total"], 1.0),
-             "edges_per_query": counts["kept"] / max(counts["queries"], 1.0),
-             "fallback": counts["fallback"] / max(counts["queries"], 1.0), "tokens": tokens,
-             "n_sequences": len(eval_seqs), "ce": float(np.mean(sparse_ce)), "ce_diff": ci.estimate, "lo": ci.low,
-             "hi": ci.high, "tau_slack": config.slack, "multiplier": info["final_multiplier"],
-             "final_ema": info["final_ema"], "converged": bool(info["converged"]),
-             **trained, "n_prompts": config.size("n_prompts")}]
-            + _geco_rows("geco", info))
-    discover(sparse_lm, "sparse", config, run_dir)
-    _toy(config, run_dir)
+    # k post-training runs (replicates), each from the dense weights; --sparse-model measures one given model
+    seeds = [config.seed] if config.sparse_model else config.replicate_seeds()
+    dense_state = None if config.sparse_model else {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
+    for r, seed in enumerate(seeds):
+        if config.sparse_model:
+            folder, info = Path(config.sparse_model), config.sparse_training()
+        else:
+            lm.model.load_state_dict(dense_state)  # each replicate starts from the dense weights
+            folder, info = _post_train(lm, config, run_dir, r, seed)  # every process, data-parallel
+        # through load_model: the deterministic gate comes back with it (placed by the device map, if any)
+        sparse_lm = config.load(str(folder), train=not config.sparse_model)
+        if not sparse_lm.meta.get("sparse_attention"):
+            raise LmlabError(f"{folder} did not load back as a sparse-attention model")
+        _sparsity(sparse_lm, config, run_dir, eval_seqs, info, r)
+        discover(sparse_lm, "sparse", config, run_dir, replicate=r)
+        del sparse_lm
+    del lm, dense_state
+    run_toy(config, run_dir)
     parallel.sync()
     parallel.main_only()
     rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
-            for rs in run_dir.done(part).values() for r in rs]
+            for _, rs in sorted(run_dir.done(part).items(), key=lambda kv: _unit_order(kv[0], config)) for r in rs]
     table = derive(pd.DataFrame(rows), config.threshold, config.seed)
     _toy_figures(config, run_dir, table)
     return table
+
+
+def _unit_order(key: str, config: Config) -> tuple:
+    """A recorded unit's place, whichever process recorded it: replicate, then the task's place in the config."""
+    task, _, rep = key.partition("|rep")
+    return (int(rep) if rep else -1, config.tasks.index(task) if task in config.tasks else len(config.tasks), key)
 
 
 def _toy_figures(config: Config, run_dir: RunDir, table: pd.DataFrame) -> None:

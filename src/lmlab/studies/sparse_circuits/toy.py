@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lmlab.models.batch import module_device
+from lmlab.train.ensemble import per_replicate_ce, replicas, rows
 
 VOCAB = [str(d) for d in range(10)] + ["+", "=", "<bos>", "<pad>"]
 TOK = {t: i for i, t in enumerate(VOCAB)}
@@ -47,6 +48,7 @@ def pack(pairs: list[tuple[int, int]]) -> list[int]:
 class AdditionData:
     train: list[list[int]]
     test: list[list[int]]
+    test_pairs: list[tuple[int, int]]
 
 
 def addition_data(n_test: int = 1000, seed: int = 0, repeats: int = 4) -> AdditionData:
@@ -62,7 +64,7 @@ def addition_data(n_test: int = 1000, seed: int = 0, repeats: int = 4) -> Additi
         order = train_pairs[:]
         rng.shuffle(order)
         train += [pack(order[i:i + PROBLEMS]) for i in range(0, len(order) - PROBLEMS + 1, PROBLEMS)]
-    return AdditionData(train=train, test=test)
+    return AdditionData(train=train, test=test, test_pairs=test_pairs)
 
 
 def build_toy(seed: int = 0, d_model: int = 128, n_layers: int = 4, n_heads: int = 4, device: str = "cpu"):
@@ -82,25 +84,36 @@ def collate(seqs: list[list[int]]) -> dict:
 
 
 def answer_loss(model, batch) -> torch.Tensor:
-    return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+    """The answer digits' mean cross-entropy; a stacked model of k replicates (lmlab.train.ensemble): one per
+    replicate, each over its own rows."""
+    k = replicas(model)
+    if k == 1:
+        return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+    ce, tokens = per_replicate_ce(model(input_ids=batch["input_ids"]).logits, batch["labels"], k)
+    return ce / tokens
 
 
 @torch.no_grad()
 def evaluate(model, seqs: list[list[int]], batch_size: int = 500) -> dict:
-    """Exact match per problem (all three answer digits right) and the answer cross-entropy."""
+    """Exact match per problem (all three answer digits right) and the answer cross-entropy; `per_sequence`:
+    the share of each sequence's problems answered exactly. A stacked model of k replicates: each value is a
+    list, one per replicate (every replicate reads the same sequences)."""
     model.eval()
-    correct, ce, n = 0, 0.0, 0
+    k = replicas(model)
     device = module_device(model)
     pos = torch.tensor(ANSWER_POS, device=device)
+    right, nll = [], []
     for start in range(0, len(seqs), batch_size):
-        batch = {k: v.to(device) for k, v in collate(seqs[start:start + batch_size]).items()}
-        out = model(input_ids=batch["input_ids"], labels=batch["labels"])
-        pred = out.logits[:, pos - 1].argmax(-1).view(-1, PROBLEMS, 3)
-        gold = batch["input_ids"][:, pos].view(-1, PROBLEMS, 3)
-        correct += int((pred == gold).all(-1).sum())
-        ce += float(out.loss) * len(batch["input_ids"])
-        n += len(batch["input_ids"]) * PROBLEMS
-    return {"exact_match": correct / n, "ce": ce * PROBLEMS / n}
+        batch = {key: rows(model, v.to(device)) for key, v in collate(seqs[start:start + batch_size]).items()}
+        logits = model(input_ids=batch["input_ids"]).logits[:, pos - 1].float()
+        gold = batch["input_ids"][:, pos]
+        pred = logits.argmax(-1).view(k, -1, PROBLEMS, 3)
+        right.append((pred == gold.view(k, -1, PROBLEMS, 3)).all(-1).float().mean(-1))  # (k, B)
+        nll.append(torch.nn.functional.cross_entropy(logits.transpose(1, 2), gold, reduction="none")
+                   .view(k, -1, len(ANSWER_POS)).mean(-1))  # (k, B)
+    per_seq, ce_seq = torch.cat(right, 1).cpu(), torch.cat(nll, 1).cpu()
+    out = {"exact_match": per_seq.mean(1).tolist(), "ce": ce_seq.mean(1).tolist(), "per_sequence": per_seq.tolist()}
+    return out if k > 1 else {key: value[0] for key, value in out.items()}
 
 
 @torch.no_grad()
@@ -113,8 +126,45 @@ def edge_usage(model, seqs: list[list[int]], interventions=()) -> np.ndarray:
     from lmlab.interventions import Capture, intervene
 
     model.eval()
+    k = replicas(model)
     with intervene(model, *interventions, Capture("pattern")) as ivs:
         cap = ivs[-1] if isinstance(ivs, tuple) else ivs
-        model(input_ids=torch.tensor(seqs, dtype=torch.long, device=module_device(model)))
-        pattern = cap.stacked("pattern")  # (layers, batch, heads, q, k)
-    return pattern.mean(1).float().cpu().numpy()
+        model(input_ids=rows(model, torch.tensor(seqs, dtype=torch.long, device=module_device(model))))
+        pattern = cap.stacked("pattern")  # (layers, k * batch, heads, q, k)
+    pattern = pattern.reshape(pattern.shape[0], k, -1, *pattern.shape[2:]).mean(2).float().cpu().numpy()
+    return pattern[:, 0] if k == 1 else pattern.transpose(1, 0, 2, 3, 4)  # a stacked model: (replicate, ...)
+
+
+@torch.no_grad()
+def sparse_edges(model, seqs: list[list[int]]) -> dict:
+    """The deterministic gate's edges on each sequence: (replicates, sequences) arrays of the kept share of causal
+    edges, edges per query and the share of queries that fell back to their self-edge (all heads and layers)."""
+    from lmlab.interventions import SparseAttention, intervene
+
+    model.eval()
+    k = replicas(model)
+    ids = rows(model, torch.tensor(seqs, dtype=torch.long, device=module_device(model)))
+    gate = SparseAttention(sample=False, replicas=len(ids))  # one count per row
+    with intervene(model, gate):
+        model(input_ids=ids)
+    shape = (k, len(seqs))
+    kept, total = gate.kept_per.reshape(shape), gate.total_per.reshape(shape)
+    queries, fallback = gate.queries_per.reshape(shape), gate.fallback_per.reshape(shape)
+    return {"kept": (kept / total).numpy(), "edges_per_query": (kept / queries).numpy(),
+            "fallback": (fallback / queries).numpy()}
+
+
+def circuit_task(pairs: list[tuple[int, int]], n_prompts: int, seed: int = 0):
+    """The toy's circuit task: clean `<bos> a b + c d = e f`, the answer the ones digit g; the corrupted prompt
+    changes b (and is its own sum, e f recomputed), so g changes; metric: logit of g minus logit of the corrupted
+    sum's ones digit, at the last position. Clean problems are drawn from `pairs` (the test pairs)."""
+    from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
+
+    rng = random.Random(f"toy-circuit|{seed}")
+    prompts = []
+    for x, y in rng.sample(pairs, min(n_prompts, len(pairs))):
+        x2 = x - x % 10 + rng.choice([d for d in range(10) if d != x % 10])
+        g, g2 = (x + y) % 10, (x2 + y) % 10
+        prompts.append(CircuitPrompt(tuple(encode(x, y)[:-1]), tuple(encode(x2, y)[:-1]), f"{x:02d}+{y:02d}=",
+                                     f"{x2:02d}+{y:02d}=", answer=TOK[str(g)], distractor=TOK[str(g2)]))
+    return CircuitTask("addition", "logit_diff", prompts)

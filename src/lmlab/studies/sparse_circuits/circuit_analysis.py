@@ -1,0 +1,210 @@
+"""S4 on a model (`--circuits true`): explained-effect curves, heads needed, the multiplier, the sparsity claims and
+the figure, read from the tables alone.
+
+The dense model is one (its discovery has no random draw); the sparse model is k post-training replicates
+(`--seeds`), each dissected. Claims (lmlab.claims, each over the replicates and its items):
+- per task, log2 of the multiplier (heads the dense model needs for the threshold / heads replicate r's sparse
+  model needs; items: the task's prompt pairs), reported; and its mean over the tasks >= 0 with the interval clear
+  of 0 (decisive: the paper's "on most tasks": its four multipliers 0.6x, 2.0x, 1.3x, 1.6x average +0.33 in log2);
+- edges kept <= 5% of the causal edges on held-out text (items: the held-out sequences);
+- held-out CE change <= the slack tau was given (items: the same sequences, paired).
+Gates: every post-training converged (its constraint's moving average within the bound at the end; its edges not
+still falling by more than 10% over the last quarter), the multiplier powered (>= 64 prompt pairs a task; blocks
+"reproduced"), more than one replicate.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.sparse_circuits import circuits
+from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
+from lmlab.studies.sparse_circuits.toy_analysis import EDGES_LIMIT, edges_still_falling
+
+PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
+PAPER_FRACTION = 0.004  # "reducing attention connectivity to about 0.4% of its edges" (arXiv 2512.05865 v2-v5)
+
+
+def paper_edges_per_query(tokens: int) -> float:
+    """The paper's 0.4% as edges per query on `tokens`-token text: a query has (tokens + 1) / 2 causal keys
+    on average, so 0.4% of them is 0.002 (tokens + 1)."""
+    return PAPER_FRACTION * (tokens + 1) / 2
+
+
+def _rep(frame: pd.DataFrame) -> pd.Series:
+    return frame["replicate"].fillna(-1).astype(int) if "replicate" in frame else pd.Series(-1, index=frame.index)
+
+
+def curves_of(table: pd.DataFrame) -> dict[tuple[str, str, int], circuits.EffectCurve]:
+    """(task, variant, replicate) -> the explained-effect curve with its per-prompt values (the dense model's
+    replicate is -1)."""
+    per = table[table["kind"] == "per_prompt"]
+    out = {}
+    for (task, variant, rep), sub in per.assign(rep=_rep(per)).groupby(["task", "variant", "rep"]):
+        sub = sub.sort_values("n_heads")
+        values = np.array([json.loads(v) for v in sub["values"]])
+        out[(str(task), str(variant), int(rep))] = circuits.EffectCurve([int(n) for n in sub["n_heads"]], values,
+                                                                        values[-1], values[0])
+    return out
+
+
+def derive(table: pd.DataFrame, threshold: float, seed: int, n_boot: int = 300) -> pd.DataFrame:
+    """Add curve rows (explained effect with a band from resampling prompts), heads needed, and each replicate's
+    multiplier per task (the point values; their interval is a claim of the verdict)."""
+    rows = []
+    rng = np.random.default_rng(seed)
+    found = curves_of(table)
+    for (task, variant, rep), curve in found.items():
+        n_prompts = curve.values.shape[1]
+        boots = [rng.integers(0, n_prompts, n_prompts) for _ in range(n_boot)]
+        ee = curve.explained()
+        lo, hi = np.nanpercentile(np.array([curve.explained(idx) for idx in boots]), [2.5, 97.5], axis=0)
+        extra = {} if rep < 0 else {"replicate": rep}
+        rows += [{"kind": "curve", "variant": variant, "task": task, **extra, "n_heads": n, "value": e, "lo": l,
+                  "hi": h} for n, e, l, h in zip(curve.grid, ee, lo, hi)]
+        needed = curve.heads_needed(threshold)
+        rows.append({"kind": "heads_needed", "variant": variant, "task": task, **extra,
+                     "value": float(needed) if needed is not None else np.nan, "total_heads": curve.grid[-1]})
+    for (task, variant, rep), curve in found.items():
+        dense = found.get((task, "dense", -1))
+        if variant != "sparse" or dense is None:
+            continue
+        total = dense.grid[-1]
+        nd, ns = dense.heads_needed(threshold), curve.heads_needed(threshold)
+        rows.append({"kind": "multiplier", "task": task, "replicate": max(rep, 0),
+                     "value": max(_or(nd, total), 1) / max(_or(ns, total), 1), "dense_heads": nd, "sparse_heads": ns})
+    keep = table[table["kind"] != "per_prompt"]
+    per = table[table["kind"] == "per_prompt"]
+    return pd.concat([keep, pd.DataFrame(rows), per], ignore_index=True)
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def claims_and_gates(result, threshold: float = 0.9):
+    tables = {name: result.table(name) for name in ("per_prompt", "sparsity", "sparse_seq", "geco")}
+    found = curves_of(tables["per_prompt"].assign(kind="per_prompt"))
+    seed = int(result.config.get("seed", 0) or 0)
+    reps = sorted({rep for (_, v, rep) in found if v == "sparse"})
+    tasks = sorted({t for (t, v, _) in found if v == "dense"})
+    claims = []
+
+    def log_multiplier(task):
+        dense, total = found[(task, "dense", -1)], found[(task, "dense", -1)].grid[-1]
+
+        def stat(i, idx):
+            nd = dense.heads_needed(threshold, idx)
+            ns = found[(task, "sparse", reps[i])].heads_needed(threshold, idx)
+            return float(np.log2(max(_or(nd, total), 1) / max(_or(ns, total), 1)))
+        return stat
+
+    per_task = [t for t in tasks if all((t, "sparse", r) in found for r in reps)]
+    if per_task and reps:
+        n_prompts = found[(per_task[0], "dense", -1)].values.shape[1]
+        sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
+        stats = {t: log_multiplier(t) for t in per_task}
+        for t in per_task:
+            claims.append(sampler.claim("log2 multiplier", stats[t], Bar(">=", 0.0, null=0.0), group=t,
+                                        n_unit="prompt pairs", reported=True))
+        claims.append(sampler.claim("mean log2 multiplier over the tasks",
+                                    lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
+                                    Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group=", ".join(per_task)))
+    seq = tables["sparse_seq"]
+    sparsity = tables["sparsity"]
+    sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
+    if len(seq):
+        seq = seq.assign(rep=_rep(seq))
+        kept = seq.pivot_table(index="rep", columns="idx", values="kept").sort_index().to_numpy(float)
+        ce = seq.pivot_table(index="rep", columns="idx", values="ce_diff").sort_index().to_numpy(float)
+        items = Resampler(kept.shape[1], kept.shape[0], seed=seed)
+        claims.append(items.mean_claim("edges kept", kept, Bar("<=", EDGES_LIMIT), unit="%", scale=100,
+                                       n_unit="held-out sequences"))
+        slack = float(sparse["tau_slack"].iloc[0])
+        claims.append(items.mean_claim("held-out CE change", ce, Bar("<=", slack), unit=" nats",
+                                       n_unit="held-out sequences"))
+    gates = []
+    unconverged = []
+    geco = tables["geco"]
+    for row in sparse.itertuples():
+        r = int(getattr(row, "replicate", 0) if pd.notna(getattr(row, "replicate", np.nan)) else 0)
+        part = geco[_rep(geco) == r] if len(geco) else geco
+        falling, start, end = edges_still_falling(part) if len(part) else (False, np.nan, np.nan)
+        if not bool(row.converged):
+            unconverged.append(f"replicate {r}: the constraint's moving average is still {float(row.final_ema):+.3f} "
+                               f"nats over tau after {int(row.steps)} steps (lambda {float(row.multiplier):.3g})")
+        elif falling:
+            unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% over "
+                               "the last quarter")
+    gates.append(Gate("post-training converged", not unconverged, why="; ".join(unconverged) or
+                      "every replicate's constraint holds and its edges settled",
+                      remedy="more --sparse-steps (the full profile: 2000 steps of 16 sequences, a GPU's work)"))
+    n_prompts = int(sparse["n_prompts"].iloc[0]) if len(sparse) and "n_prompts" in sparse else 0
+    gates.append(Gate("multiplier powered", not n_prompts or n_prompts >= MIN_PROMPTS,
+                      why=f"{n_prompts} prompt pairs a task (the bar is {MIN_PROMPTS})", remedy="--n-prompts 64",
+                      blocks="yes"))
+    gates.append(replicates_gate(max(len(reps), 1)))
+    return claims, gates
+
+
+def model_verdict(result, claim: str) -> Verdict:
+    claims, gates = claims_and_gates(result, float(result.config.get("threshold", 0.9) or 0.9))
+    seconds = float(getattr(result, "seconds", 0.0) or 0.0)
+    status, text = judge(claims, gates, seconds=seconds)
+    sparsity = result.table("sparsity")
+    sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
+    head = ""
+    if len(sparse):
+        tokens = int(sparse["tokens"].iloc[0] or 0)
+        head = (f"{len(sparse)} post-training replicates: edges kept " + ", ".join(f"{100 * v:.2f}%" for v in sparse["value"])
+                + f" ({', '.join(f'{v:.2f}' for v in sparse['edges_per_query'])} per query on {tokens}-token held-out "
+                  f"text; the paper's 0.4% is {paper_edges_per_query(tokens):.2f} per query at this length). ")
+    mult = result.table("multiplier")
+    if len(mult):
+        head += "Multipliers (dense heads / sparse heads at 0.9): " + "; ".join(
+            f"{t} " + ", ".join(f"{v:.2f}x" for v in part.sort_values("replicate")["value"])
+            for t, part in mult.groupby("task")) + ". "
+    return Verdict(status=status, claim=claim, summary=head + text, evidence=evidence(claims, gates))
+
+
+def model_figure(result, fig=None):
+    """Explained effect vs heads kept per task: the dense model, each sparse replicate (thin) and their mean (bold,
+    band from the lowest to the highest replicate), the multiplier's geometric mean and interval over replicates."""
+    curves = result.table("curve")
+    tasks = list(dict.fromkeys(curves["task"]))
+    fig, axes = canvas(fig, (4.2 * max(len(tasks), 1), 3.6), 1, max(len(tasks), 1), squeeze=False)
+    task_rows = result.table("task")
+    mixed = "components" in task_rows and (task_rows["components"] == "heads+mlps").any()
+    claims, _ = claims_and_gates(result)
+    by_task = {c.group: c for c in claims if c.name == "log2 multiplier"}
+    for ax, name in zip(axes[0], tasks):
+        dense = curves[(curves["task"] == name) & (curves["variant"] == "dense")].sort_values("n_heads")
+        ax.plot(dense["n_heads"], dense["value"], color="tab:blue", label="Dense model")
+        ax.fill_between(dense["n_heads"], dense["lo"], dense["hi"], color="tab:blue", alpha=0.15, linewidth=0)
+        sparse = curves[(curves["task"] == name) & (curves["variant"] == "sparse")]
+        if len(sparse):
+            reps = sparse.assign(rep=_rep(sparse)).pivot_table(index="n_heads", columns="rep", values="value")
+            for rep in reps.columns:
+                ax.plot(reps.index, reps[rep], color="tab:orange", lw=0.7, alpha=0.5)
+            ax.plot(reps.index, reps.mean(axis=1), color="tab:orange", lw=2, label=f"Sparse model (mean of {reps.shape[1]})")
+            ax.fill_between(reps.index, reps.min(axis=1), reps.max(axis=1), color="tab:orange", alpha=0.15, linewidth=0)
+        ax.axhline(0.9, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(PANEL_TITLES.get(name, name))
+        ax.set_xlabel("Number of Components Kept (heads + MLPs)" if mixed else "Number of Heads Kept")
+        ax.set_ylabel("Explained Effect")
+        ax.set_ylim(-0.1, 1.1)
+        if name in by_task:
+            c = by_task[name]
+            lo, hi = c.interval()
+            ax.text(0.97, 0.05, f"{2 ** c.estimate:.1f}x\n[{2 ** lo:.1f}, {2 ** hi:.1f}]", transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=11, fontweight="bold")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"{result.models[0]}, dense vs sparse attention: explained effect vs heads kept (multiplier = dense "
+                 "heads / sparse heads at 0.9, geometric mean over replicates; > 1: the sparse model needs fewer)",
+                 fontsize=10)
+    return finish(fig)

@@ -1,0 +1,180 @@
+"""S4 on the addition toy: the seed's figure at toy scale and the toy's claims, read from the tables alone.
+
+Claims (lmlab.claims; each an estimate over the k replicates with an interval over replicates and items):
+- edges kept <= 5% ("a few per cent or fewer"): the deterministic gate's kept share of causal edges, per test
+  sequence (items: the 200 test sequences);
+- unchanged loss: exact match, sparse minus dense, >= -2 points (items: the same sequences, paired);
+- fewer heads: log2 of the multiplier (heads the dense toy needs for 0.9 explained effect / heads the sparse
+  toy needs) >= 0 with the interval clear of 0 (items: the circuit task's prompt pairs).
+Gates (each blocks every decision): the dense toys learned addition (exact match >= 90% each), every sparse
+post-training converged (its constraint's moving average within the bound at the end, and its kept edges no
+longer falling by more than 10% over the last quarter: a share still falling has not settled, whatever its
+level), and more than one replicate.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.sparse_circuits import circuits
+
+EDGES_LIMIT = 0.05  # "a few per cent of edges or fewer"
+TOY_MATCH_DROP = 0.02  # "unchanged loss" on the toy: exact match no more than 2 points below the dense model's
+TOY_LEARNED = 0.90  # the dense toy must have learned addition before its sparse version can say anything
+STILL_FALLING = 0.10  # edges kept fell by more than this (relative) over the last quarter of the steps
+THRESHOLD = 0.9  # explained effect the circuit must reach
+FULL_SPARSE_STEPS = 2000  # the full profile's post-training of the model (profiles.yaml)
+
+
+def edges_still_falling(geco: pd.DataFrame) -> tuple[bool, float, float]:
+    """(still falling, edges kept at the start of the last quarter, at the end) from the per-step rows."""
+    g = geco.dropna(subset=["kept_edges"]).sort_values("step") if "kept_edges" in geco else geco.iloc[:0]
+    if len(g) < 4:
+        return False, float("nan"), float("nan")
+    kept = g["kept_edges"].to_numpy(dtype=float)
+    q, w = max(len(kept) // 4, 1), max(len(kept) // 20, 1)  # a short window damps the sampled gate's noise
+    start, end = float(kept[len(kept) - q - w:len(kept) - q].mean()), float(kept[-w:].mean())
+    return end < (1 - STILL_FALLING) * start, start, end
+
+
+def replicates_of(table: pd.DataFrame) -> list[int]:
+    return sorted(int(r) for r in table["replicate"].unique()) if "replicate" in table else [0]
+
+
+def curves(result) -> dict[tuple[int, str], circuits.EffectCurve]:
+    """(replicate, variant) -> the explained-effect curve with its per-prompt values."""
+    pp = result.table("toy_per_prompt")
+    out = {}
+    for (r, variant), part in pp.groupby(["replicate", "variant"]) if len(pp) else ():
+        part = part.sort_values("n_heads")
+        values = np.array([json.loads(v) for v in part["values"]])
+        out[(int(r), str(variant))] = circuits.EffectCurve([int(n) for n in part["n_heads"]], values, values[-1],
+                                                           values[0])
+    return out
+
+
+def _matrix(seq: pd.DataFrame, column: str) -> np.ndarray:
+    return seq.pivot_table(index="replicate", columns="idx", values=column).sort_index().to_numpy(dtype=float)
+
+
+def toy_claims(result):
+    """(claims, gates, numbers) of the toy's verdict."""
+    toy = result.table("toy")
+    seq = result.table("toy_seq")
+    reps = replicates_of(toy)
+    k = len(reps)
+    sparse = toy[toy["variant"] == "sparse"].set_index("replicate").sort_index()
+    dense = toy[toy["variant"] == "dense"].set_index("replicate").sort_index()
+    seed = int(result.config.get("seed", 0) or 0)
+    items = Resampler(seq["idx"].nunique(), k, seed=seed)
+    kept = items.mean_claim("edges kept", _matrix(seq, "kept"), Bar("<=", EDGES_LIMIT), unit="%", scale=100,
+                            n_unit="test sequences", group="addition toy")
+    match = items.mean_claim("exact match, sparse - dense", _matrix(seq, "sparse_em") - _matrix(seq, "dense_em"),
+                             Bar(">=", -TOY_MATCH_DROP), unit=" pts", scale=100, n_unit="test sequences",
+                             group="addition toy")
+    claims = [kept, match]
+    found = curves(result)
+    if all((r, v) in found for r in reps for v in ("dense", "sparse")):
+        n_prompts = found[(reps[0], "dense")].values.shape[1]
+        total = found[(reps[0], "dense")].grid[-1]
+
+        def log_multiplier(i: int, idx: np.ndarray) -> float:
+            d = found[(reps[i], "dense")].heads_needed(THRESHOLD, idx)
+            s = found[(reps[i], "sparse")].heads_needed(THRESHOLD, idx)
+            return float(np.log2(max(total if d is None else d, 1) / max(total if s is None else s, 1)))
+
+        prompts = Resampler(n_prompts, k, n_boot=400, seed=seed)
+        claims.append(prompts.claim("log2 multiplier (dense heads / sparse heads at 0.9)", log_multiplier,
+                                    Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group="addition toy"))
+    gates = [
+        Gate("dense toys learned addition", bool((dense["value"] >= TOY_LEARNED).all()),
+             why="exact match " + ", ".join(f"{100 * v:.1f}%" for v in dense["value"]) + f" (needs {100 * TOY_LEARNED:.0f}% each)",
+             remedy="more toy_steps before the sparse toys can be judged"),
+    ]
+    geco = result.table("toy_geco")
+    unconverged = []
+    for r in reps:
+        row = sparse.loc[r]
+        part = geco[geco["replicate"] == r] if "replicate" in geco else geco
+        falling, start, end = edges_still_falling(part)
+        if not bool(row["converged"]):
+            unconverged.append(f"replicate {r}: constraint still violated (moving average {float(row['final_ema']):+.3f} nats)")
+        elif falling:
+            unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% "
+                               "over the last quarter")
+    gates.append(Gate("sparse post-training converged", not unconverged, why="; ".join(unconverged) or
+                      f"every replicate's constraint holds after {int(sparse['steps'].iloc[0])} steps",
+                      remedy="more toy_sparse_steps before the sparsity can be judged"))
+    gates.append(replicates_gate(k))
+    numbers = {"replicates": k, "kept_per_replicate": sparse["kept"].tolist(),
+               "exact_match_dense": dense["value"].tolist(), "exact_match_sparse": sparse["value"].tolist(),
+               "edges_per_query": sparse["edges_per_query"].tolist(), "floor": float(sparse["floor"].iloc[0])}
+    return claims, gates, numbers
+
+
+def toy_verdict(result, claim: str, seconds: float = 0.0) -> Verdict:
+    """The toy's claims judged; the model's half (multiplier on the four tasks) is priced, not run."""
+    claims, gates, numbers = toy_claims(result)
+    k = numbers["replicates"]
+    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    head = (f"addition toy, {k} replicates (the model's circuits not run): edges kept "
+            + ", ".join(f"{100 * v:.1f}%" for v in numbers["kept_per_replicate"])
+            + f" (one edge per query is {100 * numbers['floor']:.1f}%); exact match sparse "
+            + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_sparse"]) + " vs dense "
+            + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_dense"]) + ". ")
+    text = head + text + (f". The four tasks on the model need --circuits with 64 prompt pairs a task and sparse "
+                          f"post-training to convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 "
+                          "sequences; about 16 s a step for SmolLM2-135M on 2 CPU cores, 9 hours: a GPU's work)")
+    return Verdict(status=status, claim="On the addition toy: " + claim, summary=text,
+                   evidence={"part": "toy", **numbers, **evidence(claims, gates)})
+
+
+def toy_seed_figure(result, fig=None):
+    """The seed's figure at toy scale: explained effect vs heads kept, dense vs sparse (each replicate a thin line,
+    their mean bold with the band over replicates), the multiplier with its interval; and edges kept and exact
+    match per replicate."""
+    found = curves(result)
+    toy = result.table("toy")
+    fig, (left, right) = canvas(fig, (11, 4.0), 1, 2, gridspec_kw={"width_ratios": [1.5, 1]})
+    for variant, color, label in (("dense", "tab:blue", "Dense toy"), ("sparse", "tab:orange", "Sparse toy")):
+        lines = [found[key] for key in sorted(found) if key[1] == variant]
+        if not lines:
+            continue
+        grid = lines[0].grid
+        ee = np.array([c.explained() for c in lines])
+        for row in ee:
+            left.plot(grid, row, color=color, lw=0.7, alpha=0.5)
+        left.plot(grid, ee.mean(0), color=color, lw=2.2, label=f"{label} (mean of {len(lines)})")
+        left.fill_between(grid, ee.min(0), ee.max(0), color=color, alpha=0.15, linewidth=0)
+    left.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
+    left.set(xlabel="Number of Heads Kept", ylabel="Explained Effect", ylim=(-0.1, 1.15),
+             title="Addition toy: predict the ones digit (corrupted: the first operand's ones digit)")
+    left.legend(loc="lower right", fontsize=8)
+    claims, _, _ = toy_claims(result)
+    mult = next((c for c in claims if c.name.startswith("log2 multiplier")), None)
+    if mult is not None:
+        lo, hi = mult.interval()
+        left.text(0.03, 0.95, f"{2 ** mult.estimate:.1f}x\n[{2 ** lo:.1f}, {2 ** hi:.1f}]", transform=left.transAxes,
+                  ha="left", va="top", fontsize=12, fontweight="bold")
+    sparse = toy[toy["variant"] == "sparse"].sort_values("replicate")
+    dense = toy[toy["variant"] == "dense"].sort_values("replicate")
+    x = np.arange(len(sparse))
+    right.bar(x - 0.2, 100 * sparse["kept"], width=0.4, color="tab:orange", label="edges kept (%)")
+    right.axhline(100 * EDGES_LIMIT, color="grey", linestyle=":", lw=1, label=f"{100 * EDGES_LIMIT:.0f}% limit")
+    right.set(xticks=x, xticklabels=[f"rep {int(r)}" for r in sparse["replicate"]], ylabel="edges kept (%)",
+              title="Sparse toys: edges kept; exact match (right axis)")
+    twin = right.twinx()
+    twin.plot(x, 100 * dense["value"].to_numpy(), "s", color="tab:blue", label="exact match dense")
+    twin.plot(x, 100 * sparse["value"].to_numpy(), "^", color="tab:orange", label="exact match sparse")
+    twin.set(ylim=(0, 101), ylabel="exact match (%)")
+    handles = right.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    right.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="center right")
+    fig.suptitle("Sparse attention post-training on a 4-layer transformer trained in the run on 2-digit addition "
+                 "(the paper's Figure 1 setting); multiplier = dense heads / sparse heads at 0.9", fontsize=10)
+    return finish(fig)

@@ -1,0 +1,150 @@
+"""S4 on the addition toy of the paper's Figure 1, replicated: k toys trained from their own seeds, each
+sparse-post-trained, each dissected dense and sparse.
+
+1. k toys (toy.py) are trained together as one stacked module (lmlab.train.ensemble), each drawing its batches
+   from its own seed (the replicate seeds of the run's --seed); the same for the sparse post-training, with one
+   GECO multiplier per replicate held to that replicate's own bound (its dense answer CE + toy_slack).
+2. Each replicate is measured dense and sparse on the 200 test sequences (1000 problems): exact match per
+   sequence, and the deterministic gate's kept share of causal edges per sequence.
+3. Circuit discovery on each replicate, dense and sparse (the seed's figure at toy scale): the toy's circuit
+   task (toy.circuit_task: predict the ones digit g of `a b + c d = e f`, the corrupted prompt changes b), heads
+   ranked by attribution patching and the explained-effect curve with the top N heads kept (circuits.py, the
+   same code as the model's discovery); heads needed for 0.9, and the multiplier dense / sparse.
+
+Everything is recorded as one unit per phase; the training phases checkpoint and resume on their own.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from lmlab import parallel
+from lmlab.interventions import SparseAttention, install, intervene
+from lmlab.runs import RunDir
+from lmlab.studies.sparse_circuits import circuits, toy
+from lmlab.studies.sparse_circuits.config import Config
+from lmlab.train import TrainConfig, train
+from lmlab.train.ensemble import stack, unstack
+from lmlab.train.geco import sized_rate
+from lmlab.train.sparse import qk_scale, sparse_post_train
+
+TOY_PROMPTS = 64  # circuit-task prompt pairs per replicate (a toy forward pass costs little)
+
+
+def _train_toys(config: Config, run_dir: RunDir, seeds: list[int], data):
+    """The k toys, dense (trained) and sparse (post-trained): (dense state dicts, stacked sparse model, training
+    record)."""
+    device = config.torch_device()
+    width = config.size("toy_width")
+    model = stack([toy.build_toy(seed=s, d_model=width, device=device).model for s in seeds])
+    steps = config.size("toy_steps")
+    tc = TrainConfig(steps=steps, batch_size=config.size("toy_batch"), lr=config.toy_lr, weight_decay=0.1,
+                     warmup_steps=steps // 20, schedule="cosine", checkpoint_every=200, replicate_seeds=seeds,
+                     description=f"toy: addition ({len(seeds)} replicates)", **config.train_settings())
+    dense_fit = train(model, data.train, toy.collate, toy.answer_loss, tc, run_dir.path / "toy_dense")
+    dense_states = unstack(model)
+    dense_train = toy.evaluate(model, data.train[:2000])  # every process: each replicate's tau comes from it
+    ce = dense_train["ce"] if len(seeds) > 1 else [dense_train["ce"]]
+    taus = [c + config.toy_slack for c in ce]
+    sparse_steps = config.size("toy_sparse_steps")
+    tc = TrainConfig(steps=sparse_steps, batch_size=config.size("toy_sparse_batch"), lr=config.toy_sparse_lr,
+                     schedule="constant",
+                     checkpoint_every=100, replicate_seeds=seeds, lr_scale=qk_scale(config.toy_qk_lr_scale),
+                     description=f"toy: sparse post-training ({len(seeds)} replicates)", **config.train_settings())
+    rate = config.geco_rate if config.geco_rate is not None else sized_rate(sparse_steps, config.toy_slack)
+    clip = config.geco_clip * config.toy_slack if config.geco_clip else None
+    out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, taus, tc, run_dir.path / "toy_sparse",
+                            rate=rate, initial_multiplier=config.geco_initial, clip=clip)
+    record = {"taus": taus, "dense_losses": dense_fit.replicate_losses or [[x] for x in dense_fit.losses],
+              "gecos": out.gecos, "histories": out.histories, "steps": sparse_steps}
+    return dense_states, model, record
+
+
+def _as_lists(values, k: int) -> list:
+    return values if k > 1 else [values]
+
+
+def _discover(lm, task, config: Config) -> dict:
+    """Ranking and explained-effect curve of one toy (dense or sparse) on the toy's circuit task."""
+    z_corr = circuits.corrupted_z(lm, task, config.batch_size)
+    scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
+    order = circuits.ranking(scores)
+    curve = circuits.effect_curve(lm, task, order, grid=list(range(len(order) + 1)), batch_size=config.batch_size,
+                                  z_corr=z_corr)
+    return {"order": order, "curve": curve, "scores": scores}
+
+
+def run_toy(config: Config, run_dir: RunDir) -> None:
+    """Train, post-train, measure and dissect the k toys; one record per phase."""
+    if run_dir.done("toy"):
+        return
+    seeds = config.replicate_seeds()
+    k = len(seeds)
+    data = toy.addition_data(seed=config.seed)
+    dense_states, model, record = _train_toys(config, run_dir, seeds, data)
+    if not parallel.is_main():  # every process trained its slices; rank 0 measures and records
+        return
+    width, device = config.size("toy_width"), config.torch_device()
+    template = toy.build_toy(seed=seeds[0], d_model=width, device=device).model
+    gate = SparseAttention(sample=False, replicas=k)
+    with intervene(model, gate):
+        sparse = toy.evaluate(model, data.test)
+    sparse_edges = toy.sparse_edges(model, data.test)
+    dense_model = stack([_loaded(template, s) for s in dense_states])
+    dense = toy.evaluate(dense_model, data.test)
+    rows = []
+    task = toy.circuit_task(data.test_pairs, TOY_PROMPTS, config.seed)
+    usage = {}
+    for r, seed in enumerate(seeds):
+        geco, history = record["gecos"][r], record["histories"][r]
+        em_d, em_s = _as_lists(dense["exact_match"], k)[r], _as_lists(sparse["exact_match"], k)[r]
+        seq_d, seq_s = _as_lists(dense["per_sequence"], k)[r], _as_lists(sparse["per_sequence"], k)[r]
+        common = {"replicate": r, "seed": seed, "floor": 2 / (toy.SEQ_LEN + 1)}
+        rows += [{"kind": "toy", "variant": "dense", "value": em_d, "ce": _as_lists(dense["ce"], k)[r], "kept": 1.0,
+                  "edges_per_query": (toy.SEQ_LEN + 1) / 2, **common},
+                 {"kind": "toy", "variant": "sparse", "value": em_s, "ce": _as_lists(sparse["ce"], k)[r],
+                  "kept": float(sparse_edges["kept"][r].mean()),
+                  "edges_per_query": float(sparse_edges["edges_per_query"][r].mean()),
+                  "fallback": float(sparse_edges["fallback"][r].mean()), "lambda": geco.multiplier,
+                  "final_ema": geco.ema, "converged": geco.holds, "tau": record["taus"][r],
+                  "steps": record["steps"], "dense_final_loss": record["dense_losses"][-1][r], **common}]
+        rows += [{"kind": "toy_seq", "replicate": r, "idx": i, "dense_em": float(a), "sparse_em": float(b),
+                  "kept": float(c), "edges_per_query": float(e)}
+                 for i, (a, b, c, e) in enumerate(zip(seq_d, seq_s, sparse_edges["kept"][r],
+                                                      sparse_edges["edges_per_query"][r]))]
+        edges = {h["step"]: h["kept_edges"] for h in history}
+        rows += [{"kind": "toy_geco", "replicate": r, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
+                  "kept_edges": edges.get(i + 1)} for i, (ce, tau, ema, lam) in enumerate(geco.trace)]
+        dense_lm = toy.build_toy(seed=seed, d_model=width, device=device)
+        dense_lm.model.load_state_dict(dense_states[r])
+        sparse_lm = toy.build_toy(seed=seed, d_model=width, device=device)
+        sparse_lm.model.load_state_dict(unstack(model)[r])
+        install(sparse_lm, SparseAttention(sample=False))
+        for variant, lm in (("dense", dense_lm), ("sparse", sparse_lm)):
+            found = _discover(lm, task, config)
+            curve = found["curve"]
+            rows.append({"kind": "toy_task", "replicate": r, "variant": variant,
+                         "clean_metric": float(curve.clean.mean()), "accuracy": float((curve.clean > 0).mean()),
+                         "corrupted_metric": float(curve.none.mean()), "total_heads": len(found["order"])})
+            rows += [{"kind": "toy_per_prompt", "replicate": r, "variant": variant, "n_heads": n,
+                      "values": json.dumps([round(float(v), 6) for v in values])}
+                     for n, values in zip(curve.grid, curve.values)]
+            rows += [{"kind": "toy_ranking", "replicate": r, "variant": variant, "rank": i, "layer": l, "index": h,
+                      "score": round(float(found["scores"][l, h]), 6)} for i, (l, h) in enumerate(found["order"], 1)]
+        if r == 0:  # the edge drawing shows the first replicate
+            usage = {"dense": toy.edge_usage(dense_lm.model, data.test[:200]),
+                     "sparse": toy.edge_usage(sparse_lm.model, data.test[:200])}
+    save_file({k_: torch.from_numpy(np.ascontiguousarray(v)) for k_, v in usage.items()},
+              str(run_dir.path / "toy_edges.safetensors"))
+    run_dir.record("toy", "toy", rows)
+
+
+def _loaded(template, state):
+    model = copy.deepcopy(template)
+    model.load_state_dict(state)
+    return model
