@@ -1,0 +1,108 @@
+"""Replicates trained together (one stacked module, lmlab.train.ensemble) vs one after the other, side by side.
+
+For S0's scratch model (the demo's size, a batch of 32 turtle chains) and S4's addition toy (dense steps and
+sparse post-training steps), the same k = 3 replicates take optimizer steps on the same batches either as three
+separate models in turn or as one stacked model; the cases alternate step by step (the order rotating), so a
+drift in the machine's speed falls on both alike, and each rate is from the median of steps after two warm-up
+steps. The ratio is time one after the other / time together (> 1: together is faster).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+from lmlab.benchmarks import benchmark
+
+
+def _time_cases(cases: dict, steps: int) -> dict[str, float]:
+    """{case: step function}: median seconds per step of each, interleaved."""
+    names = list(cases)
+    times = {n: [] for n in names}
+    for i in range(steps):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            t0 = time.perf_counter()
+            cases[name]()
+            if i >= 2:
+                times[name].append(time.perf_counter() - t0)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _pair(models, batch_of, loss_of, k: int):
+    """Step functions for the k models one after the other and for their stack, each with its own AdamW."""
+    import torch
+
+    from lmlab.train.ensemble import stack
+
+    solo = [copy.deepcopy(m) for m in models]
+    together = stack([copy.deepcopy(m) for m in models])
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for m in solo]
+    opt = torch.optim.AdamW(together.parameters(), lr=1e-4, fused=True)
+
+    def one_after_the_other():
+        for r, (m, o) in enumerate(zip(solo, opts)):
+            loss_of(m, batch_of(r, 1)).sum().backward()
+            o.step()
+            o.zero_grad()
+
+    def at_once():
+        loss_of(together, batch_of(None, k)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return {"one after the other": one_after_the_other, "together (stacked)": at_once}
+
+
+@benchmark("replicates")
+def replicates_bench(steps: int = 12, **_) -> list[dict]:
+    import torch
+
+    from lmlab.interventions import SparseAttention, intervene
+    from lmlab.interventions.core import keyed_examples
+    from lmlab.studies.latent.config import Config
+    from lmlab.studies.latent.measure import collate_for, lm_loss
+    from lmlab.studies.latent.recipe import prepare
+    from lmlab.studies.sparse_circuits import toy
+
+    k = 3
+    rows = []
+
+    def add(name: str, setup: str, rates: dict[str, float]) -> None:
+        apart = rates["one after the other"]
+        for case, seconds in rates.items():
+            rows.append(dict(benchmark="replicates", case=f"{name}: {case}", value=round(seconds, 3),
+                             unit="s per step of 3 replicates", ratio=round(apart / seconds, 2), target=None,
+                             note="aim >= 1.5x" if case.startswith("together") else None, setup=setup))
+
+    config = Config(model="scratch", profile="demo", n_train=200, n_test=10, seeds=k)
+    prep = prepare(config)
+    collate = collate_for(prep.vocab.pad)
+    items = [(ex.prompt, ex.chain + ex.answer) for ex in prep.train]
+    bs = config.size("batch_size")
+    batches = {1: [collate(items[r * bs:(r + 1) * bs]) for r in range(k)], k: collate(items[:k * bs])}
+    add("S0 scratch model", f"{config.size('n_layers')} layers x {config.size('d_model')}, batch {bs} turtle chains "
+                            "(~107 tokens) per replicate",
+        _time_cases(_pair(prep.initial, lambda r, n: batches[1][r] if n == 1 else batches[k], lm_loss, k), steps))
+
+    data = toy.addition_data(seed=0)
+    models = [toy.build_toy(seed=s, d_model=64).model.train() for s in range(k)]
+    tb = 64
+    toy_batches = {1: [toy.collate(data.train[r * tb:(r + 1) * tb]) for r in range(k)],
+                   k: toy.collate(data.train[:k * tb])}
+
+    def toy_batch(r, n):
+        return toy_batches[1][r] if n == 1 else toy_batches[k]
+    add("S4 toy, dense", f"4 layers x 64, batch {tb} sequences of 46 tokens per replicate",
+        _time_cases(_pair(models, toy_batch, toy.answer_loss, k), steps))
+
+    def sparse_loss(model, batch):
+        from lmlab.train.ensemble import replicas
+
+        gate = SparseAttention(sample=True, keyed=True, replicas=replicas(model))
+        with intervene(model, gate), keyed_examples(torch.arange(len(batch["input_ids"]))):
+            ce = toy.answer_loss(model, batch)
+            return ce + 1e-3 * gate.expected_per
+    add("S4 toy, sparse post-training", f"the same toy with the sampled edge gate, batch {tb}",
+        _time_cases(_pair(models, toy_batch, sparse_loss, k), steps))
+    return rows
