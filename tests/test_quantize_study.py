@@ -209,6 +209,16 @@ def test_two_bit_close_is_decided_on_the_interval():
     claim = next(c for c in near.evidence["claims"] if c["name"] == "teacher - 2-bit Budget-C")
     assert claim["low"] <= 2 < claim["high"] and claim["decision"] == "open"
     assert near.status == "inconclusive"
+    # the same far student whose KD loss was still falling: no "not reproduced" from a training still learning
+    table = _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000)
+    falling = (table.kind == "score") & (table.bits == 2) & (table.budget == "C") & (table.replicate == 1)
+    table.loc[table.kind == "score", ["loss_q3", "loss_q4"]] = [0.50, 0.48]  # 4% lower: converged
+    table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.40]
+    still = verdict(from_rows("quantize", table))
+    assert _decisions(still)["teacher - 2-bit Budget-C"] == "no" and still.status == "inconclusive"
+    assert "students converged: FAILED" in still.summary and "replicate 1: 0.5 -> 0.4" in still.summary
+    table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.48]
+    assert verdict(from_rows("quantize", table)).status == "not reproduced"
 
 
 def test_students_whose_replicates_disagree_or_did_not_learn_decide_nothing():

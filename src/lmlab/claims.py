@@ -353,6 +353,16 @@ def _mean_of_finite(values) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
+def still_falling(q3: float, q4: float, relative: float = 0.10, absolute: float = 0.0) -> bool:
+    """Whether a training had not converged: its loss's last-quarter mean `q4` still fell below the third quarter's
+    `q3` by more than `relative` of it and by more than `absolute` (a heuristic; every study's convergence gate
+    reads its training losses this way). Unknown quarters (NaN) count as converged."""
+    if not (np.isfinite(q3) and np.isfinite(q4)):
+        return False
+    drop = float(q3) - float(q4)
+    return drop > relative * abs(float(q3)) and drop > absolute
+
+
 def replicates_gate(k: int, trains: bool = True) -> Gate:
     """A claim about a training method needs more than one training run."""
     return Gate("replicates", k >= 2 or not trains, why=f"{k} training run(s)",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate, still_falling
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
 CLAIM = "Token count falls steadily as r rises, while accuracy stays at or above CoT's, within about one point."
@@ -41,8 +41,7 @@ def still_learning(row) -> tuple[float, float] | None:
     q3, q4 = row.get("loss_q3", row.get("ft_loss_q3", np.nan)), row.get("loss_q4", row.get("ft_loss_q4", np.nan))
     if pd.isna(q3) or pd.isna(q4):
         return None
-    drop = float(q3) - float(q4)
-    return (float(q3), float(q4)) if drop > STILL_LEARNING[0] * float(q3) and drop > STILL_LEARNING[1] else None
+    return (float(q3), float(q4)) if still_falling(float(q3), float(q4), *STILL_LEARNING) else None
 
 
 def _variants(result) -> pd.DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate, still_falling
 from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
@@ -16,6 +16,7 @@ MIN_TEACHER = 50.0  # a teacher below this (metric x 100) did not learn its task
 PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in points
 C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
 LEARNED_MARGIN = 5.0  # a student within this many points of the majority-class predictor has not learned
+STILL_LEARNING = 0.10  # a student whose KD loss still fell this share over its last quarter had not converged
 
 
 def learned_tasks(scores: pd.DataFrame, min_teacher: float = MIN_TEACHER) -> tuple[list[str], list[str]]:
@@ -124,6 +125,14 @@ def claims_and_gates(result, tasks: list[str]):
                       f"every student at least {LEARNED_MARGIN:.0f} points above the majority class",
                       remedy="a student at the majority rate has not converged: a larger budget (--epochs-a) or "
                              "learning rate (--student-lr)"))
+    falling = [f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate {int(row.replicate)}: "
+               f"{row.loss_q3:.3g} -> {row.loss_q4:.3g}"
+               for row in scores[(scores.bits < 32) & scores.task.isin(tasks)].fillna({"replicate": 0}).itertuples()
+               if still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING)]
+    gates.append(Gate("students converged", not falling, why=("KD loss still falling over the last quarter (more "
+                      f"than {STILL_LEARNING:.0%}): " + "; ".join(falling)) if falling else
+                      "no student's KD loss still falling over its last quarter", blocks="no",
+                      remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails"))
     if missing:
         gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
                           remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))

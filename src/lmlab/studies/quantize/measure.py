@@ -151,9 +151,13 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
         best = _BestDev(model, collate, task, steps_per_epoch(config, len(task.train))) if config.size("best_dev") else None
         data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
-        train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0], tc,
-              work, on_step=best)
+        trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache,
+                                                                    **weights)[0], tc, work, on_step=best)
         steps = tc.steps
+        q = len(trained.losses) // 4  # the KD loss's last two quarters: the convergence gate reads them
+        if q:
+            info["loss_q3"] = float(np.mean(trained.losses[-2 * q:-q]))
+            info["loss_q4"] = float(np.mean(trained.losses[-q:]))
         if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
             info["best_dev_step"], info["best_dev"] = best.restore()
         if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
