@@ -21,6 +21,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from lmlab.data.qa import QAItem, build_prompt
@@ -164,8 +165,10 @@ def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list
     return out
 
 
-def patching_rows(lm, answered, answers, correct, group, probe, config, clean_feats) -> list[dict]:
-    """Replace the subject of each correctly answered question by another subject of its set; keep the answer."""
+def patching_features(lm, answered, answers, correct, config, layers: list[int]) -> tuple[list, np.ndarray | None]:
+    """Replace the subject of each correctly answered question by another subject of its set; keep the answer.
+    Returns the patched jobs (index, item) and their last-token features at `layers` (jobs x layers x d): one
+    forward pass per job, shared by every replicate whose probe reads one of these layers."""
     rng = random.Random(config.seed + 1)
     by_set: dict[str, list] = {}
     for item in answered:
@@ -183,11 +186,17 @@ def patching_rows(lm, answered, answers, correct, group, probe, config, clean_fe
         if enc is not None:
             jobs.append((n, item, enc["ids"] + answers[item.id]))
     if not jobs:
-        return []
-    best = probe.layer
-    feats = last_token_features(lm, [seq for _, _, seq in jobs], [best], config.batch_size, description="token patching")
+        return [], None
+    feats = last_token_features(lm, [seq for _, _, seq in jobs], layers, config.batch_size,
+                                description="token patching")
+    return [(n, item) for n, item, _ in jobs], feats
+
+
+def patching_rows(jobs, feats, group, probe, clean_feats) -> list[dict]:
+    """One replicate's reading of the patched features (`feats`: jobs x d at its probe's layer): does its probe
+    flip when the subject is swapped?"""
     rows = []
-    for (n, item, _), f in zip(jobs, feats[:, 0]):
+    for (n, item), f in zip(jobs, feats):
         before = probe.p_true(clean_feats[n])[0] >= 0.5
         after = probe.p_true(f)[0] >= 0.5
         rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],

@@ -45,7 +45,8 @@ from lmlab.generation import greedy_answers, last_token_features, prefix_cache
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
-from lmlab.studies.knockout.measure import encode_item, patching_rows, sweep, sweep_layers, sweep_prefix
+from lmlab.studies.knockout.measure import (encode_item, patching_features, patching_rows, sweep, sweep_layers,
+                                            sweep_prefix)
 from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
 
@@ -248,13 +249,22 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     ko_rows, groups = _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds)
 
     # 5-6. token patching and detection, per replicate and probe set at its best layer
-    extra = []
+    # (the patched forward passes are the same for every replicate: run once per probe set, at every replicate's
+    # best layer, and read by each replicate's probe)
+    extra, patched = [], {}
+    for name in dict.fromkeys(name for fitted in fits for name in fitted):
+        idx = next(fitted[name]["idx"] for fitted in fits if name in fitted)
+        layers = sorted({fitted[name]["best"] for fitted in fits if name in fitted})
+        jobs, pf = patching_features(lm, [answered[n] for n in idx], answers, correct[idx], config, layers)
+        patched[name] = (jobs, pf, layers)
     for r, fitted in enumerate(fits):
         for name, f in fitted.items():
             idx, best, probe = f["idx"], f["best"], f["probes"][f["best"]]
             sub = [answered[n] for n in idx]
-            extra += [dict(row, replicate=r) for row in
-                      patching_rows(lm, sub, answers, correct[idx], groups[r], probe, config, feats[idx, best])]
+            jobs, pf, layers = patched[name]
+            if jobs:
+                extra += [dict(row, replicate=r) for row in
+                          patching_rows(jobs, pf[:, layers.index(best)], groups[r], probe, feats[idx, best])]
             extra += [dict(row, probe_set=name, replicate=r) for row in
                       detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
                                      np.searchsorted(idx, f["test"]), [groups[r].get(i.id) for i in sub], probe, best,
