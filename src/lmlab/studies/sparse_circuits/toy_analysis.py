@@ -153,28 +153,31 @@ def toy_seed_figure(result, fig=None):
         left.fill_between(grid, ee.min(0), ee.max(0), color=color, alpha=0.15, linewidth=0)
     left.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
     left.set(xlabel="Number of Heads Kept", ylabel="Explained Effect", ylim=(-0.1, 1.15),
-             title="Addition toy: predict the ones digit (corrupted: the first operand's ones digit)")
+             title="Addition toy: the ones digit\n(corrupted: the first operand's ones digit)")
+    left.title.set_fontsize(10)
     left.legend(loc="lower right", fontsize=8)
     claims, _, _ = toy_claims(result)
     mult = next((c for c in claims if c.name.startswith("log2 multiplier")), None)
     if mult is not None:
         lo, hi = mult.interval()
-        left.text(0.03, 0.95, f"{2 ** mult.estimate:.1f}x\n[{2 ** lo:.1f}, {2 ** hi:.1f}]", transform=left.transAxes,
-                  ha="left", va="top", fontsize=12, fontweight="bold")
+        left.text(0.97, 0.45, f"multiplier {2 ** mult.estimate:.1f}x\n[{2 ** lo:.1f}, {2 ** hi:.1f}]",
+                  transform=left.transAxes, ha="right", va="top", fontsize=11, fontweight="bold")
     sparse = toy[toy["variant"] == "sparse"].sort_values("replicate")
     dense = toy[toy["variant"] == "dense"].sort_values("replicate")
     x = np.arange(len(sparse))
     right.bar(x - 0.2, 100 * sparse["kept"], width=0.4, color="tab:orange", label="edges kept (%)")
     right.axhline(100 * EDGES_LIMIT, color="grey", linestyle=":", lw=1, label=f"{100 * EDGES_LIMIT:.0f}% limit")
     right.set(xticks=x, xticklabels=[f"rep {int(r)}" for r in sparse["replicate"]], ylabel="edges kept (%)",
-              title="Sparse toys: edges kept; exact match (right axis)")
+              title="Sparse toys: edges kept;\nexact match (right axis)")
+    right.title.set_fontsize(10)
     twin = right.twinx()
     twin.plot(x, 100 * dense["value"].to_numpy(), "s", color="tab:blue", label="exact match dense")
     twin.plot(x, 100 * sparse["value"].to_numpy(), "^", color="tab:orange", label="exact match sparse")
     twin.set(ylim=(0, 101), ylabel="exact match (%)")
     handles = right.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
-    right.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="center right")
-    fig.suptitle("Sparse attention post-training on a 4-layer transformer trained in the run on 2-digit addition "
+    right.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper center", ncol=2,
+                 bbox_to_anchor=(0.5, -0.1))
+    fig.suptitle("Sparse attention post-training on a 4-layer transformer trained in the run on 2-digit addition\n"
                  "(the paper's Figure 1 setting); multiplier = dense heads / sparse heads at 0.9", fontsize=10)
     return finish(fig)
