@@ -61,6 +61,8 @@ def test_sweep_equals_one_forward_per_layer(decoder):
     for k in layers:
         assert torch.allclose(fast.eq[k], slow[k], atol=1e-5)
         assert not torch.allclose(fast.eq[k], fast.clean[k], atol=1e-4)
+    # every cut-off of a condition is one row read at another depth: clean, E_Q and the control, 3 rows in all
+    assert {fast.rows[("eq", k)] for k in layers} == {1} and {fast.rows[("control0", k)] for k in layers} == {2}
 
 
 def test_sweep_on_a_shared_prefix_cache_equals_the_sweep_alone(decoder):

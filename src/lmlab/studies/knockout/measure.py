@@ -2,13 +2,17 @@
 
 The S1 knockout sweep for one sample, re-running only what it must.
 
-For probe layers k1 < k2 < ..., row i blocks the keys (E_Q, or the random control tokens) in layers
-0..k_i: with scope "each" (the paper's knockout) every key e loses every later query q > e, so the
-E_Q tokens cannot read each other either; with scope "span" only the positions after the last key lose
-them. All rows, plus one clean row, go through one batched forward pass
-(`Knockout(layer_mask=...)`), and only over the suffix: positions before the first blocked query are
-unchanged by any row, so they are computed once, clean, and their KV cache is shared by all rows.
-Those positions are therefore identical to the clean run by construction.
+For probe layers k1 < k2 < ..., cut-off k_i blocks the keys (E_Q, or the random control tokens) in layers
+0..k_i and reads the hidden state at layer k_i: with scope "each" (the paper's knockout) every key e loses
+every later query q > e, so the E_Q tokens cannot read each other either; with scope "span" only the
+positions after the last key lose them. The hidden state at layer k_i depends on layers 0..k_i only, all of
+them blocked, so every cut-off of one condition is the *same* computation read at another depth: one row per
+condition, blocked in every layer up to the deepest cut-off and read at each, gives all of them (the windows
+0..k share their first k layers entirely). Those rows, plus one clean row, go through one batched forward
+pass (`Knockout(layer_mask=...)`), and only over the suffix: positions before the first blocked query are
+unchanged by any row, so they are computed once, clean, and their KV cache is shared by all rows. Those
+positions are therefore identical to the clean run by construction. Cost per sample: (1 + conditions) rows
+over the suffix and the deepest cut-off's layers, against one full forward per (condition, cut-off).
 
 `naive_sweep` is the reference: one full forward pass per (sample, layer). The tests check that both
 give the same hidden states, and `lmlab bench` times them side by side.
@@ -76,26 +80,25 @@ def first_changed(positions: list[int], scope: str) -> int:
 
 
 def _rows(eq_pos, ctrl_sets, layers, seq_len, n_layers, device):
-    """Row 0 is clean; one row per (condition, cut-off), the deepest cut-offs first, so that `RetireRows` can drop
-    each row after the layer it is read at. A condition that blocks nothing *is* the clean computation, so it
-    maps to row 0 rather than to a row of its own (same result, exactly, and cheaper)."""
+    """Row 0 is clean; one row per condition that blocks something, blocked in layers 0..max(layers) and read at
+    every cut-off (see the module docstring). A condition that blocks nothing *is* the clean computation, so it
+    maps to row 0 (same result, exactly, and cheaper). Every row stops after the deepest layer read (`RetireRows`
+    keeps one row beyond it: nothing there is read)."""
     conditions = [("eq", eq_pos)] + [(f"control{i}", c) for i, c in enumerate(ctrl_sets)]
-    n_rows = 1 + sum(len(layers) for _, positions in conditions if positions)
+    n_rows = 1 + sum(1 for _, positions in conditions if positions)
+    deepest = max(layers)
     keys = torch.zeros(n_rows, seq_len, dtype=torch.bool, device=device)
     layer_mask = torch.zeros(n_rows, n_layers, dtype=torch.bool, device=device)
     index = {}
-    depth = [max(layers)]  # the layer each row is last read at
-    for k in sorted(layers, reverse=True):
-        for name, positions in conditions:
-            if not positions:
-                index[(name, k)] = 0
-                continue
-            row = len(depth)
+    row = 0
+    for name, positions in conditions:
+        if positions:
+            row += 1
             keys[row, list(positions)] = True
-            layer_mask[row, : k + 1] = True
-            index[(name, k)] = row
-            depth.append(k)
-    active = [max(1, sum(d >= j for d in depth)) for j in range(n_layers)]
+            layer_mask[row, : deepest + 1] = True
+        for k in layers:
+            index[(name, k)] = row if positions else 0
+    active = [n_rows if j <= deepest else 1 for j in range(n_layers)]
     return keys, layer_mask, index, active
 
 
@@ -135,7 +138,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos, layers: 
     positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
     capture = Capture("resid_post", layers=sorted(set(layers)))
     edits = [Knockout(keys, scope=scope, layer_mask=layer_mask), capture]
-    if not keep_positions:  # each row stops after the layer it is read at (all rows kept when every position is)
+    if not keep_positions:  # nothing beyond the deepest cut-off is read (every row kept when every position is)
         edits.append(RetireRows(active))
     with intervene(lm, *edits):
         lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, cache=cache,
