@@ -7,13 +7,15 @@ tensors) outside their forward pass, which is what breaks code that reads weight
 
 import json
 
+import numpy as np
+
 import pandas as pd
 import pytest
 import torch
 
 from lmlab import LmlabError
-from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchOutput, PatchResid, RetireRows,
-                                 SparseAttention, intervene)
+from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchHeadRows, PatchOutput, PatchResid,
+                                 RetireRows, SparseAttention, StartAt, intervene)
 from lmlab.interventions.arm import ActivationRedistribution
 from lmlab.interventions.quant import quantize_model
 from lmlab.models import load_model, weights_fingerprint
@@ -60,6 +62,12 @@ def _corrupted(lm, point):
     return cap
 
 
+def _own(lm, enc, point):
+    with torch.no_grad(), intervene(lm, Capture(point)) as cap:
+        lm.model(**enc)
+    return cap
+
+
 def _keys(enc):
     keys = torch.zeros_like(enc["attention_mask"], dtype=torch.bool)
     keys[:, -4:-2] = True
@@ -73,6 +81,8 @@ CASES = {
     "head ablation": lambda lm, enc: [AblateHeads([(0, 1), (2, 0)])],
     "head patching": lambda lm, enc: [AblateHeads([(1, 0)], mode="patch",
                                                    reference={1: _corrupted(lm, "z")["z", 1]})],
+    "head patching by rows": lambda lm, enc: [PatchHeadRows(1, [2], _corrupted(lm, "z")["z", 1])],
+    "start at a layer": lambda lm, enc: [StartAt(2, _own(lm, enc, "resid_pre")["resid_pre", 2])],
     "residual patching": lambda lm, enc: [PatchResid(1, _corrupted(lm, "resid_pre")["resid_pre", 1])],
     "MLP output patching": lambda lm, enc: [PatchOutput("mlp_out", {2: _corrupted(lm, "mlp_out")["mlp_out", 2]})],
     "MLP activation edit": lambda lm, enc: [EditMLPAct(lambda act, layer: act * 0.5, layers=[0, 2])],
@@ -192,3 +202,18 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
             models=False)
     with pytest.raises(LmlabError, match="is not a sparse-attention model folder"):
         s4.Config(**sizes, sparse_model=str(folder)).check_inputs(models=False)
+
+
+def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair):
+    """Every head patched from its layer's cached residual, on a model half on disk: the undispatched scores."""
+    from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
+    from lmlab.studies.sparse_circuits import circuits
+
+    plain, spread = pair
+    ids = [plain.tokenizer(p)["input_ids"] for p in PROMPTS]
+    prompts = [CircuitPrompt(tuple(i), tuple(reversed(i)), "", "", answer=11, distractor=12) for i in ids]
+    task = CircuitTask("t", "logit_diff", prompts)
+    a = circuits.activation_scores(plain, task, 4, max_rows=8)
+    b = circuits.activation_scores(spread, task, 4, max_rows=8)
+    assert np.abs(a).max() > 1e-3
+    np.testing.assert_allclose(b, a, atol=ATOL, rtol=0)

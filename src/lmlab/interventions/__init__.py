@@ -8,11 +8,12 @@ Every intervention here is checked in tests against an independent computation o
 
 from lmlab.interventions.attention import IMPL
 from lmlab.interventions.core import Intervention, install, installed, intervene, uninstall
-from lmlab.interventions.edits import AblateHeads, Knockout, SparseAttention
-from lmlab.interventions.hooks import HOOK_POINTS, Capture, EditMLPAct, PatchOutput, PatchResid, RetireRows
+from lmlab.interventions.edits import AblateHeads, Knockout, PatchHeadRows, SparseAttention
+from lmlab.interventions.hooks import (HOOK_POINTS, Capture, EditMLPAct, PatchOutput, PatchResid, RetireRows,
+                                      StartAt)
 
 __all__ = ["AblateHeads", "Capture", "EditMLPAct", "HOOK_POINTS", "IMPL", "Intervention", "Knockout",
-           "PatchOutput", "PatchResid", "RetireRows", "SparseAttention", "install", "installed", "intervene", "uninstall"]
+           "PatchHeadRows", "PatchOutput", "PatchResid", "RetireRows", "SparseAttention", "StartAt", "install", "installed", "intervene", "uninstall"]
 
 
 def _restore_sparse_attention(loaded) -> None:

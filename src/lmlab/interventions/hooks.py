@@ -236,3 +236,55 @@ class RetireRows(Intervention):
     def hooks(self, layout):
         return [layout.block(layer).register_forward_pre_hook(
             (lambda l: lambda m, a, k: self._cut(l, a, k))(layer), with_kwargs=True) for layer in range(layout.n_layers)]
+
+
+class _Restore:
+    """A handle that puts a module's own `forward` back (what `intervene` removes on exit)."""
+
+    def __init__(self, module: torch.nn.Module, had_own: bool, own):
+        self.module, self.had_own, self.own = module, had_own, own
+
+    def remove(self) -> None:
+        if self.had_own:
+            self.module.forward = self.own  # e.g. accelerate's device-moving wrapper of a dispatched block
+        else:
+            self.module.__dict__.pop("forward", None)
+
+
+class StartAt(Intervention):
+    """Run the forward pass from block `layer` up: blocks 0..layer-1 pass their input through untouched (they
+    compute nothing) and block `layer` receives `resid` (batch, pos, d_model), the residual stream a run on the
+    same inputs had there (`Capture('resid_pre')` of it), instead.
+
+    For edits at `layer` or above, everything below is unchanged by construction, so a run from the cached
+    residual gives the full run's result at (L - layer) / L of its cost (activation patching of a head at layer
+    l: the layers below are the clean run's). The batch may hold `resid`'s rows several times over (R = m x B
+    rows, block i = rows [i*B, (i+1)*B), e.g. one block per patched head); `resid` is tiled to match. The
+    model still embeds the inputs and builds its masks and rotary tables for the whole batch (cheap), and the
+    layers' own per-row inputs come from the model as usual, on each layer's device under a device map.
+    Captures at layers below `layer` record the pass-through, not the model's states.
+    """
+
+    def __init__(self, layer: int, resid: torch.Tensor):
+        super().__init__([layer])
+        self.layer, self.resid = layer, resid
+
+    def _resid_for(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows, blocks = hidden.shape[0], self.resid.shape[0]
+        if hidden.shape[1:] != self.resid.shape[1:] or rows % blocks:
+            raise LmlabError(f"StartAt: a residual of shape {tuple(self.resid.shape)} does not fit this forward "
+                             f"pass's {tuple(hidden.shape)} (its rows must be a whole number of the residual's)")
+        resid = self.resid.to(device=hidden.device, dtype=hidden.dtype)
+        return resid if rows == blocks else resid.repeat(rows // blocks, 1, 1)
+
+    def hooks(self, layout):
+        handles = []
+        for j in range(self.layer):
+            block = layout.block(j)
+            had_own = "forward" in block.__dict__
+            handles.append(_Restore(block, had_own, block.__dict__.get("forward")))
+            block.forward = lambda hidden_states, *args, **kwargs: hidden_states
+        block = layout.block(self.layer)
+        handles.append(block.register_forward_pre_hook(
+            lambda m, a, k: _with_hidden_in(a, k, self._resid_for(_hidden_in(a, k))), with_kwargs=True))
+        return handles
