@@ -212,3 +212,16 @@ def test_the_study_config_knows_the_quantizers_bit_widths():
     from lmlab.studies.quantize.config import BITS as CONFIG_BITS
 
     assert CONFIG_BITS == BITS
+
+
+def test_peers_benchmark_without_the_extra_says_how_to_install_it(monkeypatch, capsys):
+    """Without TransformerLens and nnsight the peers benchmark loads no model and prints one line."""
+    import sys
+
+    from lmlab.benchmarks.peers import peers_bench
+
+    monkeypatch.setitem(sys.modules, "nnsight", None)  # an import of it raises ImportError
+    rows = peers_bench()
+    assert capsys.readouterr().out.strip() == "the peers benchmark needs TransformerLens and nnsight: " \
+                                              "pip install 'lmlab[peers]'"
+    assert len(rows) == 1 and rows[0]["value"] is None

@@ -138,7 +138,7 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     for name in names:
         out.print(f"[dim]running {name}...[/]")
         rows.extend(registry[name](model=model, out_dir=out_dir, latent_run=latent_run))
-    cells = [[r["benchmark"], r["case"], r["value"], r["unit"], _ratio(r),
+    cells = [[r["benchmark"], r["case"], "" if r["value"] is None else r["value"], r["unit"], _ratio(r),
               r.get("note") or ("" if r.get("target") is None else f"≤ {r['target']}x")] for r in rows]
     out.print(_table("lmlab bench", ["benchmark", "case", "value", "unit", "ratio", "target"], cells,
                      keep=("benchmark", "value")))

@@ -20,7 +20,7 @@ def benchmark(name: str):
 
 
 def load_all() -> dict[str, Callable[..., list[dict]]]:
-    from lmlab.benchmarks import (circuits, filler, inputs, interventions, knockout, latent, quantize,  # noqa: F401
-                                  replicates)  # (they register themselves)
+    from lmlab.benchmarks import (circuits, filler, generation, inputs, interventions, knockout,  # noqa: F401
+                                  latent, peers, quantize, replicates)  # (they register themselves)
 
     return BENCHMARKS

@@ -1,0 +1,101 @@
+"""Greedy decoding: lmlab's loop (S1's answers, S3's solutions) vs `transformers`' `generate`, side by side.
+
+The same prompts (S1: few-shot geo-capital questions; S3: the filler study's chat prompts on generated
+arithmetic problems, 55 filler tokens inserted), the same number of new tokens for every row (neither stops at
+an end-of-sequence token, so both do the same work), at batch 1 and at the study's batch; the cases alternate,
+the best of the repeats is kept, and the share of generated tokens on which the two agree is printed (greedy on
+the same model: float order may split a near-tie). The bound: decoding reads every weight once a step, so at
+batch 1 no loop beats (memory bandwidth / weight bytes) tokens a second; the bandwidth is measured here (a sum
+over a 1 GiB tensor), and the distance to the bound printed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from lmlab.benchmarks import benchmark
+
+
+def _bandwidth() -> float:
+    """Bytes a second read by a sum over a 1 GiB float32 tensor (best of 5)."""
+    import torch
+
+    x = torch.ones(2 ** 28)
+    x.sum()
+    best = min(_timed(lambda: x.sum()) for _ in range(5))
+    return x.numel() * 4 / best
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _prompts(lm, which: str, n: int) -> list[list[int]]:
+    if which == "S1":
+        from lmlab.data.generated.geo_qa import generate
+        from lmlab.studies.knockout.measure import encode_item
+
+        return [e["ids"] for e in (encode_item(lm, item) for item in generate("geo-capital", 2 * n, seed=0))
+                if e is not None][:n]
+    from lmlab.data.math import generate_arithmetic
+    from lmlab.studies.filler.measure import build_ids
+
+    return [build_ids(lm, item.question, ".", 55)[0] for item in generate_arithmetic(n, 0)][:n]
+
+
+@benchmark("generation")
+def generation_bench(model: str = "smollm2-135m", repeats: int = 2, **_) -> list[dict]:
+    import torch
+
+    from lmlab.generation import _generate
+    from lmlab.models import load_model
+    from lmlab.studies.filler.config import Config as S3Config
+    from lmlab.studies.knockout.config import Config as S1Config
+
+    lm = load_model(model)
+    plain = load_model(model).model  # generate on a model of its own: sdpa attention, nothing of lmlab's
+    plain.set_attn_implementation("sdpa")
+    weight_bytes = sum(p.numel() * p.element_size() for p in plain.parameters())
+    bound = _bandwidth() / weight_bytes  # steps a second when every step reads every weight once
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    jobs = [("S1", S1Config.model_fields["batch_size"].default, S1Config.model_fields["max_new_tokens"].default),
+            ("S3", S3Config.model_fields["batch_size"].default, 64)]
+    rows = []
+    for study, study_batch, new in jobs:
+        for batch in sorted({1, study_batch}):
+            prompts = _prompts(lm, study, max(batch, 4) if batch == 1 else batch)
+            ours_out: list = []
+            hf_out: list = []
+
+            def ours():
+                ours_out[:] = _generate(lm, prompts, new, set(), True, batch)
+
+            def hf():
+                hf_out.clear()
+                for start in range(0, len(prompts), batch):
+                    enc = lm.pad_batch(prompts[start:start + batch])
+                    enc.pop("position_ids", None)  # generate derives them from the mask
+                    with torch.no_grad():
+                        out = plain.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                             pad_token_id=pad, eos_token_id=None)
+                    hf_out.extend(out[:, enc["input_ids"].shape[1]:].tolist())
+            times = {"lmlab": [], "generate": []}
+            for r in range(repeats):
+                for name, fn in ((("lmlab", ours), ("generate", hf)) if r % 2 == 0 else
+                                 (("generate", hf), ("lmlab", ours))):
+                    times[name].append(_timed(fn))
+            tokens = len(prompts) * new
+            same = sum(a == b for x, y in zip(ours_out, hf_out) for a, b in zip(x, y)) / tokens
+            rate = {k: tokens / min(v) for k, v in times.items()}
+            setup = (f"{model}, {study} prompts (~{sum(map(len, prompts)) // len(prompts)} tokens), {len(prompts)} "
+                     f"prompts x {new} new tokens, batch {batch}, best of {repeats}; tokens agreeing {same:.1%}; "
+                     f"bandwidth bound at batch {batch}: {bound * batch:.0f} tokens/s")
+            for name in ("generate", "lmlab"):
+                rows.append(dict(benchmark="generation", case=f"{study}, batch {batch}: {name}",
+                                 value=round(rate[name], 1), unit="tokens/s",
+                                 ratio=round(rate[name] / rate["generate"], 2), target=None,
+                                 note=(f"aim >= 1x; {rate[name] / (bound * batch):.0%} of the bandwidth bound"
+                                       if name == "lmlab" else None), setup=setup))
+    return rows
