@@ -205,7 +205,8 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
 
 
 def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair):
-    """Every head patched from its layer's cached residual, on a model half on disk: the undispatched scores."""
+    """Every head patched from its layer's cached residual, and an effect curve's points batched, on a model half
+    on disk: the undispatched numbers."""
     from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
     from lmlab.studies.sparse_circuits import circuits
 
@@ -217,3 +218,6 @@ def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair):
     b = circuits.activation_scores(spread, task, 4, max_rows=8)
     assert np.abs(a).max() > 1e-3
     np.testing.assert_allclose(b, a, atol=ATOL, rtol=0)
+    order = circuits.ranking(a)  # and the explained-effect curve, its grid points as blocks of one batch
+    curves = [circuits.effect_curve(lm, task, order, grid=[0, 2, 5], batch_size=4, max_rows=8) for lm in pair]
+    np.testing.assert_allclose(curves[1].values, curves[0].values, atol=ATOL, rtol=0)

@@ -126,3 +126,22 @@ def test_head_rows_patch_each_block_as_its_own_head_patch(lm):
         with torch.no_grad(), intervene(lm, *edits):
             alone = lm.model(**batch).logits
         torch.testing.assert_close(rows[2 * i:2 * i + 2], alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mlps", [False, True])
+def test_batched_effect_curve_equals_one_forward_per_grid_point(lm, mlps):
+    """The explained-effect curve with its grid points as blocks of one batch (a few passes: max_rows) = one
+    forward per point, at every point; and it runs from clean (all kept) to fully patched."""
+    task = _task(seed=4)
+    z_corr = circuits.corrupted_z(lm, task, 4, mlps=mlps)
+    width = lm.layout.n_heads + int(mlps)
+    rng = np.random.default_rng(0)
+    comps = [(l, h) for l in range(lm.layout.n_layers) for h in range(width)]
+    order = [comps[i] for i in rng.permutation(len(comps))]
+    grid = [0, 1, 3, len(order) // 2, len(order) - 1, len(order)]
+    fast = circuits.effect_curve(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr, max_rows=8)
+    slow = circuits.effect_curve_naive(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr)
+    assert fast.grid == slow.grid
+    np.testing.assert_allclose(fast.values, slow.values, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(fast.clean, circuits.metric_values(lm, task, 4), atol=1e-5, rtol=0)
+    assert np.abs(fast.clean - fast.none).max() > 1e-3

@@ -186,36 +186,40 @@ class AblateHeads(Intervention):
 
 
 class PatchHeadRows(Intervention):
-    """Patch a different head in each block of rows: the batch is m blocks of B rows (block i = rows
-    [i*B, (i+1)*B), the same B prompts in each), and block i gets head `heads[i]` of layer `layer` replaced by
-    `reference` (B, pos, n_heads, head_dim), that head's z on other inputs (`Capture('z')` of a corrupted run),
-    every other head left alone. m activation-patching runs of one layer as one batched forward pass; with
-    `StartAt(layer, ...)` each starts from the clean residual at that layer. A head of None leaves its block
-    clean (a block for another component, e.g. the layer's MLP, patched elsewhere)."""
+    """Patch different heads in each block of rows: the batch is m blocks of B rows (block i = rows
+    [i*B, (i+1)*B), the same B prompts in each), and block i gets the heads `heads[i]` of layer `layer` (one
+    head, several, or None for none) replaced by `reference` (B, pos, n_heads, head_dim), their z on other
+    inputs (`Capture('z')` of a corrupted run), every other head left alone. m patching runs as one batched
+    forward pass: activation patching (one head a block; with `StartAt(layer, ...)` each starts from the clean
+    residual at that layer) or an explained-effect curve (block i patches every head outside the top N_i)."""
 
-    def __init__(self, layer: int, heads: Sequence[int | None], reference: torch.Tensor):
+    def __init__(self, layer: int, heads: Sequence[int | Iterable[int] | None], reference: torch.Tensor):
         super().__init__([layer])
-        self.layer, self.heads, self.reference = layer, list(heads), reference
+        self.layer, self.reference = layer, reference
+        self.heads = [[] if h is None else ([int(h)] if isinstance(h, int) else sorted({int(x) for x in h}))
+                      for h in heads]
 
     def bind(self, layout):
         super().bind(layout)
-        _check_heads(layout, [h for h in self.heads if h is not None])
+        _check_heads(layout, [h for block in self.heads for h in block])
+        self._mask = torch.zeros(len(self.heads), layout.n_heads, dtype=torch.bool)
+        for i, block in enumerate(self.heads):
+            self._mask[i, block] = True
 
     def uses_z(self, layer):
         return layer == self.layer
 
     def edit_z(self, layer, z, ctx):
         blocks, ref = len(self.heads), self.reference.to(z)
-        if z.shape[0] != blocks * ref.shape[0] or ref.shape[1] <= int(ctx.query_positions[-1]):
+        per = ref.shape[0]
+        if z.shape[0] != blocks * per or ref.shape[1] <= int(ctx.query_positions[-1]):
             raise LmlabError(f"PatchHeadRows: {blocks} blocks of a reference of shape {tuple(ref.shape)} do not "
                              f"fit this batch of {z.shape[0]} rows x {ctx.kv_len} positions")
         ref = ref[:, ctx.query_positions]
-        out = z.clone()
-        per = ref.shape[0]
-        for i, head in enumerate(self.heads):
-            if head is not None:
-                out[i * per:(i + 1) * per, :, head] = ref[:, :, head]
-        return out
+        mask = self._mask.to(z.device)[:, None, None, :, None]  # (blocks, 1, 1, heads, 1)
+        shape = z.shape
+        out = torch.where(mask, ref[None], z.reshape(blocks, per, *shape[1:]))
+        return out.reshape(shape)
 
 
 _MASK64 = (1 << 64) - 1

@@ -239,8 +239,59 @@ class EffectCurve:
         return needed
 
 
+def _blocks_patching(lm: LoadedModel, sets: list, ref: dict, rows: int) -> list:
+    """Interventions for a batch of len(sets) blocks of `rows` rows, block i patching the components sets[i]
+    [(layer, index)] with `ref`'s corrupted values (index n_heads: the layer's MLP)."""
+    n_heads = lm.layout.n_heads
+    layers = sorted({l for patched in sets for l, _ in patched})
+    out = []
+    for layer in layers:
+        heads = [[h for l, h in patched if l == layer and h < n_heads] for patched in sets]
+        if any(heads):
+            out.append(PatchHeadRows(layer, heads, ref[layer]))
+        mlp = [any(l == layer and h == n_heads for l, h in patched) for patched in sets]
+        if any(mlp):
+            r = ref[("mlp", layer)]
+            block = torch.tensor(mlp, device=lm.device).repeat_interleave(rows)
+            out.append(PatchOutput("mlp_out", {layer: r.repeat(len(sets), 1, 1)},
+                                   positions=block[:, None].expand(-1, r.shape[1])))
+    return out
+
+
+@torch.no_grad()
 def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]], grid: list[int] | None = None,
-                 batch_size: int = 16, z_corr=None, progress=None) -> EffectCurve:
+                 batch_size: int = 16, z_corr=None, progress=None, max_rows: int = 256) -> EffectCurve:
+    """The per-prompt metric with the top N components of `order` kept clean and every other one patched, for
+    each N of `grid`. The grid points go as blocks of one batch (at most `max_rows` rows a pass), block i
+    patching its own set (`PatchHeadRows`); the same values as `effect_curve_naive`, one forward per point."""
+    if z_corr is None:
+        z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for _, h in order))
+    grid = sorted(set(grid or heads_grid(len(order))) | {0, len(order)})
+    values = np.zeros((len(grid), len(task)))
+    start = 0
+    batches = list(_batches(task, batch_size))
+    for i, prompts in enumerate(batches):
+        rows = len(prompts)
+        batch = dict(_encode(lm, prompts, corrupted=False), use_cache=False)
+        per_pass = max(1, max_rows // rows)
+        for first in range(0, len(grid), per_pass):
+            points = grid[first:first + per_pass]
+            m = len(points)
+            tiled = {k: (v.repeat(m, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) else v)
+                     for k, v in batch.items()}
+            with intervene(lm, *_blocks_patching(lm, [order[n:] for n in points], z_corr[i], rows)):
+                metric = task_metric(lm.last_logits(tiled), list(prompts) * m, task.metric).float().cpu()
+            values[first:first + m, start:start + rows] = metric.reshape(m, rows).numpy()
+            if progress and i == len(batches) - 1:
+                for _ in points:
+                    progress()
+        start += rows
+    return EffectCurve(list(grid), values, clean=values[-1], none=values[0])
+
+
+def effect_curve_naive(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]], grid: list[int] | None = None,
+                       batch_size: int = 16, z_corr=None, progress=None) -> EffectCurve:
+    """The reference for `effect_curve`: one forward pass over the prompts per grid point."""
     if z_corr is None:
         z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for _, h in order))
     grid = sorted(set(grid or heads_grid(len(order))) | {0, len(order)})
