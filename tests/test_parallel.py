@@ -19,20 +19,35 @@ WORKER = Path(__file__).parent / "workers" / "study_worker.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _launch(study: str, out: Path, summary: Path, processes: int):
+def _command(study: str, out: Path, summary: Path, processes: int) -> list[str]:
     cmd = [sys.executable, str(WORKER), study, str(out), str(summary)]
     if processes > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)] \
             + cmd[1:]
-    done = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    return cmd
+
+
+def _launch(study: str, out: Path, summary: Path, processes: int):
+    done = subprocess.run(_command(study, out, summary, processes), env=ENV, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(summary.read_text())
 
 
+def _one_and_two(study: str, tmp_path: Path) -> tuple[dict, dict]:
+    """The study in one process and under a two-process launch, run side by side (independent folders)."""
+    from helpers import run_at_once
+
+    names = (("one", 1), ("two", 2))
+    for (name, _), done in zip(names, run_at_once([_command(study, tmp_path / n, tmp_path / f"{n}.json", k)
+                                                   for n, k in names], ENV)):
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+    return tuple(json.loads((tmp_path / f"{n}.json").read_text()) for n, _ in names)
+
+
 @pytest.mark.parametrize("study,units", [("knockout", "knockout"), ("filler", "answers")])
 def test_two_processes_write_the_one_process_tables(tmp_path, study, units):
-    one = _launch(study, tmp_path / "one", tmp_path / "one.json", 1)
-    two = _launch(study, tmp_path / "two", tmp_path / "two.json", 2)
+    one, two = _one_and_two(study, tmp_path)
     assert Path(one["path"]).name == Path(two["path"]).name  # the same config, the same folder name
     a, b = load_result(Path(one["path"])), load_result(Path(two["path"]))
     assert sorted(a.tables) == sorted(b.tables)
@@ -76,8 +91,7 @@ def test_training_studies_over_two_processes_write_the_one_process_tables(tmp_pa
     on a model (discovery by task, post-training, sparsity, the toy; a tiny Llama with SmolLM2's tokenizer) under
     torchrun: the tables of one process within 1e-4 (DDP sums gradients in another order), the same verdict;
     rank 0 alone wrote the folder."""
-    one = _launch(study, tmp_path / "one", tmp_path / "one.json", 1)
-    two = _launch(study, tmp_path / "two", tmp_path / "two.json", 2)
+    one, two = _one_and_two(study, tmp_path)
     assert Path(one["path"]).name == Path(two["path"]).name
     a, b = load_result(Path(one["path"])), load_result(Path(two["path"]))
     assert sorted(a.tables) == sorted(b.tables)

@@ -1,6 +1,5 @@
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -69,15 +68,21 @@ def test_nan_loss_stops_clearly_and_keeps_the_last_good_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-0000002"]
 
 
-def test_one_and_two_processes_follow_the_same_loss_curve(tmp_path):
+def _one_and_two(script: Path, tmp_path: Path) -> None:
+    """`script OUT JSON` alone (OUT = a, JSON = one.json) and under torchrun with two CPU processes (gloo; b,
+    two.json), side by side, one thread each."""
+    from helpers import run_at_once
+
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "a"), str(tmp_path / "one.json")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(WORKER), str(tmp_path / "b"), str(tmp_path / "two.json")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-2000:]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    runs = run_at_once([[sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "one.json")],
+                        [*launch, str(script), str(tmp_path / "b"), str(tmp_path / "two.json")]], env, timeout=300)
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_one_and_two_processes_follow_the_same_loss_curve(tmp_path):
+    _one_and_two(WORKER, tmp_path)
     a, b = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
     assert len(a) == len(b) == 6 and a[-1] < a[0]
     assert a == pytest.approx(b, abs=1e-4)
@@ -88,14 +93,7 @@ def test_a_studys_training_over_two_processes_follows_the_one_process_curve(tmp_
     one process. (`accelerate launch --cpu --num_processes 2` starts one process without mpirun: the worker
     reports how many processes it ran in.)"""
     worker = Path(__file__).parent / "workers" / "toy_worker.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one = subprocess.run([sys.executable, str(worker), str(tmp_path / "a"), str(tmp_path / "one.json")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(worker), str(tmp_path / "b"), str(tmp_path / "two.json")],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert two.returncode == 0, two.stderr[-2000:]
+    _one_and_two(worker, tmp_path)
     a, b = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
     assert (a["processes"], b["processes"]) == (1, 2)
     assert len(a["losses"]) == len(b["losses"]) == 5 and a["losses"][-1] < a["losses"][0]
@@ -105,13 +103,8 @@ def test_a_studys_training_over_two_processes_follows_the_one_process_curve(tmp_
 def _curves(tmp_path, worker: str) -> tuple[dict, dict]:
     """The worker's JSON alone and under torchrun with two CPU processes (gloo)."""
     script = Path(__file__).parent / "workers" / worker
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = []
-    for name, prefix in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"])):
-        done = subprocess.run([sys.executable, *prefix, str(script), str(tmp_path / name), str(tmp_path / f"{name}.json")],
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        out.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    _one_and_two(script, tmp_path)
+    out = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("one", "two")]
     assert (out[0]["processes"], out[1]["processes"]) == (1, 2)
     return out[0], out[1]
 

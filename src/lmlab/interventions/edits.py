@@ -202,9 +202,6 @@ class PatchHeadRows(Intervention):
     def bind(self, layout):
         super().bind(layout)
         _check_heads(layout, [h for block in self.heads for h in block])
-        self._mask = torch.zeros(len(self.heads), layout.n_heads, dtype=torch.bool)
-        for i, block in enumerate(self.heads):
-            self._mask[i, block] = True
 
     def uses_z(self, layer):
         return layer == self.layer
@@ -216,7 +213,10 @@ class PatchHeadRows(Intervention):
             raise LmlabError(f"PatchHeadRows: {blocks} blocks of a reference of shape {tuple(ref.shape)} do not "
                              f"fit this batch of {z.shape[0]} rows x {ctx.kv_len} positions")
         ref = ref[:, ctx.query_positions]
-        mask = self._mask.to(z.device)[:, None, None, :, None]  # (blocks, 1, 1, heads, 1)
+        mask = torch.zeros(blocks, z.shape[2], dtype=torch.bool, device=z.device)  # on the layer's device
+        for i, block in enumerate(self.heads):
+            mask[i, block] = True
+        mask = mask[:, None, None, :, None]  # (blocks, 1, 1, heads, 1)
         shape = z.shape
         out = torch.where(mask, ref[None], z.reshape(blocks, per, *shape[1:]))
         return out.reshape(shape)
