@@ -19,6 +19,22 @@ def benchmark(name: str):
     return wrap
 
 
+def alternate(cases: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
+    """Run each case `repeats` times, the order rotating from one repeat to the next (a drift in the machine's
+    speed falls on every case alike): each case's best wall time in seconds, and its last result."""
+    import time
+
+    names = list(cases)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    results: dict[str, object] = {}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            results[name] = cases[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {n: min(t) for n, t in times.items()}, results
+
+
 def load_all() -> dict[str, Callable[..., list[dict]]]:
     from lmlab.benchmarks import (circuits, filler, generation, inputs, interventions, knockout,  # noqa: F401
                                   latent, peers, quantize, replicates)  # (they register themselves)

@@ -11,9 +11,7 @@ over a 1 GiB tensor), and the distance to the bound printed.
 
 from __future__ import annotations
 
-import time
-
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks import alternate, benchmark
 
 
 def _bandwidth() -> float:
@@ -22,14 +20,8 @@ def _bandwidth() -> float:
 
     x = torch.ones(2 ** 28)
     x.sum()
-    best = min(_timed(lambda: x.sum()) for _ in range(5))
+    best = alternate({"sum": x.sum}, 5)[0]["sum"]
     return x.numel() * 4 / best
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def _prompts(lm, which: str, n: int) -> list[list[int]]:
@@ -81,14 +73,10 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, **_) -> list
                         out = plain.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                              pad_token_id=pad, eos_token_id=None)
                     hf_out.extend(out[:, enc["input_ids"].shape[1]:].tolist())
-            times = {"lmlab": [], "generate": []}
-            for r in range(repeats):
-                for name, fn in ((("lmlab", ours), ("generate", hf)) if r % 2 == 0 else
-                                 (("generate", hf), ("lmlab", ours))):
-                    times[name].append(_timed(fn))
+            times, _ = alternate({"lmlab": ours, "generate": hf}, repeats)
             tokens = len(prompts) * new
             same = sum(a == b for x, y in zip(ours_out, hf_out) for a, b in zip(x, y)) / tokens
-            rate = {k: tokens / min(v) for k, v in times.items()}
+            rate = {k: tokens / t for k, t in times.items()}
             setup = (f"{model}, {study} prompts (~{sum(map(len, prompts)) // len(prompts)} tokens), {len(prompts)} "
                      f"prompts x {new} new tokens, batch {batch}, best of {repeats}; tokens agreeing {same:.1%}; "
                      f"bandwidth bound at batch {batch}: {bound * batch:.0f} tokens/s")

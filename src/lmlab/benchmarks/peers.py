@@ -15,11 +15,9 @@ Needs the `peers` extra (`pip install 'lmlab[peers]'`); without it the benchmark
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks import alternate, benchmark
 
 INSTALL = "the peers benchmark needs TransformerLens and nnsight: pip install 'lmlab[peers]'"
 
@@ -131,18 +129,12 @@ def peers_bench(model: str = "smollm2-135m", prompts: int = 8, repeats: int = 2,
                             layout.n_heads, layout.head_dim),
     }
     names = list(cases)
-    times = {n: [] for n in names}
-    scores = {}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            scores[name] = cases[name]()
-            times[name].append(time.perf_counter() - t0)
+    times, scores = alternate(cases, repeats)
     clean_metric = float(abs(circuits.metric_values(lm, task, prompts).mean()))
-    ours = min(times["lmlab"])
+    ours = times["lmlab"]
     rows = []
     for name in names:
-        t = min(times[name])
+        t = times[name]
         rho = float(spearmanr(scores["lmlab"].ravel(), scores[name].ravel())[0])
         worst = float(np.abs(scores["lmlab"] - scores[name]).max()) / clean_metric
         rows.append(dict(benchmark="peers", case=f"{name}: every head patched", value=round(t, 2), unit="s",

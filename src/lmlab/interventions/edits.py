@@ -202,6 +202,7 @@ class PatchHeadRows(Intervention):
     def bind(self, layout):
         super().bind(layout)
         _check_heads(layout, [h for block in self.heads for h in block])
+        self._patched = [[h in block for h in range(layout.n_heads)] for block in self.heads]  # (blocks, heads)
 
     def uses_z(self, layer):
         return layer == self.layer
@@ -213,10 +214,8 @@ class PatchHeadRows(Intervention):
             raise LmlabError(f"PatchHeadRows: {blocks} blocks of a reference of shape {tuple(ref.shape)} do not "
                              f"fit this batch of {z.shape[0]} rows x {ctx.kv_len} positions")
         ref = ref[:, ctx.query_positions]
-        mask = torch.zeros(blocks, z.shape[2], dtype=torch.bool, device=z.device)  # on the layer's device
-        for i, block in enumerate(self.heads):
-            mask[i, block] = True
-        mask = mask[:, None, None, :, None]  # (blocks, 1, 1, heads, 1)
+        # made on the layer's device at each call (a default-device context may hold another at bind time)
+        mask = torch.tensor(self._patched, dtype=torch.bool, device=z.device)[:, None, None, :, None]
         shape = z.shape
         out = torch.where(mask, ref[None], z.reshape(blocks, per, *shape[1:]))
         return out.reshape(shape)

@@ -142,19 +142,11 @@ def activation_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
             for start in range(0, len(comps), per_pass):
                 chunk = comps[start:start + per_pass]
                 m = len(chunk)
-                tiled = {k: (v.repeat(m, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) else v)
-                         for k, v in batch.items()}
-                edits = [StartAt(layer, cap["resid_pre", layer])]
-                head_of = [c if c < layout.n_heads else None for c in chunk]
-                if any(h is not None for h in head_of):
-                    edits.append(PatchHeadRows(layer, head_of, z_corr[i][layer]))
-                if None in head_of:  # the layer's MLP: its block of rows takes the corrupted run's mlp_out
-                    ref = z_corr[i][("mlp", layer)]
-                    block = torch.tensor([h is None for h in head_of], device=lm.device).repeat_interleave(rows)
-                    edits.append(PatchOutput("mlp_out", {layer: ref.repeat(m, 1, 1)},
-                                             positions=block[:, None].expand(-1, ref.shape[1])))
+                edits = [StartAt(layer, cap["resid_pre", layer]),
+                         *_blocks_patching(lm, [[(layer, c)] for c in chunk], z_corr[i], rows)]
                 with intervene(lm, *edits):
-                    values = task_metric(lm.last_logits(tiled), list(prompts) * m, task.metric).double().cpu()
+                    values = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m,
+                                         task.metric).double().cpu()
                 for c, v in zip(chunk, values.reshape(m, rows)):
                     totals[(layer, c)] += float(v.sum())
                     if progress and i == len(batches) - 1:
@@ -239,22 +231,29 @@ class EffectCurve:
         return needed
 
 
+def _tiled(batch: dict, m: int) -> dict:
+    """The batch's tensors repeated m times along the rows (m blocks of the same prompts)."""
+    return {k: (v.repeat(m, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
 def _blocks_patching(lm: LoadedModel, sets: list, ref: dict, rows: int) -> list:
     """Interventions for a batch of len(sets) blocks of `rows` rows, block i patching the components sets[i]
     [(layer, index)] with `ref`'s corrupted values (index n_heads: the layer's MLP)."""
     n_heads = lm.layout.n_heads
-    layers = sorted({l for patched in sets for l, _ in patched})
-    out = []
-    for layer in layers:
-        heads = [[h for l, h in patched if l == layer and h < n_heads] for patched in sets]
-        if any(heads):
-            out.append(PatchHeadRows(layer, heads, ref[layer]))
-        mlp = [any(l == layer and h == n_heads for l, h in patched) for patched in sets]
-        if any(mlp):
-            r = ref[("mlp", layer)]
-            block = torch.tensor(mlp, device=lm.device).repeat_interleave(rows)
-            out.append(PatchOutput("mlp_out", {layer: r.repeat(len(sets), 1, 1)},
-                                   positions=block[:, None].expand(-1, r.shape[1])))
+    heads: dict[int, list[list[int]]] = {}  # layer -> each block's heads there
+    mlps: dict[int, list[bool]] = {}  # layer -> whether each block patches its MLP
+    for b, patched in enumerate(sets):
+        for layer, index in patched:
+            if index == n_heads:
+                mlps.setdefault(layer, [False] * len(sets))[b] = True
+            else:
+                heads.setdefault(layer, [[] for _ in sets])[b].append(index)
+    out = [PatchHeadRows(layer, blocks, ref[layer]) for layer, blocks in sorted(heads.items())]
+    for layer, blocks in sorted(mlps.items()):
+        r = ref[("mlp", layer)]
+        block = torch.tensor(blocks, device=lm.device).repeat_interleave(rows)
+        out.append(PatchOutput("mlp_out", {layer: r.repeat(len(sets), 1, 1)},
+                               positions=block[:, None].expand(-1, r.shape[1])))
     return out
 
 
@@ -277,10 +276,8 @@ def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]
         for first in range(0, len(grid), per_pass):
             points = grid[first:first + per_pass]
             m = len(points)
-            tiled = {k: (v.repeat(m, *([1] * (v.dim() - 1))) if isinstance(v, torch.Tensor) else v)
-                     for k, v in batch.items()}
             with intervene(lm, *_blocks_patching(lm, [order[n:] for n in points], z_corr[i], rows)):
-                metric = task_metric(lm.last_logits(tiled), list(prompts) * m, task.metric).float().cpu()
+                metric = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m, task.metric).float().cpu()
             values[first:first + m, start:start + rows] = metric.reshape(m, rows).numpy()
             if progress and i == len(batches) - 1:
                 for _ in points:
