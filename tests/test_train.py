@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lmlab.errors import LmlabError
 from lmlab.models import load_model
 from lmlab.train import TrainConfig, TrainingDiverged, train
 from lmlab.train.loop import batch_indices
@@ -48,6 +49,31 @@ def test_resume_after_interruption_gives_the_uninterrupted_curve(tmp_path):
     assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
     assert (resumed.checkpoint / "model.safetensors").exists()
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.bin"))  # no pickles
+
+
+def test_a_finished_trainings_checkpoint_keeps_no_optimizer_moments_and_resumes_past_its_end(tmp_path):
+    """The last checkpoint holds the weights, losses and RNG state (what reading a finished training needs), not
+    AdamW's two moments; a rerun reads it and takes no step; asking it for more steps is refused."""
+    from safetensors.torch import load_file
+
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=4, batch_size=4, lr=3e-3, checkpoint_every=2, progress=False)
+    model = load_model("tiny-llama").model
+    full = train(model, _data(lm), torch.stack, _loss, cfg, tmp_path / "run")
+    after_training = torch.rand(3)
+    steps = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert [p.name for p in steps] == ["step-0000002", "step-0000004"]
+    assert len(load_file(steps[0] / "optimizer.safetensors")) > 1  # the moments, to continue from step 2
+    assert list(load_file(steps[1] / "optimizer.safetensors")) == ["__rng__"]
+    again_model = load_model("tiny-llama").model
+    again = train(again_model, _data(lm), torch.stack, _loss, cfg, tmp_path / "run")
+    assert again.resumed_from == 4 and again.losses == full.losses
+    assert torch.equal(torch.rand(3), after_training)  # the RNG stream goes on as after the training itself
+    for a, b in zip(model.state_dict().values(), again_model.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(LmlabError, match="ends a finished training of 4 steps .* cannot be continued to 6"):
+        train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg.model_copy(update={"steps": 6}),
+              tmp_path / "run")
 
 
 def test_nan_loss_stops_clearly_and_keeps_the_last_good_checkpoint(tmp_path):

@@ -124,20 +124,26 @@ def _checkpoints(out_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2,
-                    extra: dict | None = None, replicate_losses: list | None = None) -> Path:
+                    extra: dict | None = None, replicate_losses: list | None = None, final: bool = False) -> Path:
+    """A checkpoint folder, written under a temporary name and renamed (a half-written one is never read).
+    `final`: the training's last step; nothing will take another step from it, so the optimizer's moments
+    (twice the model's size under AdamW) are not written: the weights, losses, RNG state and `extra` are, which is
+    all a resume past the end reads."""
     root = out_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".step-", dir=root))
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(_dedup_shared(state), tmp / "model.safetensors")
-    opt = optimizer.state_dict()
-    tensors, meta = {}, {"param_groups": opt["param_groups"], "scalars": {}}
-    for pid, entry in opt["state"].items():
-        for key, value in entry.items():
-            if torch.is_tensor(value):
-                tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
-            else:
-                meta["scalars"][f"{pid}.{key}"] = value
+    tensors, meta = {}, None
+    if not final:
+        opt = optimizer.state_dict()
+        meta = {"param_groups": opt["param_groups"], "scalars": {}}
+        for pid, entry in opt["state"].items():
+            for key, value in entry.items():
+                if torch.is_tensor(value):
+                    tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
+                else:
+                    meta["scalars"][f"{pid}.{key}"] = value
     tensors["__rng__"] = torch.get_rng_state()
     save_file(tensors, tmp / "optimizer.safetensors")
     (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta, "extra": extra or {},
@@ -166,6 +172,8 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
     info = json.loads((path / "state.json").read_text())
     tensors = load_file(path / "optimizer.safetensors")
     torch.set_rng_state(tensors.pop("__rng__"))
+    if info["optimizer"] is None:  # a final checkpoint: no step will be taken from it
+        return info
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         pid, name = key.split(".", 1)
@@ -257,6 +265,9 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     existing = _checkpoints(out_dir)
     if existing:
         info = load_checkpoint(existing[-1], model, optimizer)
+        if info["optimizer"] is None and info["step"] < config.steps:
+            raise LmlabError(f"{existing[-1]} ends a finished training of {info['step']} steps (no optimizer state "
+                             f"kept); it cannot be continued to {config.steps}: use a new output folder")
         start, result.losses, result.resumed_from = info["step"], list(info["losses"]), info["step"]
         result.replicate_losses = [list(x) for x in info.get("replicate_losses", [])]
         if state is not None and info.get("extra"):
@@ -310,7 +321,7 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
                     last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), optimizer, result.losses,
                                                 config.keep_checkpoints,
                                                 extra=state.state_dict() if state is not None else None,
-                                                replicate_losses=result.replicate_losses)
+                                                replicate_losses=result.replicate_losses, final=done == config.steps)
                 acc.wait_for_everyone()
         result.steps_done = config.steps
         result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
