@@ -12,6 +12,7 @@ from lmlab.data.qa import QAItem, build_prompt
 from lmlab.models import load_model
 from lmlab.studies.knockout.probes import group_split
 from lmlab.studies import knockout as s1
+import lmlab.studies.knockout.recipe  # noqa: F401  (s1.recipe, patched below, whatever ran before)
 from lmlab.studies.knockout import measure as s1m
 from lmlab.studies import run_study
 from lmlab.studies.knockout.analysis import late_layers, verdict
@@ -107,6 +108,29 @@ def test_probe_split_never_shares_a_subject_or_question():
     train, test = group_split(groups, 0.3, seed=4)
     assert not {groups[i] for i in train} & {groups[i] for i in test}
     assert len(train) + len(test) == 300 and 0.2 < len(test) / 300 < 0.4
+
+
+def test_auroc_of_many_resamples_at_once_equals_sklearn_row_by_row():
+    """The detection intervals' AUROC from ranks, all 1000 resamples as one array, against roc_auc_score one
+    resample at a time (ties in the scores, resamples with one class left out), and the interval it gives."""
+    from sklearn.metrics import roc_auc_score
+
+    from lmlab.stats import percentile_interval
+    from lmlab.studies.knockout.probes import _auroc_interval, auroc_rows
+
+    rng = np.random.default_rng(1)
+    y = (rng.random(14) < 0.2).astype(int)  # few positives: some resamples hold one class
+    score = np.round(rng.random(14) + 0.3 * y, 1)  # rounded: ties
+    idx = np.random.default_rng(7).integers(0, len(y), (1000, len(y)))
+    fast = auroc_rows(y[idx], score[idx])
+    one_class = np.array([len(set(y[i])) < 2 for i in idx])
+    assert one_class.sum() > 10 and np.isnan(fast[one_class]).all()
+    slow = np.array([roc_auc_score(y[i], score[i]) for i in idx[~one_class]])
+    np.testing.assert_allclose(fast[~one_class], slow, rtol=0, atol=1e-12)
+    interval = _auroc_interval(y, score, 7)
+    reference = percentile_interval(roc_auc_score(y, score), slow)
+    assert (interval.estimate, interval.low, interval.high, interval.n) == pytest.approx(
+        (reference.estimate, reference.low, reference.high, len(y)), abs=1e-12)
 
 
 def test_generated_sets_are_seeded_and_spread_over_popularity():

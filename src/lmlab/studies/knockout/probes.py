@@ -35,6 +35,21 @@ def auroc(y: np.ndarray, score: np.ndarray) -> float:
     return float(roc_auc_score(y, score)) if len(set(np.asarray(y).tolist())) == 2 else float("nan")
 
 
+def auroc_rows(y: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """AUROC of each row of (m, n) labels (0/1) and scores at once, from ranks (Mann-Whitney: the chance that a
+    positive outscores a negative, ties counting one half, which is what roc_auc_score's trapezoids give); NaN
+    for a row with one class."""
+    from scipy.stats import rankdata
+
+    y = np.asarray(y, dtype=bool)
+    ranks = rankdata(np.asarray(score, dtype=float), axis=1)  # midranks for ties
+    pos = y.sum(1)
+    neg = y.shape[1] - pos
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (np.where(y, ranks, 0.0).sum(1) - pos * (pos + 1) / 2) / (pos * neg)
+    return np.where((pos > 0) & (neg > 0), out, np.nan)
+
+
 @dataclass
 class LayerProbe:
     layer: int
@@ -62,14 +77,10 @@ def fit_layer_probes(features: np.ndarray, y: np.ndarray, train: np.ndarray, tes
 
 def _auroc_interval(y, score, seed) -> Interval:
     y, score = np.asarray(y), np.asarray(score)
-    rng = np.random.default_rng(seed)
-    stats = []
-    for _ in range(1000):
-        idx = rng.integers(0, len(y), len(y))
-        if len(set(y[idx].tolist())) == 2:
-            stats.append(auroc(y[idx], score[idx]))
-    # resamples with one class have no AUROC and are drawn again, which scipy's bootstrap cannot do
-    return replace(percentile_interval(auroc(y, score), np.array(stats, dtype=float)), n=len(y))
+    idx = np.random.default_rng(seed).integers(0, len(y), (1000, len(y)))  # 1000 resamples
+    stats = auroc_rows(y[idx], score[idx])
+    # resamples with one class have no AUROC and are left out, which scipy's bootstrap cannot do
+    return replace(percentile_interval(auroc(y, score), stats[~np.isnan(stats)]), n=len(y))
 
 
 def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
