@@ -43,11 +43,15 @@ pins:
 	$(PINS_VENV)/bin/lmlab models --prepare
 	$(PINS_VENV)/bin/python -m pytest -q
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): the cores stay busy through the suite's
+# single-threaded stretches. `$(PY) -m pytest tests/FILE.py` runs a part in one process, as usual.
+XDIST := -n 2 --dist worksteal
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not embedded"
+	$(PY) -m pytest -q $(XDIST) -m "not embedded"
 
 # The five studies on the embedded defaults, demo profile (about 10 minutes on 2 AVX-512 cores), and the HTML report.
 # `make quick` runs the quick profile (hours on 2 cores).

@@ -8,7 +8,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from lmlab.models import load_model  # noqa: E402
 
-torch.set_num_threads(2)
+# Under pytest-xdist (`-n 2`, the Makefile's test command) each worker computes on one thread: the cores are
+# shared out between the workers instead of between torch's threads, which keeps both busy through the suite's
+# single-threaded stretches (imports, tokenizers, Python-level loops, file writes).
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",
            "The war lasted from the year 1732 to the year 17",

@@ -79,5 +79,5 @@ def test_gemma3_knockout_sweep_with_retired_rows_equals_one_pass_per_layer(gemma
     layers = [0, 5, 11, 17]
     fast = sweep(gemma, ids, eq, [2, 3], layers)
     slow = naive_sweep(gemma, ids, eq, layers)
-    for k in layers:
-        torch.testing.assert_close(fast.eq[k], slow[k], atol=REAL_ATOL * 20, rtol=1e-4)
+    for k in layers:  # Gemma's residual grows to ~3e4 by layer 17: float rounding scales with it (1.7e-7 measured)
+        assert (fast.eq[k] - slow[k]).abs().max() <= 1e-5 * slow[k].abs().max(), k

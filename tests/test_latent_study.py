@@ -370,10 +370,14 @@ def test_tokenizer_vocab_on_smollm2(embedded_smollm):
 
 
 @pytest.mark.embedded
-def test_study_fine_tunes_smollm2(tmp_path, embedded_smollm):
+def test_study_fine_tunes_smollm2(tmp_path, tiny_smol):
+    """The pretrained option's path (SmolLM2's tokenizer grown by the markers and codes, the tied embeddings
+    resized, two replicates stacked and fine-tuned) on a tiny Llama with SmolLM2's tokenizer standing in for it."""
+    import dataclasses
+
     cfg = dict(model="smollm2-135m", rates=[16], n_train=40, n_test=3, steps=2, vq_steps=4, batch_size=2, codebook=4,
                max_new=12, seeds=2)
-    result = run_study(study.SPEC, study.Config(**cfg), tmp_path)
+    result = run_study(study.SPEC, study.Config(**cfg), tmp_path, lm=dataclasses.replace(tiny_smol, name="smollm2-135m"))
     table = result.table("variant")
     assert set(table["variant"]) == {"cot", "answer-only", "r16"}
     assert (table["tokens"] <= 12).all()

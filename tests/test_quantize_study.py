@@ -10,6 +10,7 @@ from lmlab.data.formats import read_glue
 from lmlab.data.generated.nlu import TASKS, _split_entities, generate_task
 from lmlab.models import load_model
 from lmlab.studies import quantize as s2
+import lmlab.studies.quantize.recipe  # noqa: F401  (s2.recipe, patched below, whatever ran before)
 from lmlab.studies import run_study
 from lmlab.evaluation import metric_value
 from lmlab.studies.quantize.analysis import verdict

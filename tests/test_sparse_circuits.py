@@ -499,17 +499,20 @@ TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstri
 
 
 @pytest.mark.embedded
-def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, embedded_smollm):
+def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, tiny_smol):
+    """Every phase (discovery, sampled text, post-training, saving and reloading the sparse model, sparsity, the
+    toy, figures) on a tiny Llama that speaks SmolLM2's tokenizer (the tasks' single-token names): the pipeline's
+    logic, which the 135M weights would only make slower."""
     from helpers import interrupt_on_call
 
     from lmlab.studies import run_study
 
-    config = study.Config(model="smollm2-135m", **TINY_RUN)
+    config = study.Config(model=tiny_smol.name, **TINY_RUN)
     interrupt_on_call(monkeypatch, circuits, "effect_curve", 6)  # killed in the sparse model's discovery
     with pytest.raises(KeyboardInterrupt):
-        run_study(study.SPEC, config, tmp_path)
+        run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
     monkeypatch.undo()
-    result = run_study(study.SPEC, config, tmp_path)
+    result = run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
     table = result.long()
     assert set(table[table["kind"] == "multiplier"]["task"]) == set(TASKS)
     assert (result.path / "figure.png").is_file() and (result.path / "toy_figure.png").is_file()

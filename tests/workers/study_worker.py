@@ -70,7 +70,7 @@ def main(study: str, out: str, summary: str) -> None:
     elif study == "latent":  # the scratch model, one rate: base, CoT, answer-only, the VQ-VAE and r8's fine-tune
         from lmlab.studies import latent as s0
 
-        spec, config = s0.SPEC, s0.Config(model="scratch", rates=[8], n_train=200, n_test=10, steps=150,
+        spec, config = s0.SPEC, s0.Config(model="scratch", rates=[8], n_train=200, n_test=10, steps=40,
                                           seeds=2, vq_steps=25, d_model=32, n_layers=2, batch_size=8,
                                           codebook=16, device="cpu")
     else:  # sparse_circuits: the addition toy alone (it trains, then sparse-post-trains)
