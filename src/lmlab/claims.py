@@ -307,6 +307,23 @@ class Resampler:
         boot = np.array([_mean_of_finite([stat(r, idx) for r in range(self.k)]) for idx in self.draws], dtype=float)
         return self.combine(name, per, boot, bar, **kwargs)
 
+    def counts(self) -> np.ndarray:
+        """Each resample as item counts: (n_boot, n_items), row b = how often draw b took each item."""
+        if getattr(self, "_counts", None) is None:
+            self._counts = np.stack([np.bincount(d, minlength=self.n) for d in self.draws]).astype(float) \
+                if len(self.draws) else np.zeros((0, self.n))
+        return self._counts
+
+    def weighted_claim(self, name: str, stat: Callable[[int, np.ndarray], np.ndarray], bar: Bar, **kwargs) -> Claim:
+        """`claim` for a statistic computed for many resamples at once: `stat(r, W)` is replicate r's statistic under
+        each row of item weights W (m, n_items) -> (m,), where a resample's weights are its items' counts and the
+        whole test set is a row of ones. The same draws and the same result as `claim` with the loop."""
+        per = np.array([np.asarray(stat(r, np.ones((1, self.n))), dtype=float)[0] for r in range(self.k)])
+        vals = np.stack([np.asarray(stat(r, self.counts()), dtype=float) for r in range(self.k)], axis=1)
+        finite = np.isfinite(vals)
+        boot = np.where(finite.any(1), np.where(finite, vals, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
+        return self.combine(name, per, boot, bar, **kwargs)
+
     def mean_claim(self, name: str, values: np.ndarray, bar: Bar, **kwargs) -> Claim:
         """A per-item mean: `values` (replicates, items), NaN for an item a replicate lacks; vectorised."""
         values = np.atleast_2d(np.asarray(values, dtype=float))

@@ -82,13 +82,16 @@ def _matrix(rows: pd.DataFrame, ids: list[str], layers: list[int], column: str) 
     return rows.pivot_table(index="id", columns="layer", values=column).reindex(index=ids, columns=layers).to_numpy(float)
 
 
-def _gap(dp: np.ndarray, flip: np.ndarray, w: np.ndarray) -> float:
-    """Mean over layers of (mean ΔP of the flipped - of the others), samples weighted by w (a resample)."""
+def _gap(dp: np.ndarray, flip: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Mean over layers of (mean ΔP of the flipped - of the others), samples weighted by each row of w (m, samples:
+    a resample's counts) -> (m,); NaN where no layer has both groups."""
     ok = ~np.isnan(dp)
-    wq, wa = w[:, None] * (flip == 1) * ok, w[:, None] * (flip == 0) * ok
+    q, a = ((flip == 1) & ok).astype(float), ((flip == 0) & ok).astype(float)
+    x = np.nan_to_num(dp)
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_layer = (wq * np.nan_to_num(dp)).sum(0) / wq.sum(0) - (wa * np.nan_to_num(dp)).sum(0) / wa.sum(0)
-    return float(np.nanmean(per_layer)) if np.isfinite(per_layer).any() else float("nan")
+        per_layer = (w @ (q * x)) / (w @ q) - (w @ (a * x)) / (w @ a)  # (m, layers)
+    finite = np.isfinite(per_layer)
+    return np.where(finite.any(1), np.where(finite, per_layer, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
 
 
 def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
@@ -111,30 +114,33 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
     n = len(ids)
     sampler = Resampler(n, len(reps), n_boot=N_BOOT, seed=seed)
 
-    def weights(idx):
-        return np.bincount(idx, minlength=n).astype(float)
+    # each statistic for all resamples at once: W (m, questions) holds each resample's counts of the questions
+    def gap(i, w):
+        return _gap(mats[i]["dp_e"], mats[i]["fl_e"], w)
 
-    def gap(i, idx):
-        return _gap(mats[i]["dp_e"], mats[i]["fl_e"], weights(idx))
+    def control_gap(i, w):
+        return _gap(mats[i]["dp_c"], mats[i]["fl_c"], w)
 
-    def control_gap(i, idx):
-        return _gap(mats[i]["dp_c"], mats[i]["fl_c"], weights(idx))
-
-    def flips(i, idx):
-        diff = np.nanmean(mats[i]["fl_e"] - mats[i]["fl_c"], axis=1)  # per question: E_Q flips - control flips
-        w = weights(idx) * ~np.isnan(diff)
-        return float(np.average(np.nan_to_num(diff), weights=w)) if w.sum() > 0 else float("nan")
+    def flips(i, w):
+        d = mats[i]["fl_e"] - mats[i]["fl_c"]  # per question: E_Q flips - control flips, over its layers
+        kept = ~np.isnan(d)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a question no layer kept is NaN, left out below
+            diff = np.where(kept.any(1), np.nansum(d, 1) / kept.sum(1), np.nan)
+        ok = ~np.isnan(diff)
+        den = w @ ok.astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, (w @ np.nan_to_num(diff)) / den, np.nan)
 
     common = dict(group=dataset, n_unit="questions")
-    claims = [sampler.claim("Q-A gap", gap, Bar("<=", FAR, null=0.0), unit=" pp", **common),
-              sampler.claim("E_Q flips - control flips", flips, Bar(">=", FLIP_MARGIN, null=0.0), unit=" pts",
-                            scale=100, **common)]
+    claims = [sampler.weighted_claim("Q-A gap", gap, Bar("<=", FAR, null=0.0), unit=" pp", **common),
+              sampler.weighted_claim("E_Q flips - control flips", flips, Bar(">=", FLIP_MARGIN, null=0.0),
+                                     unit=" pts", scale=100, **common)]
     n_q = np.mean([np.nansum(m["fl_e"], axis=0).mean() for m in mats])
     n_a = np.mean([(np.sum(~np.isnan(m["fl_e"]), axis=0) - np.nansum(m["fl_e"], axis=0)).mean() for m in mats])
     n_ctrl_q = np.mean([np.nansum(m["fl_c"], axis=0).mean() for m in mats])
     if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap must be smaller
-        claims.append(sampler.claim("Q-A gap beyond the control's", lambda i, idx: gap(i, idx) - control_gap(i, idx),
-                                    Bar("<=", FAR, null=0.0), unit=" pp", **common))
+        claims.append(sampler.weighted_claim("Q-A gap beyond the control's", lambda i, w: gap(i, w) - control_gap(i, w),
+                                             Bar("<=", FAR, null=0.0), unit=" pp", **common))
     counts = {"n_samples": n, "replicates": len(reps), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
               "control_q_mean_count": float(n_ctrl_q), "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),
               "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))}
