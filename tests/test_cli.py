@@ -187,20 +187,26 @@ def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
     import subprocess
     import sys
 
-    from lmlab.benchmarks.inputs import bad_inputs
+    from lmlab.benchmarks.inputs import bad_inputs, with_out
 
     expected = {"missing data file": "no popqa file", "a line that is not JSON": "bad.jsonl:2: not valid JSON",
                 "a malformed GSM8K row": "bad.jsonl:1: a GSM8K row needs", "--bits 3": "3-bit weights are not supported",
                 "--rates 0": "rate 0 does not divide", "unknown task": "unknown circuit task 'nope'",
                 "a folder that is not a model": "is not a model directory (no config.json)",
-                "no such model path": "no such file or directory", "unknown model name": "unknown model 'no-such-model'"}
+                "no such model path": "no such file or directory", "unknown model name": "unknown model 'no-such-model'",
+                "a model folder without weights": "has a config.json but no weights",
+                "a .gguf that is not GGUF": "is not a GGUF file (it does not start with the GGUF magic bytes)",
+                "--max-memory not a size": "--max-memory: 'cpu=lots' is not a size",
+                "--offload on a file": "bad.jsonl: a file is there, not a folder",
+                "--jobs below 1": "Invalid value for '--jobs': Input should be greater than or equal to 1",
+                "--out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
+                "reproduce --out that cannot be made": "bad.jsonl is a file, so the folder cannot be made"}
     probe = ("import sys\nfrom lmlab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
              "    print('EXIT', e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
     cases = bad_inputs(tmp_path)
     assert {c for c, _ in cases} == set(expected)
     for case, args in cases:
-        done = subprocess.run([sys.executable, "-c", probe, *args, "--out", str(tmp_path / "runs")],
-                              capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", probe, *with_out(args, tmp_path)], capture_output=True, text=True)
         assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False False", (case, done.stdout, done.stderr)
         lines = [l for l in done.stderr.splitlines() if l.strip()]
         assert len(lines) == 1 and lines[0].startswith("error:") and expected[case] in lines[0], (case, lines)

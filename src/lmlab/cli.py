@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lmlab.errors import LmlabError
+from lmlab.models.placement import writable_folder
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lmlab: dissect and compress transformer language models; five published studies, one CLI.")
@@ -171,9 +172,10 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
               dtype: Literal["auto", "float32", "bfloat16", "float16"] = typer.Option(
                   "auto", help="inference weights (auto: float32 on cpu, bfloat16 on a GPU); training keeps float32 "
                                "master weights under autocast"),
-              jobs: int = typer.Option(1, help="studies run at once, each in its own process with the CPU threads "
+              jobs: int = typer.Option(1, min=1, help="studies run at once, each in its own process with the CPU threads "
                                                "shared out (make demo: 2)")):
     """Run every registered study on the embedded defaults, then write the report."""
+    writable_folder(out_dir, "--out")  # what needs no model is checked before torch loads
     from lmlab.reproduce import reproduce as run_all
     from lmlab.studies import STUDIES
     from lmlab.studies.base import resolve_device
@@ -183,13 +185,13 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     if is_distributed():
         raise LmlabError("lmlab reproduce runs in one process; launch one study at a time instead "
                          "(accelerate launch -m lmlab knockout ...), see docs/scaling.md")
-    resolve_device(device)  # a misspelt device, or one the machine lacks, fails before any study
     models = {}
     for item in model or []:
         study, _, name = item.partition("=")
         if not name:
             raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
         models[study] = name
+    resolve_device(device)  # a misspelt device, or one the machine lacks, fails before any study
     settings = {name: {"device": device, "dtype": dtype, **({"seeds": seeds} if seeds and not
                                                              STUDIES[name].config.replicate_refusal else {})}
                 for name in STUDIES}
@@ -322,6 +324,7 @@ def _study_command(spec):
         given = {k: _parse_field(v, fields[k]) for k, v in values.items() if v is not None}
         settings = build_config(spec, given, config)
         settings.check_inputs()  # files, names and model paths: before torch and transformers load
+        writable_folder(out_dir, "--out")
         from lmlab.studies import run_study
 
         result = run_study(spec, settings, out_dir)

@@ -17,6 +17,9 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
     """(error class, lmlab arguments) for every input error that needs no model."""
     (folder / "bad.jsonl").write_text('{"question": "q", "answers": ["a"]}\nnot json\n')
     (folder / "not-a-model").mkdir(exist_ok=True)
+    (folder / "no-weights").mkdir(exist_ok=True)
+    (folder / "no-weights" / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "renamed.gguf").write_bytes(b"PK\x03\x04" + bytes(60))  # a zip file named .gguf
     return [("missing data file", ["knockout", "--datasets", f"popqa:{folder / 'missing.jsonl'}"]),
             ("a line that is not JSON", ["knockout", "--datasets", f"popqa:{folder / 'bad.jsonl'}"]),
             ("a malformed GSM8K row", ["filler", "--benchmark", f"gsm8k:{folder / 'bad.jsonl'}"]),
@@ -25,7 +28,19 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
             ("unknown task", ["sparse-circuits", "--tasks", "nope"]),
             ("a folder that is not a model", ["knockout", "--model", str(folder / "not-a-model")]),
             ("no such model path", ["knockout", "--model", str(folder / "nothere")]),
-            ("unknown model name", ["knockout", "--model", "no-such-model"])]
+            ("unknown model name", ["knockout", "--model", "no-such-model"]),
+            ("a model folder without weights", ["knockout", "--model", str(folder / "no-weights")]),
+            ("a .gguf that is not GGUF", ["knockout", "--model", str(folder / "renamed.gguf")]),
+            ("--max-memory not a size", ["knockout", "--device-map", "auto", "--max-memory", "cpu=lots"]),
+            ("--offload on a file", ["knockout", "--device-map", "auto", "--offload", str(folder / "bad.jsonl")]),
+            ("--jobs below 1", ["reproduce", "--jobs", "-1"]),
+            ("--out that cannot be made", ["knockout", "--out", str(folder / "bad.jsonl" / "runs")]),
+            ("reproduce --out that cannot be made", ["reproduce", "--out", str(folder / "bad.jsonl" / "runs")])]
+
+
+def with_out(args: list[str], folder: Path) -> list[str]:
+    """The arguments with an --out under `folder` unless the case names its own."""
+    return args if "--out" in args else [*args, "--out", str(folder / "runs")]
 
 
 @benchmark("bad-input")
@@ -37,7 +52,7 @@ def bad_input_bench(repeats: int = 3, **_) -> list[dict]:
             times, code = [], None
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                done = subprocess.run([sys.executable, "-m", "lmlab", *args, "--out", str(folder / "runs")],
+                done = subprocess.run([sys.executable, "-m", "lmlab", *with_out(args, folder)],
                                       capture_output=True, text=True)
                 times.append(time.perf_counter() - t0)
                 code = done.returncode

@@ -34,6 +34,10 @@ def known_names() -> list[str]:
     return list(EMBEDDED) + list(TINY_NAMES)
 
 
+# the weight files transformers' from_pretrained reads from a folder (single or sharded)
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json")
+
+
 def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
     """What `spec` names, checked without torch: 'scratch', 'tiny', 'embedded', 'gguf', 'folder' or 'hub'. A
     path that is not a model, or an unknown name, is the one sentence load_model gives (it calls this too)."""
@@ -53,10 +57,24 @@ def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise LmlabError(f"no GGUF file at {spec}")
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"GGUF":
+                raise LmlabError(f"{spec} is not a GGUF file (it does not start with the GGUF magic bytes); "
+                                 "a download cut short, or another format renamed?")
         return "gguf"
     if path.exists():
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
+        try:  # an architecture lmlab does not know, then missing weights: both before torch loads
+            model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type", "?")
+        except (ValueError, OSError) as exc:
+            raise LmlabError(f"{path / 'config.json'} cannot be read as JSON ({exc})") from None
+        from lmlab.models.layout import family_of
+
+        family_of(model_type)
+        if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+            raise LmlabError(f"{spec} has a config.json but no weights (model.safetensors, pytorch_model.bin or "
+                             "a sharded index); copy the weight files into it")
         return "folder"
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return "hub"

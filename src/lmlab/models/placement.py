@@ -50,6 +50,8 @@ class Placement:
                 raise LmlabError(f"--device-map {path} is not valid JSON ({exc})") from None
             if not isinstance(device_map, dict) or not device_map:
                 raise LmlabError(f"--device-map {path} must hold an object {{module name: device}}")
+        if offload:
+            writable_folder(offload, "--offload")
         return cls(device_map=device_map, max_memory=parse_max_memory(max_memory),
                    offload=str(Path(offload).expanduser()) if offload else None)
 
@@ -71,6 +73,24 @@ class Placement:
         return kw
 
 
+def writable_folder(path: str | Path, option: str) -> Path:
+    """`path` is a folder lmlab can create or write in, checked without creating it: one sentence naming the
+    option otherwise (a file in the way, a parent that is not a folder, no permission)."""
+    import os
+
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise LmlabError(f"{option} {path}: a file is there, not a folder")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise LmlabError(f"{option} {path}: {probe} is a file, so the folder cannot be made")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise LmlabError(f"{option} {path}: {probe} cannot be written (permission denied)")
+    return path
+
+
 def parse_max_memory(text: str | dict | None) -> dict | None:
     """"0=20GiB,1=20GiB,cpu=64GiB" -> {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}."""
     if text is None or isinstance(text, dict):
@@ -81,8 +101,28 @@ def parse_max_memory(text: str | dict | None) -> dict | None:
         key = key.strip()
         if not sep or not amount.strip() or not (key.isdigit() or key in ("cpu", "disk", "mps")):
             raise LmlabError(f"--max-memory: '{part}' is not DEVICE=AMOUNT (e.g. 0=20GiB,cpu=64GiB)")
-        out[int(key) if key.isdigit() else key] = amount.strip()
+        out[int(key) if key.isdigit() else key] = _size(part, amount.strip())
     return out or None
+
+
+_UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def _size(part: str, amount: str) -> int | str:
+    """An amount accelerate takes: bytes (an integer) or a number with GiB, MiB, KiB, GB, MB or KB; checked here,
+    before torch loads, so a typo is one sentence and not accelerate's traceback at load time."""
+    if amount.isdigit():
+        return int(amount)
+    unit = next((u for u in _UNITS if amount.upper().endswith(u)), None)
+    number = amount[:-len(unit)].strip() if unit else ""
+    try:
+        ok = unit is not None and float(number) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise LmlabError(f"--max-memory: '{part}' is not a size; give bytes or a number with GiB, MiB, GB or MB "
+                         "(e.g. cpu=64GiB)")
+    return f"{number}{unit}"
 
 
 def dispatch(model, placement: Placement, dtype=None):
