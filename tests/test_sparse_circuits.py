@@ -537,7 +537,7 @@ def test_heads_needed_ignores_an_early_spike():
 
 
 def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, heads=(8, 3), spread=0.0, n_seq=200,
-              n_prompts=40):
+              n_prompts=40, flat=False):
     """Toy tables of k replicates: per sequence exact match and kept edges, a GECO trace, and explained-effect
     curves whose heads-needed at 0.9 is heads[0] (dense) and heads[1] (sparse); `spread`: replicate r's kept share
     is kept + r * spread."""
@@ -558,8 +558,11 @@ def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, he
         for variant, need in (("dense", heads[0]), ("sparse", heads[1])):
             for n in range(17):
                 base = 0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)
+                values = (base + rng.normal(0, 0.02, n_prompts)).round(4)
+                if flat and r == 0 and variant == "sparse":  # the same metric whatever is patched: no effect
+                    values = np.full(n_prompts, 0.25)
                 rows.append(dict(kind="toy_per_prompt", replicate=r, variant=variant, n_heads=n,
-                                 values=json.dumps((base + rng.normal(0, 0.02, n_prompts)).round(4).tolist())))
+                                 values=json.dumps(values.tolist())))
     return rows
 
 
@@ -587,6 +590,30 @@ def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
     assert split.status == "inconclusive" and "the replicates disagree" in split.summary
     assert judged(k=1).status == "inconclusive"
     assert "64 prompt pairs" in good.summary  # what the model's half would take
+
+
+def test_a_curve_with_no_effect_to_explain_gives_no_number_and_an_inconclusive_verdict_saying_why():
+    """Clean and corrupted prompts scoring alike (a model that does not do the task): the explained effect is
+    undefined, not a silent NaN or a multiplier of 1; the multiplier's claim is not made and the verdict says why;
+    no RuntimeWarning on the way (the suite makes one an error)."""
+    from lmlab.studies.result import from_rows
+    from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
+    from lmlab.studies.sparse_circuits.circuit_analysis import derive
+
+    flat = circuits.EffectCurve([0, 1, 2], np.full((3, 4), 0.5), np.full(4, 0.5), np.full(4, 0.5))
+    assert not flat.has_effect() and np.isnan(flat.explained()).all() and flat.heads_needed(0.9) is None
+    verdict = s4_verdict(from_rows("sparse-circuits", _toy_rows(flat=True), "toy"))
+    assert verdict.status == "inconclusive"
+    assert "an effect to explain: FAILED (replicate 0, sparse: no effect to explain" in verdict.summary
+    assert not any(c["name"].startswith("log2 multiplier") for c in verdict.evidence["claims"])
+    per_prompt = [dict(kind="per_prompt", task="ioi", variant=v, replicate=rep, n_heads=n,
+                       values=json.dumps([0.5] * 4 if v == "dense" else [float(n), 2.0 * n, 0.0, 1.0]))
+                  for v, rep in (("dense", None), ("sparse", 0)) for n in (0, 1, 2)]
+    table = derive(pd.DataFrame(per_prompt), 0.9, seed=0, n_boot=20)
+    dense_curve = table[(table.kind == "curve") & (table.variant == "dense")]
+    assert dense_curve.value.isna().all() and dense_curve.note.str.startswith("no effect to explain").all()
+    mult = table[table.kind == "multiplier"].iloc[0]
+    assert np.isnan(mult.value) and mult.note.startswith("dense model: no effect to explain")
 
 
 def test_replicates_post_trained_together_equal_each_post_trained_alone(tmp_path):

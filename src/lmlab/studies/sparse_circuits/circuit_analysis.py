@@ -24,7 +24,7 @@ from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
-from lmlab.studies.sparse_circuits.toy_analysis import EDGES_LIMIT, edges_still_falling
+from lmlab.studies.sparse_circuits.toy_analysis import EDGES_LIMIT, NO_EFFECT, band, edges_still_falling, no_effect_gate
 
 PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
 PAPER_FRACTION = 0.004  # "reducing attention connectivity to about 0.4% of its edges" (arXiv 2512.05865 v2-v5)
@@ -63,21 +63,26 @@ def derive(table: pd.DataFrame, threshold: float, seed: int, n_boot: int = 300) 
         n_prompts = curve.values.shape[1]
         boots = [rng.integers(0, n_prompts, n_prompts) for _ in range(n_boot)]
         ee = curve.explained()
-        lo, hi = np.nanpercentile(np.array([curve.explained(idx) for idx in boots]), [2.5, 97.5], axis=0)
+        lo, hi = band(np.array([curve.explained(idx) for idx in boots]))
         extra = {} if rep < 0 else {"replicate": rep}
+        note = {} if curve.has_effect() else {"note": NO_EFFECT}
         rows += [{"kind": "curve", "variant": variant, "task": task, **extra, "n_heads": n, "value": e, "lo": l,
-                  "hi": h} for n, e, l, h in zip(curve.grid, ee, lo, hi)]
+                  "hi": h, **note} for n, e, l, h in zip(curve.grid, ee, lo, hi)]
         needed = curve.heads_needed(threshold)
         rows.append({"kind": "heads_needed", "variant": variant, "task": task, **extra,
-                     "value": float(needed) if needed is not None else np.nan, "total_heads": curve.grid[-1]})
+                     "value": float(needed) if needed is not None else np.nan, "total_heads": curve.grid[-1],
+                     **(note or ({} if needed is not None else {"note": f"the curve never stays at {threshold}"}))})
     for (task, variant, rep), curve in found.items():
         dense = found.get((task, "dense", -1))
         if variant != "sparse" or dense is None:
             continue
         total = dense.grid[-1]
         nd, ns = dense.heads_needed(threshold), curve.heads_needed(threshold)
-        rows.append({"kind": "multiplier", "task": task, "replicate": max(rep, 0),
-                     "value": max(_or(nd, total), 1) / max(_or(ns, total), 1), "dense_heads": nd, "sparse_heads": ns})
+        lacking = [name for name, c in (("dense", dense), ("sparse", curve)) if not c.has_effect()]
+        value = max(_or(nd, total), 1) / max(_or(ns, total), 1) if not lacking else np.nan
+        rows.append({"kind": "multiplier", "task": task, "replicate": max(rep, 0), "value": value,
+                     "dense_heads": nd, "sparse_heads": ns,
+                     **({"note": f"{' and '.join(lacking)} model: {NO_EFFECT}"} if lacking else {})})
     keep = table[table["kind"] != "per_prompt"]
     per = table[table["kind"] == "per_prompt"]
     return pd.concat([keep, pd.DataFrame(rows), per], ignore_index=True)
@@ -104,7 +109,10 @@ def claims_and_gates(result, threshold: float = 0.9):
             return float(np.log2(max(_or(nd, total), 1) / max(_or(ns, total), 1)))
         return stat
 
-    per_task = [t for t in tasks if all((t, "sparse", r) in found for r in reps)]
+    lacking = [f"{t} ({v}{'' if r < 0 else f', replicate {r}'}): {NO_EFFECT}" for (t, v, r), c in sorted(found.items())
+               if not c.has_effect()]
+    per_task = [t for t in tasks if all((t, "sparse", r) in found for r in reps)
+                and all(found[key].has_effect() for key in [(t, "dense", -1)] + [(t, "sparse", r) for r in reps])]
     if per_task and reps:
         n_prompts = found[(per_task[0], "dense", -1)].values.shape[1]
         sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
@@ -148,6 +156,7 @@ def claims_and_gates(result, threshold: float = 0.9):
     gates.append(Gate("multiplier powered", not n_prompts or n_prompts >= MIN_PROMPTS,
                       why=f"{n_prompts} prompt pairs a task (the bar is {MIN_PROMPTS})", remedy="--n-prompts 64",
                       blocks="yes"))
+    gates.append(no_effect_gate(lacking))
     gates.append(replicates_gate(max(len(reps), 1)))
     return claims, gates
 

@@ -210,8 +210,20 @@ class EffectCurve:
     clean: np.ndarray  # per-prompt m(all)
     none: np.ndarray  # per-prompt m(none): every head patched
 
-    def explained(self, idx: np.ndarray | None = None) -> np.ndarray:
+    def has_effect(self, idx: np.ndarray | None = None) -> bool:
+        """Whether there is an effect to explain: the clean prompts' mean metric differs from the all-patched one
+        (beyond float rounding). A model that does not do the task (a tiny random one) can give the same metric
+        both ways; its explained effect is then undefined, not a number."""
         sel = slice(None) if idx is None else idx
+        top, bottom = float(self.clean[sel].mean()), float(self.none[sel].mean())
+        return abs(top - bottom) > 1e-6 * max(abs(top), abs(bottom), 1.0)
+
+    def explained(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """(m(top N) - m(none)) / (m(all) - m(none)) at each grid point, means over the prompts `idx`; all NaN when
+        there is no effect to explain (has_effect)."""
+        sel = slice(None) if idx is None else idx
+        if not self.has_effect(idx):
+            return np.full(len(self.grid), np.nan)
         top, bottom = self.clean[sel].mean(), self.none[sel].mean()
         return (self.values[:, sel].mean(1) - bottom) / (top - bottom)
 

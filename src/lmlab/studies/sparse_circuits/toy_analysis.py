@@ -42,6 +42,28 @@ def edges_still_falling(geco: pd.DataFrame) -> tuple[bool, float, float]:
     return end < (1 - STILL_FALLING) * start, start, end
 
 
+NO_EFFECT = ("no effect to explain: the clean and the corrupted prompts give the same mean metric (a model that "
+             "does not do the task)")
+
+
+def band(boots: np.ndarray, level: float = 95.0) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile band of bootstrap curves (resamples, grid), NaN resamples left out; NaN where no resample has a
+    value (no effect to explain), without numpy's all-NaN warning."""
+    lo, hi = np.full(boots.shape[1], np.nan), np.full(boots.shape[1], np.nan)
+    some = ~np.isnan(boots).all(0)
+    if some.any():
+        tail = (100 - level) / 2
+        lo[some], hi[some] = np.nanpercentile(boots[:, some], [tail, 100 - tail], axis=0)
+    return lo, hi
+
+
+def no_effect_gate(lacking: list[str]) -> Gate:
+    """Blocks every decision when a curve has no effect to explain (its multiplier is undefined, not 1)."""
+    return Gate("an effect to explain", not lacking, why="; ".join(lacking) or "every curve's clean and corrupted "
+                "metrics differ", remedy="a model that does the task: its clean prompts must score differently "
+                                         "from the corrupted ones")
+
+
 def replicates_of(table: pd.DataFrame) -> list[int]:
     return sorted(int(r) for r in table["replicate"].unique()) if "replicate" in table else [0]
 
@@ -79,7 +101,8 @@ def toy_claims(result):
                              group="addition toy")
     claims = [kept, match]
     found = curves(result)
-    if all((r, v) in found for r in reps for v in ("dense", "sparse")):
+    lacking = [f"replicate {r}, {v}: {NO_EFFECT}" for (r, v), c in sorted(found.items()) if not c.has_effect()]
+    if all((r, v) in found for r in reps for v in ("dense", "sparse")) and not lacking:
         n_prompts = found[(reps[0], "dense")].values.shape[1]
         total = found[(reps[0], "dense")].grid[-1]
 
@@ -110,6 +133,7 @@ def toy_claims(result):
     gates.append(Gate("sparse post-training converged", not unconverged, why="; ".join(unconverged) or
                       f"every replicate's constraint holds after {int(sparse['steps'].iloc[0])} steps",
                       remedy="more toy_sparse_steps before the sparsity can be judged"))
+    gates.append(no_effect_gate(lacking))
     gates.append(replicates_gate(k))
     numbers = {"replicates": k, "kept_per_replicate": sparse["kept"].tolist(),
                "exact_match_dense": dense["value"].tolist(), "exact_match_sparse": sparse["value"].tolist(),
