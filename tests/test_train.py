@@ -32,17 +32,22 @@ def test_batches_depend_only_on_seed_and_cover_every_example_each_epoch():
     assert batch_indices(12, 1, 0, cfg) == batch_indices(12, 1, 0, TrainConfig(steps=9, batch_size=4, seed=5))
 
 
+def _interrupted_at(stop: int, lm, cfg, out) -> None:
+    """A training of tiny-llama into `out` stopped (KeyboardInterrupt) at step `stop`."""
+    def on_step(step, loss):
+        if step == stop:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, out, on_step=on_step)
+
+
 def test_resume_after_interruption_gives_the_uninterrupted_curve(tmp_path):
     lm = load_model("tiny-llama")
     cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, checkpoint_every=2, progress=False)
     full = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "full")
 
-    def stop_at_3(step, loss):
-        if step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut", on_step=stop_at_3)
+    _interrupted_at(3, lm, cfg, tmp_path / "cut")
     fresh = load_model("tiny-llama").model
     resumed = train(fresh, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut")
     assert resumed.resumed_from == 2
@@ -74,6 +79,18 @@ def test_a_finished_trainings_checkpoint_keeps_no_optimizer_moments_and_resumes_
     with pytest.raises(LmlabError, match="ends a finished training of 4 steps .* cannot be continued to 6"):
         train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg.model_copy(update={"steps": 6}),
               tmp_path / "run")
+
+
+def test_a_checkpoint_missing_its_state_file_is_passed_over_and_the_run_resumes_from_the_one_before(tmp_path):
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, checkpoint_every=2, progress=False, keep_checkpoints=3)
+    full = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "full")
+
+    _interrupted_at(5, lm, cfg, tmp_path / "cut")
+    (tmp_path / "cut" / "checkpoints" / "step-0000004" / "state.json").unlink()  # damaged after it was written
+    resumed = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut")
+    assert resumed.resumed_from == 2
+    assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
 
 
 def test_nan_loss_stops_clearly_and_keeps_the_last_good_checkpoint(tmp_path):

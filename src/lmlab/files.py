@@ -21,7 +21,9 @@ def atomic_write(path: Path | str, data: bytes | str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write() that failed names no file: name it
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise

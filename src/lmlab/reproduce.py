@@ -139,7 +139,8 @@ def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progr
     order = sorted(names, key=lambda n: -(expected_seconds(n, profile) or 0.0))
     outcomes: list[Outcome] = []
     running: dict = {}
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_die_with_parent)
     try:
         waiting = list(order)
         while waiting or running:
@@ -165,6 +166,22 @@ def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progr
         raise
     pool.shutdown()
     return sorted(outcomes, key=lambda o: names.index(o.study))
+
+
+def _die_with_parent() -> None:
+    """A study's process ends when the `reproduce` process that started it dies, however it dies (SIGKILL, an
+    out-of-memory kill): no study keeps running unseen, holding cores and its run folder. Linux's parent-death
+    signal; elsewhere a Ctrl-C reaches the whole process group anyway."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
 
 
 def _left(names, outcomes, profile, jobs) -> float | None:

@@ -96,11 +96,16 @@ class RunDir:
         """Append one finished unit; durable before returning."""
         file = self._partial(part)
         file.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"key": str(key), "rows": rows}, default=_jsonable) + "\n"
-        with open(file, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = (json.dumps({"key": str(key), "rows": rows}, default=_jsonable) + "\n").encode()
+        try:
+            with open(file, "a+b") as fh:
+                if fh.tell() and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n":
+                    line = b"\n" + line  # a line torn by a kill ends here: this unit starts a line of its own
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:  # (a torn line is ignored by done() and closed by the next append)
+            raise OSError(exc.errno, exc.strerror, str(file)) from exc
 
     # --- final artefacts
     def write_figure(self, figure, name: str = "figure") -> Path:

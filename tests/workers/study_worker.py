@@ -9,9 +9,19 @@ import torch
 
 
 def main(study: str, out: str, summary: str) -> None:
-    torch.set_num_threads(1)
     from lmlab.studies import run_study
 
+    spec, config, lm = build(study, out)
+    result = run_study(spec, config, out, lm=lm)
+    if result is not None:
+        with open(summary, "w") as fh:
+            json.dump({"path": str(result.path), "verdict": result.verdict.status,
+                       "summary": result.verdict.summary}, fh)
+
+
+def build(study: str, out: str):
+    """(spec, config, model passed in or None) of `study`'s tiny run (also the fault-injection harness's)."""
+    torch.set_num_threads(1)
     lm = None  # a model passed in, where the study needs one built here
 
     if study == "knockout":
@@ -78,11 +88,7 @@ def main(study: str, out: str, summary: str) -> None:
 
         spec, config = s4.SPEC, s4.Config(model="tiny-llama", circuits=False, toy_steps=6, toy_sparse_steps=4,
                                           toy_width=16, device="cpu")
-    result = run_study(spec, config, out, lm=lm)
-    if result is not None:
-        with open(summary, "w") as fh:
-            json.dump({"path": str(result.path), "verdict": result.verdict.status,
-                       "summary": result.verdict.summary}, fh)
+    return spec, config, lm
 
 
 if __name__ == "__main__":

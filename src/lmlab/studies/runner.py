@@ -12,6 +12,7 @@ share of the units; rank 0 alone finishes it and writes the folder, and `run_stu
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 from typing import Sequence
@@ -73,9 +74,48 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
         parallel.main_only()  # (a sharding study has stopped its followers already; this is the backstop)
     except parallel.Follower:
         return None
+    except OSError as exc:
+        stopped = storage_error(exc)
+        if stopped is None:
+            run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise
+        _fail_quietly(run, str(stopped))
+        raise stopped from None
     except Exception as exc:  # an interrupt (KeyboardInterrupt) keeps the folder as it is, to resume
         run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
+    try:
+        return _finish_run(spec, config, run, frame, t0, tag)
+    except OSError as exc:
+        stopped = storage_error(exc)
+        if stopped is None:
+            raise
+        _fail_quietly(run, str(stopped))
+        raise stopped from None
+
+
+# a write that failed for want of room or permission: the run stops with one sentence and resumes once it can write
+_STORAGE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def storage_error(exc: OSError) -> LmlabError | None:
+    """One sentence naming the path for an error of the disk (full, read-only, no permission); None otherwise."""
+    if exc.errno not in _STORAGE:
+        return None
+    where = exc.filename or "the run folder"
+    return LmlabError(f"cannot write {where}: {exc.strerror or exc}; what the run finished is kept: make room (or "
+                      "fix the permission) and run the same command again to resume")
+
+
+def _fail_quietly(run: RunDir, reason: str) -> None:
+    """Mark the run failed where the disk still allows it (a full disk may refuse even that)."""
+    try:
+        run.fail(reason)
+    except OSError:
+        pass
+
+
+def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: float, tag) -> StudyResult:
     tables, meta = split_tables(frame, config.model)
     if config._placed:
         meta["device_map"] = dict(config._placed)

@@ -118,9 +118,15 @@ def batch_indices(n_examples: int, step: int, micro: int, config: TrainConfig, s
 
 # --- checkpoints: safetensors only ------------------------------------------------------------------------
 
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+
+
 def _checkpoints(out_dir: Path) -> list[Path]:
+    """The complete checkpoints, oldest first. One missing a file (damaged after it was written: each is renamed
+    into place whole) is passed over, so a resume starts from the last complete one."""
     root = out_dir / "checkpoints"
-    return sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.exists() else []
+    found = sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.exists() else []
+    return [p for p in found if all((p / name).is_file() for name in CHECKPOINT_FILES)]
 
 
 def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2,

@@ -116,7 +116,7 @@ def _post_train(lm, config: Config, run_dir: RunDir, replicate: int = 0, seed: i
     seed = config.seed if seed is None else seed
     where = run_dir.path / "post_training" / f"rep{replicate}"
     folder = where / "sparse_model"
-    if (folder / "lmlab.json").is_file():
+    if (folder / "lmlab.json").is_file() and (where / "sparse_training.json").is_file():  # (lmlab.json is written last)
         return folder, json.loads((where / "sparse_training.json").read_text())
     data = _text(lm, config, run_dir)
     train_seqs = data["train"]
@@ -140,14 +140,15 @@ def _post_train(lm, config: Config, run_dir: RunDir, replicate: int = 0, seed: i
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
                             where / "sparse_train", rate=rate, initial_multiplier=config.geco_initial,
                             clip=config.geco_clip * config.slack if config.geco_clip else None)
-    if parallel.is_main():  # every process holds the same weights: rank 0 saves them
-        save_model(lm, folder, sparse_attention=True)
+    if parallel.is_main():  # every process holds the same weights: rank 0 saves them; the record first and the
+        # model folder's lmlab.json last, so a kill in between leaves nothing a resume takes for complete
         info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
                 "final_multiplier": out.geco.multiplier,
                 "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
                 "steps": steps, "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens,
                 "geco": [list(t) for t in out.geco.trace], "history": out.history, "seed": seed}
         atomic_write(where / "sparse_training.json", json.dumps(info))
+        save_model(lm, folder, sparse_attention=True)
         shutil.rmtree(where / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints
     parallel.sync()
     return folder, json.loads((where / "sparse_training.json").read_text())
