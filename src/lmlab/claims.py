@@ -301,6 +301,7 @@ class Resampler:
         parts = [o + rng.integers(0, max(size, 1), (n_boot, size)) for o, size in zip(offsets, sizes) if size]
         self.draws = np.concatenate(parts, axis=1) if parts else np.zeros((n_boot, 0), int)
         self.everything = np.arange(self.n)
+        self._counts: np.ndarray | None = None
 
     def claim(self, name: str, stat: Callable[[int, np.ndarray], float], bar: Bar, **kwargs) -> Claim:
         per = np.array([stat(r, self.everything) for r in range(self.k)], dtype=float)
@@ -309,7 +310,7 @@ class Resampler:
 
     def counts(self) -> np.ndarray:
         """Each resample as item counts: (n_boot, n_items), row b = how often draw b took each item."""
-        if getattr(self, "_counts", None) is None:
+        if self._counts is None:
             self._counts = np.stack([np.bincount(d, minlength=self.n) for d in self.draws]).astype(float) \
                 if len(self.draws) else np.zeros((0, self.n))
         return self._counts
@@ -330,7 +331,7 @@ class Resampler:
         ok = np.isfinite(values)
         x = np.where(ok, values, 0.0)
         per = x.sum(1) / np.maximum(ok.sum(1), 1)
-        counts = np.stack([np.bincount(d, minlength=self.n) for d in self.draws])  # (boot, items)
+        counts = self.counts()  # (boot, items)
         num = counts @ x.T  # (boot, replicates)
         den = counts @ ok.T.astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lmlab.errors import LmlabError
-from lmlab.models.placement import writable_folder
+from lmlab.files import writable_folder
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lmlab: dissect and compress transformer language models; five published studies, one CLI.")

@@ -27,3 +27,21 @@ def atomic_write(path: Path | str, data: bytes | str) -> None:
         if isinstance(exc, OSError) and exc.filename is None:  # a write() that failed names no file: name it
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
+
+
+def writable_folder(path: str | Path, option: str) -> Path:
+    """`path` is a folder lmlab can create or write in, checked without creating it: one sentence naming the
+    option otherwise (a file in the way, a parent that is not a folder, no permission)."""
+    from lmlab.errors import LmlabError
+
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise LmlabError(f"{option} {path}: a file is there, not a folder")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise LmlabError(f"{option} {path}: {probe} is a file, so the folder cannot be made")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise LmlabError(f"{option} {path}: {probe} cannot be written (permission denied)")
+    return path

@@ -66,12 +66,9 @@ def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise LmlabError(f"{spec} is not a model directory (no config.json) or a .gguf file")
         try:  # an architecture lmlab does not know, then missing weights: both before torch loads
-            model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type", "?")
+            describe_folder(path)
         except (ValueError, OSError) as exc:
             raise LmlabError(f"{path / 'config.json'} cannot be read as JSON ({exc})") from None
-        from lmlab.models.layout import family_of
-
-        family_of(model_type)
         if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
             raise LmlabError(f"{spec} has a config.json but no weights (model.safetensors, pytorch_model.bin or "
                              "a sharded index); copy the weight files into it")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmlab.errors import LmlabError
+from lmlab.files import writable_folder
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
@@ -71,24 +72,6 @@ class Placement:
         if self.offload:
             kw["offload_folder"] = self.offload
         return kw
-
-
-def writable_folder(path: str | Path, option: str) -> Path:
-    """`path` is a folder lmlab can create or write in, checked without creating it: one sentence naming the
-    option otherwise (a file in the way, a parent that is not a folder, no permission)."""
-    import os
-
-    path = Path(path).expanduser()
-    if path.exists() and not path.is_dir():
-        raise LmlabError(f"{option} {path}: a file is there, not a folder")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise LmlabError(f"{option} {path}: {probe} is a file, so the folder cannot be made")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise LmlabError(f"{option} {path}: {probe} cannot be written (permission denied)")
-    return path
 
 
 def parse_max_memory(text: str | dict | None) -> dict | None:

@@ -74,24 +74,15 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
         parallel.main_only()  # (a sharding study has stopped its followers already; this is the backstop)
     except parallel.Follower:
         return None
-    except OSError as exc:
-        stopped = storage_error(exc)
-        if stopped is None:
-            run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            raise
-        _fail_quietly(run, str(stopped))
-        raise stopped from None
     except Exception as exc:  # an interrupt (KeyboardInterrupt) keeps the folder as it is, to resume
+        _stop_on_storage(run, exc)
         run.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise
     try:
         return _finish_run(spec, config, run, frame, t0, tag)
     except OSError as exc:
-        stopped = storage_error(exc)
-        if stopped is None:
-            raise
-        _fail_quietly(run, str(stopped))
-        raise stopped from None
+        _stop_on_storage(run, exc)
+        raise
 
 
 # a write that failed for want of room or permission: the run stops with one sentence and resumes once it can write
@@ -107,12 +98,17 @@ def storage_error(exc: OSError) -> LmlabError | None:
                       "fix the permission) and run the same command again to resume")
 
 
-def _fail_quietly(run: RunDir, reason: str) -> None:
-    """Mark the run failed where the disk still allows it (a full disk may refuse even that)."""
+def _stop_on_storage(run: RunDir, exc: BaseException) -> None:
+    """A disk error is raised again as its one sentence, the run marked failed where the disk still allows it (a
+    full disk may refuse even that); any other error returns."""
+    stopped = storage_error(exc) if isinstance(exc, OSError) else None
+    if stopped is None:
+        return
     try:
-        run.fail(reason)
+        run.fail(str(stopped))
     except OSError:
         pass
+    raise stopped from None
 
 
 def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: float, tag) -> StudyResult:

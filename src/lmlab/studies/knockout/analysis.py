@@ -124,11 +124,9 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
     def flips(i, w):
         d = mats[i]["fl_e"] - mats[i]["fl_c"]  # per question: E_Q flips - control flips, over its layers
         kept = ~np.isnan(d)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a question no layer kept is NaN, left out below
+        with np.errstate(invalid="ignore", divide="ignore"):  # a question no layer kept is NaN and left out
             diff = np.where(kept.any(1), np.nansum(d, 1) / kept.sum(1), np.nan)
-        ok = ~np.isnan(diff)
-        den = w @ ok.astype(float)
-        with np.errstate(invalid="ignore", divide="ignore"):
+            den = w @ (~np.isnan(diff)).astype(float)
             return np.where(den > 0, (w @ np.nan_to_num(diff)) / den, np.nan)
 
     common = dict(group=dataset, n_unit="questions")
