@@ -12,6 +12,7 @@ from typing import Callable, Literal, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from lmlab.errors import LmlabError
@@ -47,7 +48,7 @@ def friendly(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except LmlabError as exc:
-            err.print(f"[bold red]error:[/] {exc}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # "lmlab[export]" stays
             raise typer.Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
             err.print("interrupted; run the same command again to resume where it stopped")
@@ -242,6 +243,29 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
     out.print(f"report: {build_report(run_dirs, out_file)}")
 
 
+@app.command()
+@friendly
+def export(run_dir: Path = typer.Argument(..., help="a quantize run folder (runs/quantize-...)"),
+           fmt: str = typer.Option("compressed-tensors", "--format", help="compressed-tensors (the only one so far)"),
+           out_dir: Optional[Path] = typer.Option(None, "--out", show_default=False,
+                                                  help="where the student folders go (default RUN_DIR/export/FORMAT)")):
+    """Write a quantize run's students as Hugging Face folders that transformers loads (compressed-tensors)."""
+    from lmlab.export import _check, export_run
+
+    _check(run_dir.expanduser(), fmt)  # before torch
+    if out_dir is not None:
+        writable_folder(out_dir, "--out")
+    rows = export_run(run_dir, fmt, out_dir)
+    mib = lambda b: f"{b / 2**20:.2f}"
+    out.print(_table(f"{fmt} export of {run_dir.name}", ["student", "bits", "MiB", "packed MiB", "fp32 MiB",
+                                                         "vs fp32", "max |logit diff|"],
+                     [[r["student"], r["bits"], mib(r["file_bytes"]), mib(r["packed_bytes"]), mib(r["fp32_bytes"]),
+                       f"1/{r['fp32_bytes'] / r['file_bytes']:.1f}", f"{r['max_logit_diff']:.1e}"] for r in rows],
+                     keep=("student",)))
+    out.print("the word embeddings take one byte per entry (transformers cannot load a packed nn.Embedding); "
+              f"folders in {Path(rows[0]['folder']).parent}")
+
+
 _registered: set[str] = set()
 
 
@@ -385,13 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     except click_errors.UsageError as exc:
         hint = f" (see lmlab {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else " (see lmlab --help)"
         message = exc.format_message().replace("Value error, ", "").replace("\n", " ")
-        err.print(f"[bold red]error:[/] {message}{hint}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(message + hint)}", highlight=False)
         code = 2
     except typer.Abort:
         err.print("interrupted")
         code = 130
     except click_errors.ClickException as exc:
-        err.print(f"[bold red]error:[/] {exc.format_message()}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(exc.format_message())}", highlight=False)
         code = exc.exit_code
     if code:
         raise SystemExit(code)

@@ -5,7 +5,10 @@ Weights (METHODS.md S2), per group (one group per linear matrix, one per row of 
     2 bits  delta = 0.7 mean|w|; alpha = mean |w| over |w| > delta;  w_t = alpha * sign(w) * [|w| > delta]
     4, 8    symmetric uniform, scale = max|w| / (2^(b-1) - 1)
     32      unchanged
-Activations: 8-bit symmetric, dynamic per token, at the inputs of the quantized linear layers.
+Activations: 8-bit symmetric, dynamic per token, at the inputs of the quantized linear layers, on the int8 grid
+    -128..127 with scale amax/127.5 (DECISION: the paper says "8-bit symmetric"; DeepSpeed's code uses amax/128, our
+    earlier runs amax/127 on -127..127; amax/127.5 is the int8 convention of compressed-tensors and vLLM, so a
+    student exported in that format (interventions/export.py) computes exactly what was trained and measured).
 Training keeps full-precision latent weights, quantized in every forward pass with a straight-through
 gradient (identity). Linear matrices (nn.Linear, GPT-2's Conv1D) get a `torch.nn.utils.parametrize`
 parametrization, no module swap. The word embeddings are quantized per row, so a lookup needs only its
@@ -68,10 +71,18 @@ def straight_through(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return q.detach() + (x - x.detach())
 
 
+ACT_GRID = "int8"  # recorded with every quantized model and packed file: the activation grid it was trained on
+
+
 def quantize_activation(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
-    levels = 2 ** (bits - 1) - 1
-    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-8) / levels
-    return straight_through(x, torch.round(x / scale).clamp(-levels, levels) * scale)
+    """Per token (the last dimension): scale = amax / ((2^b - 1) / 2), values clamped to -2^(b-1)..2^(b-1)-1 and
+    rounded; a token of zeros gets the dtype's eps as its scale (and stays zero). The operations and their order
+    are compressed-tensors' dynamic token quantization, so an exported student gives the same values."""
+    half = 2 ** (bits - 1)
+    v = x.detach()
+    scale = v.abs().amax(-1, keepdim=True) / ((2 * half - 1) / 2)
+    scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+    return straight_through(x, torch.clamp(v / scale, -half, half - 1).round() * scale)
 
 
 class WeightQuantizer(nn.Module):
@@ -140,7 +151,7 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
             parametrize.register_parametrization(module, "weight", WeightQuantizer(bits, rowwise))
         if act_bits and not isinstance(module, nn.Embedding):
             module.register_forward_pre_hook(lambda m, args: (quantize_activation(args[0], act_bits), *args[1:]))
-    model._lmlab_quant = {"bits": bits, "act_bits": act_bits, "names": sorted(targets)}
+    model._lmlab_quant = {"bits": bits, "act_bits": act_bits, "act_grid": ACT_GRID, "names": sorted(targets)}
     return sorted(targets)
 
 
@@ -189,7 +200,7 @@ def save_packed(model: nn.Module, path: str | Path) -> dict:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"lmlab": json.dumps({"bits": bits, "act_bits": info["act_bits"],
-                                                                  "shapes": meta})})
+                                                                  "act_grid": info.get("act_grid"), "shapes": meta})})
     return {"packed_bytes": packed_bytes, "fp32_bytes": fp32_bytes, "file_bytes": path.stat().st_size}
 
 
@@ -218,6 +229,8 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
         with torch.no_grad():
             module.weight.copy_(w.view(shape))
     quantize_model(model, bits, meta["act_bits"], weights=False)  # weights hold exact quantized values
+    # a file written before the int8 grid (no act_grid): its student was trained on amax/127, -127..127
+    model._lmlab_quant["act_grid"] = meta.get("act_grid") or "amax/127"
     return model
 
 

@@ -3,6 +3,8 @@ option's) are in profiles.yaml, with the quick learning-rate DECISION."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from lmlab.studies.base import StudyConfig
@@ -37,6 +39,12 @@ class Config(StudyConfig):
     kd_logit: float = Field(1.0, ge=0, description="weight of the logit term (KL, or MSE for regression)")
     kd_attention: float = Field(1.0, ge=0, description="weight of the attention-score MSE")
     kd_hidden: float = Field(1.0, ge=0, description="weight of the hidden-state MSE")
+    act_grid: Literal["int8"] = Field("int8", description="the 8-bit activation grid: int8 (-128..127, scale amax/127.5, "
+                                                          "as compressed-tensors and vLLM compute it; a run folder "
+                                                          "from before this field is not resumed)")
+    export: Literal["compressed-tensors"] | None = Field(None, description="also write each student in this format "
+                                                                      "beside its packed file (export/FORMAT/NAME; "
+                                                                      "pip install 'lmlab[export]')")
     n_text: int | None = Field(None, ge=1, description="decoders: sampled KD training sequences")
     n_eval_text: int | None = Field(None, ge=1, description="decoders: held-out sampled sequences for perplexity")
     text_tokens: int | None = Field(None, ge=1, description="decoders: tokens per sampled sequence")
@@ -54,6 +62,13 @@ class Config(StudyConfig):
 
         for bits in self.size("bits"):
             check_bits(bits)
+        if self.export is not None:
+            import importlib.util
+
+            from lmlab.interventions.export import EXTRA
+
+            if importlib.util.find_spec("compressed_tensors") is None:
+                raise LmlabError(EXTRA)
         bad = [b for b in self.size("budgets") if b not in MULTIPLIER]
         if bad:
             raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")

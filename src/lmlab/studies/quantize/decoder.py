@@ -32,6 +32,7 @@ from lmlab.data.generated.circuits import make_task
 from lmlab.data.generated.selftext import sample_text
 from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce, metric_values
+from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
@@ -128,6 +129,8 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                 if parallel.is_main():
                     shutil.rmtree(work, ignore_errors=True)
                     info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+                    if config.export:  # beside the packed file
+                        export_compressed(model, run_dir.path / "export" / config.export / key, lm.tokenizer)
             if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
                 continue
             lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)

@@ -14,6 +14,7 @@ from torch.nn.utils import parametrize
 from lmlab import parallel
 from lmlab.data.generated.nlu import NLUTask
 from lmlab.evaluation import metric_value
+from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
@@ -123,7 +124,7 @@ def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCac
 
 
 def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None,
-             replicate: int | None = None, seed: int | None = None) -> list[dict]:
+             replicate: int | None = None, seed: int | None = None, tokenizer=None) -> list[dict]:
     """One configuration of one task: the teacher's own score, or one quantized student (replicate `replicate`,
     seeded `seed`) trained with KD."""
     labels = np.array([e.label for e in task.test])
@@ -163,6 +164,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
             shutil.rmtree(work, ignore_errors=True)
             info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
+            if config.export:  # beside the packed file; the folder is rewritten whole if the unit runs again
+                export_compressed(model, run_dir.path / "export" / config.export / f"{task.name}-{key}", tokenizer)
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
         preds = predict_shared(model, collate, task.test)  # under a launch each process scores its share
     if not parallel.is_main():  # rank 0 writes the unit's rows

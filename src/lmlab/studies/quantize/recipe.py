@@ -114,7 +114,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                 if bits != 32 and cache is None:  # once per task, for all its students
                     cache = teacher_cache(config, task, teacher, collate)
                 done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
-                                          replicate=replicate, seed=None if replicate is None else seeds[replicate])
+                                          replicate=replicate, seed=None if replicate is None else seeds[replicate],
+                                          tokenizer=base.tokenizer)
                 if parallel.is_main():  # the others trained and scored with it; rank 0 records
                     run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]

@@ -1,0 +1,108 @@
+"""`lmlab export RUN_DIR`: the students of a quantize run (S2) in a format other tools load.
+
+Each packed student (RUN_DIR/packed/*.safetensors) is rebuilt exactly as the study scored it (its teacher's
+architecture, `load_packed`) and written by interventions/export.py to RUN_DIR/export/FORMAT/NAME (or --out):
+config.json with the quantization config, model.safetensors, the tokenizer, lmlab_export.json with the sizes.
+The written folder is then loaded back by transformers (with compressed-tensors, as a user would) and its logits
+compared with the student's on a few inputs: the largest difference is printed and kept in lmlab_export.json.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+from lmlab.errors import LmlabError
+
+FORMATS = ("compressed-tensors",)
+NAME = re.compile(r"^(?:(?P<task>.+)-)?(?P<bits>\d+)bit-(?P<budget>[ABC])-rep(?P<rep>\d+)$")
+
+
+def _check(run_dir: Path, fmt: str) -> list[Path]:
+    """Input errors, before torch: the folder, its study, its packed students, the format and its package."""
+    from lmlab.interventions.export import EXTRA
+
+    if fmt not in FORMATS:
+        raise LmlabError(f"unknown export format '{fmt}'; use {', '.join(FORMATS)}")
+    if not run_dir.is_dir():
+        raise LmlabError(f"{run_dir} is not a folder; give a quantize run folder (runs/quantize-...)")
+    study = None
+    if (run_dir / "manifest.json").exists():
+        study = json.loads((run_dir / "manifest.json").read_text()).get("study")
+    if (study or run_dir.name.split("-")[0]) != "quantize" or not (run_dir / "config.yaml").exists():
+        raise LmlabError(f"{run_dir} is not a quantize run folder: only the quantize study's students are exported")
+    packed = sorted(p for p in (run_dir / "packed").glob("*.safetensors") if NAME.match(p.stem))
+    if not packed:
+        raise LmlabError(f"{run_dir} holds no packed students yet (packed/*.safetensors): run the quantize study "
+                         "first; the students are packed as each finishes")
+    if importlib.util.find_spec("compressed_tensors") is None:
+        raise LmlabError(EXTRA)
+    return packed
+
+
+def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | Path | None = None,
+               check_inputs: int = 2) -> list[dict]:
+    """Export every packed student of a quantize run; returns one row per student (sizes, check)."""
+    import yaml
+
+    run_dir = Path(run_dir).expanduser()
+    packed = _check(run_dir, fmt)
+    root = Path(out).expanduser() if out is not None else run_dir / "export" / fmt
+    import copy
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from lmlab.interventions.export import export_compressed
+    from lmlab.interventions.quant import keep_layers, load_packed
+    from lmlab.models.layout import layout_of
+    from lmlab.studies.quantize.config import Config
+
+    config = Config(**yaml.safe_load((run_dir / "config.yaml").read_text()))
+    base = config.load(train=True)
+    decoder = base.layout.causal
+    rows = []
+    for path in packed:
+        m = NAME.match(path.stem)
+        if decoder:
+            model = copy.deepcopy(base.model).float()
+        else:
+            teacher = run_dir / "teachers" / (m["task"] or "")
+            if not (teacher / "model.safetensors").exists():
+                raise LmlabError(f"{path.name}: its teacher {teacher} is missing; the student's architecture is "
+                                 "the teacher's")
+            model = AutoModelForSequenceClassification.from_pretrained(teacher).float()
+            if config.layer_reduction:  # as the study built it (recipe: teacher layers 1, 3, 5, ...)
+                n = layout_of(model).n_layers
+                keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
+        load_packed(model, path)
+        model.eval()
+        folder = root / path.stem
+        sizes = export_compressed(model, folder, base.tokenizer)
+        diff = _check_loaded(model, folder, decoder, check_inputs) if check_inputs else None
+        sizes["max_logit_diff"] = diff
+        (folder / "lmlab_export.json").write_text(json.dumps({**json.loads((folder / "lmlab_export.json")
+                                                                          .read_text()), "max_logit_diff": diff},
+                                                             indent=1))
+        rows.append(dict(student=path.stem, bits=int(m["bits"]), folder=str(folder),
+                         packed_bytes=path.stat().st_size, **sizes))
+        del model
+    return rows
+
+
+def _check_loaded(model, folder: Path, decoder: bool, n: int) -> float:
+    """Largest |logit difference| between the student and its exported folder loaded by transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    loaded = (AutoModelForCausalLM if decoder else AutoModelForSequenceClassification).from_pretrained(folder).eval()
+    device = next(model.parameters()).device
+    loaded.to(device)
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (n, 16), generator=g).to(device)
+    with torch.no_grad():
+        a, b = model(input_ids=ids).logits, loaded(input_ids=ids).logits
+    return float((a.float() - b.float()).abs().max())

@@ -1,0 +1,127 @@
+"""A quantized student as a Hugging Face folder in the compressed-tensors format (`pip install 'lmlab[export]'`).
+
+What is written (config.json's `quantization_config`, quant_method "compressed-tensors"):
+- every XTC linear layer (interventions/quant.py): `pack-quantized`, its integers in 2 bits (ternary -1/0/+1 and
+  binary -1/+1 both fit the signed 2-bit range -2..1; there is no 1-bit container for +-1), packed 16 to an int32
+  by compressed-tensors' own packer, and the one scale per matrix the student was trained with (strategy
+  "tensor"); the 8-bit dynamic per-token input activations (`input_activations`, strategy "token") that
+  `quantize_activation` computes with the same operations;
+- the word embeddings, quantized per row in training: `naive-quantized`, the same 2-bit integers one per int8 with
+  one scale per row (strategy "channel"). DECISION: the format could pack them too, but transformers 5.x cannot
+  load a packed nn.Embedding (its weight initialisation reads `.weight`, which a packed module no longer has), so
+  they take a byte each: the file is larger than lmlab's packed one by 3/4 byte per embedding entry, and the
+  export says so;
+- everything XTC leaves in full precision (biases, norms, position embeddings, a classifier, an output layer
+  that a decoder's latent embeddings fed in training, untied) as float32.
+The integers are the student's exact values over its scale (checked: integer x scale == the student's weight),
+so nothing is re-quantized; a layout the format lacks (GPT-2's Conv1D, a student from before the int8 activation
+grid) is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmlab.errors import LmlabError
+from lmlab.interventions.quant import ACT_GRID, quant_targets, quantized_weight
+
+FORMAT = "compressed-tensors"
+EXTRA = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
+
+
+def _int_args(bits: int, strategy: str) -> dict:
+    return {"num_bits": bits, "type": "int", "symmetric": True, "strategy": strategy, "dynamic": False}
+
+
+def _integers(w: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers as int8, scales): w == integers * scale exactly, one scale per row or per matrix."""
+    groups = w if rowwise else w.reshape(1, -1)
+    alpha = groups.abs().amax(-1, keepdim=True)
+    ints = torch.round(groups / torch.where(alpha == 0, 1.0, alpha))
+    if not torch.equal(ints * alpha, groups) or ints.abs().max() > 1:
+        raise LmlabError("a weight is not its integers times one scale per group: the student is not 1- or 2-bit "
+                         "XTC; nothing was written")
+    return ints.to(torch.int8).view_as(w), alpha.reshape(-1, 1) if rowwise else alpha.reshape(1)
+
+
+def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> dict:
+    """Write a 1- or 2-bit XTC student (`quantize_model` or `load_packed`) to `folder`; returns its sizes in bytes.
+
+    The model itself is not changed. The folder loads with `AutoModel*.from_pretrained(folder)` when the
+    compressed-tensors package is installed, without lmlab."""
+    try:
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+        from compressed_tensors.quantization import QuantizationConfig
+    except ImportError:
+        raise LmlabError(EXTRA) from None
+    from safetensors.torch import save_file
+
+    info = getattr(model, "_lmlab_quant", None)
+    if info is None or info["bits"] not in (1, 2):
+        raise LmlabError("the compressed-tensors export takes a 1- or 2-bit XTC student (quantize_model or "
+                         "load_packed)")
+    if info.get("act_bits") and info.get("act_grid") != ACT_GRID:
+        raise LmlabError("this student's 8-bit activations were trained on lmlab's earlier grid (amax/127, -127..127), "
+                         "which compressed-tensors cannot express (its int8 scale is amax/127.5); train it again "
+                         "with this lmlab to export it")
+    names = {id(m): n for n, m in model.named_modules()}
+    linears, embeddings, tensors, replaced = [], [], {}, set()
+    for key, (module, rowwise) in quant_targets(model).items():
+        path = names[id(module)]
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            raise LmlabError(f"{path} is a {type(module).__name__}, which compressed-tensors does not quantize (it "
+                             "takes nn.Linear and nn.Embedding); nothing was written")
+        ints, scale = _integers(quantized_weight(module).detach().float().cpu(), rowwise)
+        if rowwise:
+            tensors[f"{path}.weight"] = ints.contiguous()
+            embeddings.append(path)
+        else:
+            tensors[f"{path}.weight_packed"] = pack_to_int32(ints, 2).contiguous()
+            tensors[f"{path}.weight_shape"] = torch.tensor(list(ints.shape))
+            linears.append(path)
+        tensors[f"{path}.weight_scale"] = scale.float().contiguous()
+        replaced.add(f"{path}.weight")
+    state = model.state_dict()
+    for key, value in state.items():
+        plain = key.replace(".parametrizations.weight.original", ".weight")
+        if plain in replaced or ".parametrizations." in key:
+            continue
+        tensors[plain] = value.detach().float().cpu().contiguous()
+    # a tied output layer was untied by load_packed (it kept the latent embeddings); one still tied shares them
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    config = copy.deepcopy(getattr(model, "config"))
+    text = getattr(config, "text_config", None) or config
+    if head is not None:
+        head_key = f"{names[id(head)]}.weight"
+        # (tied or not, the head computes with the latent table: the row quantizer acts on looked-up rows only)
+        tensors[head_key] = head.weight.detach().float().cpu().contiguous()
+        for c in {id(config): config, id(text): text}.values():
+            c.tie_word_embeddings = False
+    groups = {"group_0": {"targets": linears, "weights": _int_args(2, "tensor"), "format": "pack-quantized"}}
+    if info.get("act_bits"):
+        groups["group_0"]["input_activations"] = {"num_bits": info["act_bits"], "type": "int", "symmetric": True,
+                                                  "strategy": "token", "dynamic": True}
+    if embeddings:
+        groups["group_1"] = {"targets": embeddings, "weights": _int_args(2, "channel"), "format": "naive-quantized"}
+    qconfig = {"quant_method": FORMAT, "format": "mixed-precision" if embeddings else "pack-quantized",
+               "quantization_status": "compressed", "config_groups": groups, "ignore": []}
+    QuantizationConfig.model_validate({k: v for k, v in qconfig.items() if k != "quant_method"})  # the schema
+    config.quantization_config = qconfig
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    n_lin = sum(quantized_weight(m).numel() for m, rowwise in quant_targets(model).values() if not rowwise)
+    n_emb = sum(quantized_weight(m).numel() for m, rowwise in quant_targets(model).values() if rowwise)
+    fp32 = 4 * sum(p.numel() for p in model.parameters())
+    sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size, "fp32_bytes": fp32,
+             "quantized_linear_weights": n_lin, "embedding_entries": n_emb}
+    (folder / "lmlab_export.json").write_text(json.dumps({"format": FORMAT, "bits": info["bits"], **sizes}, indent=1))
+    return sizes
