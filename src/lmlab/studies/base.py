@@ -66,6 +66,11 @@ class StudyConfig(BaseModel):
     max_memory: str | None = Field(None, description="with --device-map: what each device may hold, e.g. "
                                                         "0=20GiB,1=20GiB,cpu=64GiB")
     offload: str | None = Field(None, description="with --device-map: a folder for the weights it puts on disk")
+    log_with: list[str] | None = Field(None, description="log every training's curves (loss, learning rate per step) "
+                                                         "through accelerate's trackers: tensorboard, wandb, mlflow, "
+                                                         "comet_ml, aim, clearml, dvclive, swanlab, trackio (each "
+                                                         "needs its package); written under the run's logs/ folder; "
+                                                         "not part of the run's identity")
 
     @field_validator("device")
     @classmethod
@@ -88,6 +93,7 @@ class StudyConfig(BaseModel):
         self.check_placement()
         self.check_launch()
         self.check_replicates()
+        check_trackers(self.log_with or [])
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
     # why the study cannot run a model spread over devices (None: it can); see docs/scaling.md
@@ -157,6 +163,10 @@ class StudyConfig(BaseModel):
             self._placed[spec or self.model] = lm.meta["device_map"]
         return lm
 
+    def identity(self) -> dict:
+        """The settings that name the run folder (and its config.yaml): all but where curves are logged."""
+        return self.model_dump(exclude={"log_with"})
+
     def train_settings(self) -> dict:
         """TrainConfig fields for this config: autocast precision (auto: bf16 on a GPU, none on cpu; float32:
         none) and whether the loop runs on the CPU."""
@@ -164,7 +174,7 @@ class StudyConfig(BaseModel):
         precision = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}.get(self.dtype)
         if precision is None:  # auto
             precision = "bf16" if device.startswith("cuda") else "no"
-        return {"mixed_precision": precision, "cpu": device == "cpu"}
+        return {"mixed_precision": precision, "cpu": device == "cpu", "log_with": list(self.log_with or [])}
 
     # --- sizes: one resolver for every study
     def variants(self) -> list[str]:
@@ -315,3 +325,21 @@ def finish(fig):
     if hasattr(fig, "tight_layout"):
         fig.tight_layout()
     return fig
+
+
+# accelerate's trackers and the package each needs (`--log-with`); checked before torch loads
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
+            "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
+
+
+def check_trackers(names: list[str]) -> None:
+    import importlib.util
+
+    from lmlab.errors import LmlabError
+
+    for name in names:
+        if name not in TRACKERS:
+            raise LmlabError(f"unknown tracker '{name}' for --log-with; use {', '.join(TRACKERS)}")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            hint = "pip install 'lmlab[trackers]'" if name == "tensorboard" else f"pip install {TRACKERS[name]}"
+            raise LmlabError(f"--log-with {name} needs the {TRACKERS[name]} package: {hint}")

@@ -62,7 +62,7 @@ def run_study(spec: StudySpec, config: StudyConfig, out: str | Path = "runs",
 
 def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) -> StudyResult | None:
     tag = weights_fingerprint(lm) if lm is not None else None
-    run = RunDir.open(out, spec.name, config.model, config.model_dump(), tag=tag)
+    run = RunDir.open(out, spec.name, config.model, config.identity(), tag=tag)
     if run.complete:
         return _with_spec(load_result(run.path), spec) if parallel.is_main() else None
     t0 = time.perf_counter()
@@ -70,7 +70,10 @@ def _run_one(spec: StudySpec, config: StudyConfig, out, lm: LoadedModel | None) 
             + (f" weights={tag}" if tag else ""))
     seed_everything(config.seed)
     try:
-        frame = spec.run(config, run, lm)
+        from lmlab.train.loop import log_root
+
+        with log_root(run.path / "logs"):  # where a training's trackers write (--log-with)
+            frame = spec.run(config, run, lm)
         parallel.main_only()  # (a sharding study has stopped its followers already; this is the backstop)
     except parallel.Follower:
         return None
@@ -135,7 +138,7 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
 
 def _combine(spec: StudySpec, config: StudyConfig, out, children: list[StudyResult], lms) -> StudyResult:
     tag = "+".join(weights_fingerprint(m) for m in lms) if lms else None
-    run = RunDir.open(out, spec.name, config.model.replace(",", "+"), config.model_dump(), tag=tag)
+    run = RunDir.open(out, spec.name, config.model.replace(",", "+"), config.identity(), tag=tag)
     names = [c.models[0] for c in children]
     tables: dict[str, pd.DataFrame] = {}
     for name in dict.fromkeys(k for c in children for k in c.tables):

@@ -21,9 +21,12 @@ the run with a clear message and leaves the last good checkpoint in place.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
+import re
 import zlib
 import shutil
 import tempfile
@@ -61,6 +64,10 @@ class TrainConfig(BaseModel):
     lr_scale: dict[str, float] = {}
     # a stacked model of k replicates (lmlab.train.ensemble): one seed per replicate, each drawing its own batches
     replicate_seeds: list[int] = []
+    # accelerate trackers (tensorboard, wandb, ...) that get each step's loss and learning rate, and their folder
+    # (default: the study run's logs/ folder, else out_dir/logs); the tracker's run is named after `description`
+    log_with: list[str] = []
+    log_dir: str | None = None
 
 
 class TrainingDiverged(LmlabError):
@@ -216,6 +223,23 @@ def share(local_sum: torch.Tensor, local_count: float, global_count: float | Non
 
 # --- the loop ---------------------------------------------------------------------------------------------
 
+_LOG_ROOT: contextvars.ContextVar[Path | None] = contextvars.ContextVar("lmlab_log_root", default=None)
+
+
+@contextlib.contextmanager
+def log_root(path: Path):
+    """Trainings inside this block log their trackers under `path` (a study run's logs/ folder)."""
+    token = _LOG_ROOT.set(Path(path))
+    try:
+        yield
+    finally:
+        _LOG_ROOT.reset(token)
+
+
+def tracker_name(description: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", description).strip("-") or "train"
+
+
 def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], config: TrainConfig, out_dir: str | Path,
           parameters: Sequence[torch.nn.Parameter] | None = None,
@@ -240,7 +264,9 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     if first is not None and first.device.type == "cuda" and first.device.index is not None and not _distributed():
         torch.cuda.set_device(first.device.index)  # accelerate's "cuda" is the current device: keep the model's
     _fresh_precision(config.mixed_precision, cpu)
-    acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum)
+    log_dir = Path(config.log_dir) if config.log_dir else (_LOG_ROOT.get() or out_dir / "logs")
+    acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum,
+                      log_with=list(config.log_with) or None, project_dir=str(log_dir) if config.log_with else None)
     n_proc = acc.num_processes
     if config.batch_size % n_proc:
         raise LmlabError(f"batch size {config.batch_size} is not divisible by {n_proc} processes")
@@ -283,6 +309,9 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     if acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
         torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + acc.process_index)
     model.train()
+    if config.log_with:
+        acc.init_trackers(tracker_name(config.description),
+                          config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
     progress = _progress(config, acc.is_main_process, start)
     last_good = existing[-1] if existing else None
     try:
@@ -317,6 +346,10 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
             result.losses.append(mean_loss)
             if config.replicate_seeds:
                 result.replicate_losses.append(per_replicate)
+            if config.log_with:
+                values = {"loss": mean_loss, "lr": config.lr * lr_factor(step, config)}
+                values.update({f"loss_replicate_{r}": v for r, v in enumerate(per_replicate) if k > 1})
+                acc.log(values, step=step + 1)
             if on_step:
                 on_step(step, mean_loss)
             progress.advance(mean_loss)
@@ -333,6 +366,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
         result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
     finally:
         progress.close()
+        if config.log_with:
+            acc.end_training()
     model = acc.unwrap_model(model)
     model.eval()
     return result
