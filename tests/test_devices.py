@@ -76,7 +76,7 @@ def test_auto_device_and_dtype_resolve_for_this_machine():
         expected = "mps"
     assert resolve_device("auto") == expected == config.torch_device()
     assert config.train_settings() == {"mixed_precision": "bf16" if expected == "cuda" else "no",
-                                       "cpu": expected == "cpu"}
+                                       "cpu": expected == "cpu", "log_with": []}
     assert config.model_copy(update={"dtype": "bfloat16"}).train_settings()["mixed_precision"] == "bf16"
     assert config.model_copy(update={"dtype": "float32"}).train_settings()["mixed_precision"] == "no"
 
