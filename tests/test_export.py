@@ -115,6 +115,10 @@ def test_decoder_student_with_its_untied_head_loads_as_a_causal_lm(tmp_path, tin
             p.add_(0.02 * torch.randn_like(p))  # a trained student's latent weights differ from the embeddings' use
     save_packed(model, tmp_path / "s.safetensors")
     student = load_packed(copy.deepcopy(tiny_smol.model).float(), tmp_path / "s.safetensors").eval()
+    head = student.lm_head.weight.detach().clone()
+    student.tie_weights()  # (lm-eval's HFLM calls it) the head keeps the latent table, not the quantized one
+    assert torch.equal(student.lm_head.weight, head)
+    assert not torch.equal(student.lm_head.weight, student.model.embed_tokens.weight)
     export_compressed(student, tmp_path / "causal", tiny_smol.tokenizer)
     ids = torch.randint(0, len(tiny_smol.tokenizer), (2, 12), generator=torch.Generator().manual_seed(0))
     save_file({"input_ids": ids}, str(tmp_path / "ids.safetensors"))

@@ -127,3 +127,41 @@ def test_the_documented_command_line_runs(tmp_path, tiny_smol_folder):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "lmlab_mc" in proc.stdout and "acc" in proc.stdout
     assert list((tmp_path / "out").rglob("results_*.json"))
+
+
+def test_an_s2_decoder_student_and_an_s4_sparse_model_from_their_run_folders(tmp_path, tiny_smol_folder):
+    """The student (load_packed) and the sparse model (its edge gate installed on load) are what lm-eval scores."""
+    import copy
+    import dataclasses
+
+    import yaml
+
+    from lmlab.interventions.quant import load_packed, quantize_model, save_packed
+    from lmlab.models import load_model, save_model
+    from lmlab.studies.quantize.config import Config as S2Config
+
+    base = load_model(str(tiny_smol_folder))
+    run = tmp_path / "quantize-tiny-smol-0123456789"
+    (run / "packed").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(S2Config(model=str(tiny_smol_folder)).model_dump()))
+    model = copy.deepcopy(base.model).float()
+    quantize_model(model, 2)
+    save_packed(model, run / "packed" / "2bit-C-rep0.safetensors")
+    student = load_packed(copy.deepcopy(base.model).float(), run / "packed" / "2bit-C-rep0.safetensors").eval()
+    sparse_run = tmp_path / "sparse-circuits-tiny-smol-0123456789"
+    (sparse_run / "config.yaml").parent.mkdir(parents=True)
+    (sparse_run / "config.yaml").write_text("model: tiny-smol\n")
+    save_model(base, sparse_run / "post_training" / "rep0" / "sparse_model", sparse_attention=True)
+    sparse = load_model(str(sparse_run / "post_training" / "rep0" / "sparse_model"))
+    for args, lm in [(f"intervention=student,run={run},student=2bit-C-rep0", dataclasses.replace(base, model=student)),
+                     (f"intervention=sparse,run={sparse_run}", sparse)]:
+        out = lm_eval.simple_evaluate(model="lmlab", model_args=args, tasks=["lmlab_mc"],
+                                      task_manager=_tasks(tmp_path), log_samples=True, device="cpu")
+        acc, _ = _direct(lm, "none")
+        assert out["results"]["lmlab_mc"]["acc,none"] == pytest.approx(acc, abs=1e-9), args
+    plain = lm_eval.simple_evaluate(model="lmlab", model_args=f"model={tiny_smol_folder}", tasks=["lmlab_mc"],
+                                    task_manager=_tasks(tmp_path), log_samples=True, device="cpu")
+    quantized = lm_eval.simple_evaluate(model="lmlab", model_args=f"intervention=student,run={run},student=2bit-C-rep0",
+                                        tasks=["lmlab_mc"], task_manager=_tasks(tmp_path), log_samples=True,
+                                        device="cpu")
+    assert [s["resps"] for s in quantized["samples"]["lmlab_mc"]] != [s["resps"] for s in plain["samples"]["lmlab_mc"]]

@@ -220,6 +220,9 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
         if rowwise and head is not None and head.weight is module.weight:
             # a tied output layer computed with the latent embeddings in training: it keeps them, untied
             head.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
+            for config in {id(c): c for c in (model.config, getattr(model.config, "get_text_config", lambda: None)())
+                           if c is not None}.values():
+                config.tie_word_embeddings = False  # so that transformers' tie_weights (lm-eval calls it) keeps it
         shape = meta["shapes"][name]
         numel = math.prod(shape)
         codes = _unpack_codes(tensors[f"{name}.codes"], 8 if bits == 1 else 4, numel).float()
