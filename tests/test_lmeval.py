@@ -114,13 +114,14 @@ def test_bad_model_args_are_one_sentence(tiny_smol_folder, tmp_path):
         lmlab.lmeval.LmlabLM(model="tiny-bert")
 
 
-def test_the_documented_command_line_runs(tmp_path, tiny_smol_folder):
-    """`python -m lmlab.lmeval` is lm_eval's command line with the model type registered."""
+@pytest.mark.parametrize("command", [["-m", "lmlab", "lm-eval"], ["-m", "lmlab.lmeval"]])
+def test_the_documented_command_line_runs(tmp_path, tiny_smol_folder, command):
+    """`lmlab lm-eval` and `python -m lmlab.lmeval` are lm_eval's command line with the model type registered."""
     import subprocess
     import sys
 
     _tasks(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "lmlab.lmeval", "--model", "lmlab", "--model_args",
+    proc = subprocess.run([sys.executable, *command, "--model", "lmlab", "--model_args",
                            f"model={tiny_smol_folder},intervention=filler,filler=Mful,count=3", "--tasks", "lmlab_mc",
                            "--include_path", str(tmp_path), "--device", "cpu", "--output_path", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300)
@@ -165,3 +166,17 @@ def test_an_s2_decoder_student_and_an_s4_sparse_model_from_their_run_folders(tmp
                                         tasks=["lmlab_mc"], task_manager=_tasks(tmp_path), log_samples=True,
                                         device="cpu")
     assert [s["resps"] for s in quantized["samples"]["lmlab_mc"]] != [s["resps"] for s in plain["samples"]["lmlab_mc"]]
+
+
+def test_without_the_extra_the_command_is_one_sentence(monkeypatch, capsys):
+    import importlib.util
+
+    from lmlab.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "lm_eval" else real(n, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["lm-eval", "--model", "lmlab", "--tasks", "x"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: the lm-eval model type needs lm-evaluation-harness: "
+                                               "pip install 'lmlab[lmeval]'")

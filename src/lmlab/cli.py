@@ -266,6 +266,24 @@ def export(run_dir: Path = typer.Argument(..., help="a quantize run folder (runs
               f"folders in {Path(rows[0]['folder']).parent}")
 
 
+@app.command(name="lm-eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                               "help_option_names": []})
+@friendly
+def lm_eval_command(ctx: typer.Context):
+    """lm-evaluation-harness's command line with lmlab's model type: lmlab lm-eval --model lmlab --model_args
+    model=M,intervention=... --tasks T (every lm_eval argument; lm_eval's own --help)."""
+    import importlib.util
+
+    from lmlab.lmeval import EXTRA
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise LmlabError(EXTRA)
+    from lmlab.lmeval import main as lm_eval_main
+
+    sys.argv = ["lmlab lm-eval", *ctx.args]
+    lm_eval_main()
+
+
 _registered: set[str] = set()
 
 

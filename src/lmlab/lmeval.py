@@ -1,13 +1,13 @@
 """lmlab's model type for lm-evaluation-harness (`pip install 'lmlab[lmeval]'`): any lm-eval task on a model with
 one of lmlab's interventions applied.
 
-    python -m lmlab.lmeval --model lmlab --model_args model=smollm2-135m,intervention=arm,c=0.13,p1=99.5 \\
-        --tasks hellaswag
+    lmlab lm-eval --model lmlab --model_args model=smollm2-135m,intervention=arm,c=0.13,p1=99.5 --tasks hellaswag
     # from Python: import lmlab.lmeval (it registers "lmlab"), then
     lm_eval.simple_evaluate(model="lmlab", model_args="model=...,intervention=...", tasks=[...])
     lm_eval.simple_evaluate(model=lmlab.lmeval.LmlabLM(model=..., intervention=...), tasks=[...])
 
-`python -m lmlab.lmeval` is lm_eval's own command line (the same arguments) with the model type registered:
+`lmlab lm-eval` (= `python -m lmlab.lmeval`) is lm_eval's own command line (the same arguments) with the model type
+registered:
 lm-eval 0.4 has no plugin mechanism for models, so a plain `lm_eval --model lmlab` cannot find it.
 
 The model type is lm-eval's HFLM (its batching, request handling and scoring) around a model lmlab loaded
