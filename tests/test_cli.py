@@ -200,7 +200,9 @@ def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
                 "--offload on a file": "bad.jsonl: a file is there, not a folder",
                 "--jobs below 1": "Invalid value for '--jobs': Input should be greater than or equal to 1",
                 "--out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
-                "reproduce --out that cannot be made": "bad.jsonl is a file, so the folder cannot be made"}
+                "reproduce --out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
+                "unknown tracker": "unknown tracker 'tensorbored' for --log-with",
+                "export of a folder that is not a quantize run": "is not a quantize run folder"}
     probe = ("import sys\nfrom lmlab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
              "    print('EXIT', e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
     cases = bad_inputs(tmp_path)

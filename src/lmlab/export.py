@@ -17,13 +17,12 @@ from pathlib import Path
 from lmlab.errors import LmlabError
 
 FORMATS = ("compressed-tensors",)
+EXTRA = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
 NAME = re.compile(r"^(?:(?P<task>.+)-)?(?P<bits>\d+)bit-(?P<budget>[ABC])-rep(?P<rep>\d+)$")
 
 
 def _check(run_dir: Path, fmt: str) -> list[Path]:
     """Input errors, before torch: the folder, its study, its packed students, the format and its package."""
-    from lmlab.interventions.export import EXTRA
-
     if fmt not in FORMATS:
         raise LmlabError(f"unknown export format '{fmt}'; use {', '.join(FORMATS)}")
     if not run_dir.is_dir():
@@ -83,9 +82,11 @@ def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | 
         sizes = export_compressed(model, folder, base.tokenizer)
         diff = _check_loaded(model, folder, decoder, check_inputs) if check_inputs else None
         sizes["max_logit_diff"] = diff
-        (folder / "lmlab_export.json").write_text(json.dumps({**json.loads((folder / "lmlab_export.json")
-                                                                          .read_text()), "max_logit_diff": diff},
-                                                             indent=1))
+        from lmlab.files import atomic_write
+
+        atomic_write(folder / "lmlab_export.json",
+                     json.dumps({**json.loads((folder / "lmlab_export.json").read_text()), "max_logit_diff": diff},
+                                indent=1))
         rows.append(dict(student=path.stem, bits=int(m["bits"]), folder=str(folder),
                          packed_bytes=path.stat().st_size, **sizes))
         del model

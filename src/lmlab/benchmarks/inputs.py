@@ -35,7 +35,9 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
             ("--offload on a file", ["knockout", "--device-map", "auto", "--offload", str(folder / "bad.jsonl")]),
             ("--jobs below 1", ["reproduce", "--jobs", "-1"]),
             ("--out that cannot be made", ["knockout", "--out", str(folder / "bad.jsonl" / "runs")]),
-            ("reproduce --out that cannot be made", ["reproduce", "--out", str(folder / "bad.jsonl" / "runs")])]
+            ("reproduce --out that cannot be made", ["reproduce", "--out", str(folder / "bad.jsonl" / "runs")]),
+            ("unknown tracker", ["quantize", "--log-with", "tensorbored"]),
+            ("export of a folder that is not a quantize run", ["export", str(folder / "not-a-model")])]
 
 
 def with_out(args: list[str], folder: Path) -> list[str]:

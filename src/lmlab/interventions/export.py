@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -30,8 +32,9 @@ from torch import nn
 from lmlab.errors import LmlabError
 from lmlab.interventions.quant import ACT_GRID, quant_targets, quantized_weight
 
-FORMAT = "compressed-tensors"
-EXTRA = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
+from lmlab.export import EXTRA, FORMATS
+
+FORMAT = FORMATS[0]
 
 
 def _int_args(bits: int, strategy: str) -> dict:
@@ -112,8 +115,12 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
                "quantization_status": "compressed", "config_groups": groups, "ignore": []}
     QuantizationConfig.model_validate({k: v for k, v in qconfig.items() if k != "quant_method"})  # the schema
     config.quantization_config = qconfig
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    # written to a temporary sibling and renamed into place: a killed export never leaves a folder that looks whole
+    final = Path(folder)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    folder = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(folder)
     if tokenizer is not None:
@@ -124,4 +131,6 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size, "fp32_bytes": fp32,
              "quantized_linear_weights": n_lin, "embedding_entries": n_emb}
     (folder / "lmlab_export.json").write_text(json.dumps({"format": FORMAT, "bits": info["bits"], **sizes}, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(folder, final)
     return sizes

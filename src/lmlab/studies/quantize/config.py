@@ -65,7 +65,7 @@ class Config(StudyConfig):
         if self.export is not None:
             import importlib.util
 
-            from lmlab.interventions.export import EXTRA
+            from lmlab.export import EXTRA
 
             if importlib.util.find_spec("compressed_tensors") is None:
                 raise LmlabError(EXTRA)
