@@ -129,6 +129,36 @@ def test_decoder_student_with_its_untied_head_loads_as_a_causal_lm(tmp_path, tin
     assert json.loads((tmp_path / "causal" / "config.json").read_text())["tie_word_embeddings"] is False
 
 
+def test_four_and_eight_bit_students_export_in_their_own_widths(tmp_path):
+    """4- and 8-bit students (one scale per matrix, integers -7..7 and -127..127) pack in 4 and 8 bits; loaded
+    elsewhere they give the student's logits, before and after a round trip through lmlab's packed file."""
+    bert = load_model("tiny-bert", head="classifier", num_labels=2)
+    enc = bert.encode(["the capital of France", "Paris is a city of the north"], padding_side="right",
+                      position_ids=False)
+    save_file({k: v.contiguous() for k, v in enc.items()}, str(tmp_path / "in.safetensors"))
+    jobs, ours = {}, {}
+    for bits in (4, 8):
+        student = copy.deepcopy(bert.model)
+        quantize_model(student, bits)
+        with torch.no_grad():
+            for p in student.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        student.eval()
+        save_packed(student, tmp_path / f"s{bits}.safetensors")
+        reloaded = load_packed(copy.deepcopy(bert.model), tmp_path / f"s{bits}.safetensors").eval()
+        for name, model in [("trained", student), ("reloaded", reloaded)]:
+            sizes = export_compressed(model, tmp_path / f"{name}{bits}")
+            config = json.loads((tmp_path / f"{name}{bits}" / "config.json").read_text())["quantization_config"]
+            assert config["config_groups"]["group_0"]["weights"]["num_bits"] == bits
+            with torch.no_grad():
+                ours[f"{name}{bits}"] = model(**enc).logits
+            jobs[f"{name}{bits}"] = (tmp_path / f"{name}{bits}", "classifier", tmp_path / "in.safetensors")
+        assert sizes["file_bytes"] < sizes["fp32_bytes"] / (2 if bits == 8 else 3)
+    loaded = _load_elsewhere(jobs, tmp_path)
+    for name in jobs:
+        assert (loaded[name] - ours[name]).abs().max() <= 1e-5, name
+
+
 def test_what_the_format_cannot_express_is_refused_in_one_sentence(tmp_path, monkeypatch):
     gpt2 = copy.deepcopy(load_model("tiny-gpt2").model)
     quantize_model(gpt2, 2)
@@ -147,7 +177,7 @@ def test_what_the_format_cannot_express_is_refused_in_one_sentence(tmp_path, mon
     save_file(old, str(tmp_path / "old.safetensors"), metadata={"lmlab": json.dumps(meta)})
     with pytest.raises(LmlabError, match=r"earlier grid \(amax/127, -127..127\), which compressed-tensors cannot"):
         export_compressed(load_packed(copy.deepcopy(bert), tmp_path / "old.safetensors"), tmp_path / "o")
-    with pytest.raises(LmlabError, match="takes a 1- or 2-bit XTC student"):
+    with pytest.raises(LmlabError, match="takes a 1-, 2-, 4- or 8-bit XTC student"):
         export_compressed(copy.deepcopy(bert), tmp_path / "p")
     assert not (tmp_path / "g").exists() and not (tmp_path / "o").exists()
 

@@ -1,16 +1,16 @@
 """A quantized student as a Hugging Face folder in the compressed-tensors format (`pip install 'lmlab[export]'`).
 
 What is written (config.json's `quantization_config`, quant_method "compressed-tensors"):
-- every XTC linear layer (interventions/quant.py): `pack-quantized`, its integers in 2 bits (ternary -1/0/+1 and
-  binary -1/+1 both fit the signed 2-bit range -2..1; there is no 1-bit container for +-1), packed 16 to an int32
-  by compressed-tensors' own packer, and the one scale per matrix the student was trained with (strategy
-  "tensor"); the 8-bit dynamic per-token input activations (`input_activations`, strategy "token") that
+- every XTC linear layer (interventions/quant.py): `pack-quantized`, its integers in 2 bits for 1- and 2-bit
+  students (ternary -1/0/+1 and binary -1/+1 both fit the signed 2-bit range -2..1; there is no 1-bit container
+  for +-1), in 4 or 8 bits for 4- and 8-bit ones, packed into int32s by compressed-tensors' own packer, and the one
+  scale per matrix the student was trained with (strategy "tensor"); the 8-bit dynamic per-token input activations (`input_activations`, strategy "token") that
   `quantize_activation` computes with the same operations;
-- the word embeddings, quantized per row in training: `naive-quantized`, the same 2-bit integers one per int8 with
+- the word embeddings, quantized per row in training: `naive-quantized`, the same integers one per int8 with
   one scale per row (strategy "channel"). DECISION: the format could pack them too, but transformers 5.x cannot
   load a packed nn.Embedding (its weight initialisation reads `.weight`, which a packed module no longer has), so
-  they take a byte each: the file is larger than lmlab's packed one by 3/4 byte per embedding entry, and the
-  export says so;
+  they take a byte each: the file is larger than lmlab's packed one by 1 - bits/8 byte per embedding entry, and
+  the export says so;
 - everything XTC leaves in full precision (biases, norms, position embeddings, a classifier, an output layer
   that a decoder's latent embeddings fed in training, untied) as float32.
 The integers are the student's exact values over its scale (checked: integer x scale == the student's weight),
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from lmlab.errors import LmlabError
-from lmlab.interventions.quant import ACT_GRID, quant_targets, quantized_weight
+from lmlab.interventions.quant import ACT_GRID, integer_weights, quant_targets, quantized_weight
 
 from lmlab.export import EXTRA, FORMATS
 
@@ -39,17 +39,6 @@ FORMAT = FORMATS[0]
 
 def _int_args(bits: int, strategy: str) -> dict:
     return {"num_bits": bits, "type": "int", "symmetric": True, "strategy": strategy, "dynamic": False}
-
-
-def _integers(w: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(integers as int8, scales): w == integers * scale exactly, one scale per row or per matrix."""
-    groups = w if rowwise else w.reshape(1, -1)
-    alpha = groups.abs().amax(-1, keepdim=True)
-    ints = torch.round(groups / torch.where(alpha == 0, 1.0, alpha))
-    if not torch.equal(ints * alpha, groups) or ints.abs().max() > 1:
-        raise LmlabError("a weight is not its integers times one scale per group: the student is not 1- or 2-bit "
-                         "XTC; nothing was written")
-    return ints.to(torch.int8).view_as(w), alpha.reshape(-1, 1) if rowwise else alpha.reshape(1)
 
 
 def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> dict:
@@ -65,9 +54,10 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     from safetensors.torch import save_file
 
     info = getattr(model, "_lmlab_quant", None)
-    if info is None or info["bits"] not in (1, 2):
-        raise LmlabError("the compressed-tensors export takes a 1- or 2-bit XTC student (quantize_model or "
+    if info is None or info["bits"] not in (1, 2, 4, 8):
+        raise LmlabError("the compressed-tensors export takes a 1-, 2-, 4- or 8-bit XTC student (quantize_model or "
                          "load_packed)")
+    bits = max(2, info["bits"])  # +-1 needs the signed 2-bit range
     if info.get("act_bits") and info.get("act_grid") != ACT_GRID:
         raise LmlabError("this student's 8-bit activations were trained on lmlab's earlier grid (amax/127, -127..127), "
                          "which compressed-tensors cannot express (its int8 scale is amax/127.5); train it again "
@@ -79,12 +69,13 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise LmlabError(f"{path} is a {type(module).__name__}, which compressed-tensors does not quantize (it "
                              "takes nn.Linear and nn.Embedding); nothing was written")
-        ints, scale = _integers(quantized_weight(module).detach().float().cpu(), rowwise)
+        ints, scale = integer_weights(module, rowwise, info["bits"])
+        ints, scale = ints.cpu(), (scale.reshape(-1, 1) if rowwise else scale.reshape(1)).cpu()
         if rowwise:
             tensors[f"{path}.weight"] = ints.contiguous()
             embeddings.append(path)
         else:
-            tensors[f"{path}.weight_packed"] = pack_to_int32(ints, 2).contiguous()
+            tensors[f"{path}.weight_packed"] = pack_to_int32(ints, bits).contiguous()
             tensors[f"{path}.weight_shape"] = torch.tensor(list(ints.shape))
             linears.append(path)
         tensors[f"{path}.weight_scale"] = scale.float().contiguous()
@@ -105,12 +96,12 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
         tensors[head_key] = head.weight.detach().float().cpu().contiguous()
         for c in {id(config): config, id(text): text}.values():
             c.tie_word_embeddings = False
-    groups = {"group_0": {"targets": linears, "weights": _int_args(2, "tensor"), "format": "pack-quantized"}}
+    groups = {"group_0": {"targets": linears, "weights": _int_args(bits, "tensor"), "format": "pack-quantized"}}
     if info.get("act_bits"):
         groups["group_0"]["input_activations"] = {"num_bits": info["act_bits"], "type": "int", "symmetric": True,
                                                   "strategy": "token", "dynamic": True}
     if embeddings:
-        groups["group_1"] = {"targets": embeddings, "weights": _int_args(2, "channel"), "format": "naive-quantized"}
+        groups["group_1"] = {"targets": embeddings, "weights": _int_args(bits, "channel"), "format": "naive-quantized"}
     qconfig = {"quant_method": FORMAT, "format": "mixed-precision" if embeddings else "pack-quantized",
                "quantization_status": "compressed", "config_groups": groups, "ignore": []}
     QuantizationConfig.model_validate({k: v for k, v in qconfig.items() if k != "quant_method"})  # the schema

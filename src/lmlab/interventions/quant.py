@@ -16,9 +16,10 @@ own rows: a forward hook quantizes the looked-up rows, which gives the same valu
 as quantizing the whole table (tested), without touching the other 30k rows in every step
 (`quantized_weight` gives the whole quantized table).
 
-Packed checkpoints store 1-bit weights as sign bits (8 per byte) and 2-bit weights as two-bit codes
-(4 per byte), each with its per-group scales, in safetensors; `load_packed` rebuilds the exact
-fake-quantized weights.
+Packed checkpoints store each group's integers with its scale in safetensors: 1-bit weights as sign bits (8 per
+byte), 2-bit as two-bit codes (4 per byte), 4-bit as nibbles (-7..7, 2 per byte), 8-bit as bytes (-127..127);
+`load_packed` rebuilds the exact fake-quantized weights (`integer_weights` gives the integers and scales, which the
+compressed-tensors export writes too).
 """
 
 from __future__ import annotations
@@ -174,24 +175,52 @@ def _unpack_codes(packed: torch.Tensor, per_byte: int, numel: int) -> torch.Tens
     return ((packed[:, None] >> shifts) & mask).flatten()[:numel]
 
 
+def _latent(module: nn.Module) -> torch.Tensor:
+    """The full-precision weight a quantized module trains (its parametrization's original, or the embedding's)."""
+    if parametrize.is_parametrized(module, "weight"):
+        return module.parametrizations.weight.original
+    return module.weight
+
+
+def integer_weights(module: nn.Module, rowwise: bool, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers, scales) of a quantized module: quantized_weight == integers * scale exactly, one scale per row
+    (rowwise) or per matrix; integers as int8 in -1..1 (1, 2 bits) or -(2^(b-1)-1)..2^(b-1)-1 (4, 8 bits)."""
+    q = quantized_weight(module).detach().float()
+    groups = q if rowwise else q.reshape(1, -1)
+    if bits in (1, 2):  # every non-zero entry of a group has magnitude alpha
+        scale = groups.abs().amax(-1)
+    elif getattr(module, "_lmlab_group_scale", None) is not None:  # loaded from a packed file: its exact scales
+        scale = module._lmlab_group_scale.to(q.device)
+    else:  # the scale quantize_weight computed from the latent weights
+        latent = _latent(module).detach().float()
+        latent = latent if rowwise else latent.reshape(1, -1)
+        scale = latent.abs().amax(-1).clamp_min(1e-12) / (2 ** (bits - 1) - 1)
+    ints = torch.round(groups / torch.where(scale == 0, 1.0, scale)[:, None])
+    if not torch.equal(ints * scale[:, None], groups):
+        raise LmlabError("a quantized weight is not its integers times one scale per group")
+    return ints.to(torch.int8).view_as(q), scale
+
+
+CODES = {1: (8, 1), 2: (4, 1), 4: (2, 8), 8: (1, 128)}  # bits -> (codes per byte, offset added to the integers)
+
+
 def save_packed(model: nn.Module, path: str | Path) -> dict:
     """Write a packed safetensors checkpoint of a quantized model; returns sizes in bytes."""
     info = getattr(model, "_lmlab_quant", None)
-    if info is None or info["bits"] not in (1, 2):
-        raise LmlabError("save_packed needs a model quantized to 1 or 2 bits (quantize_model)")
+    if info is None or info["bits"] not in CODES:
+        raise LmlabError("save_packed needs a model quantized to 1, 2, 4 or 8 bits (quantize_model)")
     bits = info["bits"]
+    per_byte, offset = CODES[bits]
     tensors, meta, packed_bytes, fp32_bytes = {}, {}, 0, 0
     targets = quant_targets(model)
     for name, (module, rowwise) in targets.items():
-        w = quantized_weight(module).detach()
-        groups = w if rowwise else w.reshape(1, -1)
-        alpha = groups.abs().amax(-1)  # every non-zero entry of a group has magnitude alpha
-        codes = (groups > 0).to(torch.uint8) if bits == 1 else (torch.sign(groups) + 1).to(torch.uint8)  # 0,1,2
-        tensors[f"{name}.codes"] = _pack_codes(codes, 8 if bits == 1 else 4)
-        tensors[f"{name}.scale"] = alpha.float().contiguous()
-        meta[name] = list(w.shape)
-        packed_bytes += tensors[f"{name}.codes"].numel() + 4 * alpha.numel()
-        fp32_bytes += 4 * w.numel()
+        ints, scale = integer_weights(module, rowwise, bits)
+        codes = (ints > 0).to(torch.uint8) if bits == 1 else (ints.to(torch.int16) + offset).to(torch.uint8)
+        tensors[f"{name}.codes"] = _pack_codes(codes, per_byte)
+        tensors[f"{name}.scale"] = scale.float().contiguous()
+        meta[name] = list(ints.shape)
+        packed_bytes += tensors[f"{name}.codes"].numel() + 4 * scale.numel()
+        fp32_bytes += 4 * ints.numel()
     path_of = {id(m): p for p, m in model.named_modules()}
     latent = {f"{path_of[id(m)]}.weight" for m, rowwise in targets.values() if rowwise}  # stored as codes above
     for key, value in model.state_dict().items():  # everything XTC leaves in full precision
@@ -212,6 +241,7 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
         meta = json.loads(fh.metadata()["lmlab"])
     tensors = load_file(str(path))
     bits = meta["bits"]
+    per_byte, offset = CODES[bits]
     rest = {k[len("rest."):]: v for k, v in tensors.items() if k.startswith("rest.")}
     model.load_state_dict({k: v for k, v in rest.items() if "parametrizations" not in k}, strict=False)
     targets = quant_targets(model)
@@ -225,12 +255,13 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
                 config.tie_word_embeddings = False  # so that transformers' tie_weights (lm-eval calls it) keeps it
         shape = meta["shapes"][name]
         numel = math.prod(shape)
-        codes = _unpack_codes(tensors[f"{name}.codes"], 8 if bits == 1 else 4, numel).float()
-        values = (codes * 2 - 1) if bits == 1 else (codes - 1)
+        codes = _unpack_codes(tensors[f"{name}.codes"], per_byte, numel).float()
+        values = (codes * 2 - 1) if bits == 1 else (codes - offset)
         alpha = tensors[f"{name}.scale"]
         w = (values.view(-1, shape[-1]) * alpha[:, None]) if rowwise else values * alpha
         with torch.no_grad():
             module.weight.copy_(w.view(shape))
+        module._lmlab_group_scale = alpha.clone()  # the exact scales (integer_weights, the export)
     quantize_model(model, bits, meta["act_bits"], weights=False)  # weights hold exact quantized values
     # a file written before the int8 grid (no act_grid): its student was trained on amax/127, -127..127
     model._lmlab_quant["act_grid"] = meta.get("act_grid") or "amax/127"
