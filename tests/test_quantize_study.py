@@ -306,8 +306,11 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
 
     monkeypatch.setattr(lmlab.models, "load_model", tiny_smol)  # what Config.load calls
     config = s2.Config(model="tiny-smol", tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"], n_text=8,
-                       n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4, seeds=2)
+                       n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4, seeds=2, export="compressed-tensors")
     whole = run_study(s2.SPEC, config, tmp_path / "a")
+    exported = sorted(p.name for p in (whole.path / "export" / "compressed-tensors").iterdir())
+    assert len(exported) == 8 and all((whole.path / "export" / "compressed-tensors" / n / "model.safetensors").exists()
+                                      for n in exported)  # each student beside its packed file
     t = whole.long()
     lm = t[t.kind == "lm"]
     assert len(lm) == 1 + 4 * 2 and (lm.perplexity > 1).all()  # the teacher, and 4 cells x 2 replicates

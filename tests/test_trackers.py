@@ -74,3 +74,19 @@ def test_an_unknown_or_missing_tracker_is_one_sentence(monkeypatch):
         check_trackers(["tensorboard"])
     with pytest.raises(LmlabError, match="--log-with wandb needs the wandb package: pip install wandb"):
         s2.Config(model="tiny-bert", log_with=["wandb"]).check_inputs()
+
+
+def test_stacked_replicates_log_each_replicates_loss(tmp_path):
+    """A stacked model (S0's and the S4 toy's trainings) logs the mean loss and every replicate's own."""
+    from test_ensemble import SEEDS, _collate, _data, _loss, _models
+
+    from lmlab.train.ensemble import stack
+
+    cfg = TrainConfig(steps=4, batch_size=6, lr=3e-3, progress=False, replicate_seeds=SEEDS, log_with=["tensorboard"],
+                      log_dir=str(tmp_path / "logs"), description="toy (3 replicates)")
+    result = train(stack(_models()), _data(), _collate, _loss, cfg, tmp_path / "w")
+    logged = _scalars(tmp_path / "logs" / "toy-3-replicates")
+    assert [s for s, _ in logged["loss"]] == [1, 2, 3, 4]
+    for r in range(3):
+        assert [v for _, v in logged[f"loss_replicate_{r}"]] == pytest.approx([x[r] for x in result.replicate_losses],
+                                                                               rel=1e-6)
