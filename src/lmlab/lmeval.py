@@ -65,6 +65,10 @@ def _run_config(run: str | Path, study: str) -> tuple[Path, dict]:
 
 
 class LmlabLM(HFLM):
+    """lm-eval's HFLM around a model lmlab loads, with one intervention in every forward pass (the module
+    docstring lists them). ARM draws its random redistribution from a generator seeded `seed` afresh in every
+    forward call, so a request's score does not depend on how many calls came before it."""
+
     def __init__(self, model: str | None = None, intervention: str = "none", *, filler: str = "Mless",
                  count: int = 55, c: float = 0.13, p1: float = 99.5, layer: int = 0, spans=None, layers=None,
                  run: str | None = None, student: str | None = None, replicate: int = 0, seed: int = 0,

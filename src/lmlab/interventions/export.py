@@ -42,7 +42,8 @@ def _int_args(bits: int, strategy: str) -> dict:
 
 
 def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> dict:
-    """Write a 1- or 2-bit XTC student (`quantize_model` or `load_packed`) to `folder`; returns its sizes in bytes.
+    """Write a 1-, 2-, 4- or 8-bit XTC student (`quantize_model` or `load_packed`) to `folder`; returns its sizes in
+    bytes.
 
     The model itself is not changed. The folder loads with `AutoModel*.from_pretrained(folder)` when the
     compressed-tensors package is installed, without lmlab."""
@@ -86,13 +87,13 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
         if plain in replaced or ".parametrizations." in key:
             continue
         tensors[plain] = value.detach().float().cpu().contiguous()
-    # a tied output layer was untied by load_packed (it kept the latent embeddings); one still tied shares them
+    # an output layer computes with the latent embedding table (XTC's row quantizer acts on looked-up rows only):
+    # written as its own tensor, untied, whether load_packed untied it already or it still shares the table
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    config = copy.deepcopy(getattr(model, "config"))
+    config = copy.deepcopy(model.config)
     text = getattr(config, "text_config", None) or config
     if head is not None:
         head_key = f"{names[id(head)]}.weight"
-        # (tied or not, the head computes with the latent table: the row quantizer acts on looked-up rows only)
         tensors[head_key] = head.weight.detach().float().cpu().contiguous()
         for c in {id(config): config, id(text): text}.values():
             c.tie_word_embeddings = False
