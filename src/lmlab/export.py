@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from lmlab.errors import LmlabError
+from lmlab.runs import study_run
 
 FORMATS = ("compressed-tensors",)
 EXTRA = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
@@ -27,11 +28,7 @@ def _check(run_dir: Path, fmt: str) -> list[Path]:
         raise LmlabError(f"unknown export format '{fmt}'; use {', '.join(FORMATS)}")
     if not run_dir.is_dir():
         raise LmlabError(f"{run_dir} is not a folder; give a quantize run folder (runs/quantize-...)")
-    study = None
-    if (run_dir / "manifest.json").exists():
-        study = json.loads((run_dir / "manifest.json").read_text()).get("study")
-    if (study or run_dir.name.split("-")[0]) != "quantize" or not (run_dir / "config.yaml").exists():
-        raise LmlabError(f"{run_dir} is not a quantize run folder: only the quantize study's students are exported")
+    study_run(run_dir, "quantize")
     packed = sorted(p for p in (run_dir / "packed").glob("*.safetensors") if NAME.match(p.stem))
     if not packed:
         raise LmlabError(f"{run_dir} holds no packed students yet (packed/*.safetensors): run the quantize study "
@@ -42,10 +39,9 @@ def _check(run_dir: Path, fmt: str) -> list[Path]:
 
 
 def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | Path | None = None,
-               check_inputs: int = 2) -> list[dict]:
-    """Export every packed student of a quantize run; returns one row per student (sizes, check)."""
-    import yaml
-
+               check_rows: int = 2) -> list[dict]:
+    """Export every packed student of a quantize run; returns one row per student (sizes, and the largest logit
+    difference of the folder loaded back, over `check_rows` random inputs; 0 skips the check)."""
     run_dir = Path(run_dir).expanduser()
     packed = _check(run_dir, fmt)
     root = Path(out).expanduser() if out is not None else run_dir / "export" / fmt
@@ -59,7 +55,7 @@ def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | 
     from lmlab.models.layout import layout_of
     from lmlab.studies.quantize.config import Config
 
-    config = Config(**yaml.safe_load((run_dir / "config.yaml").read_text()))
+    config = Config(**study_run(run_dir, "quantize")[1])
     base = config.load(train=True)
     decoder = base.layout.causal
     rows = []
@@ -80,7 +76,7 @@ def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | 
         model.eval()
         folder = root / path.stem
         sizes = export_compressed(model, folder, base.tokenizer)
-        diff = _check_loaded(model, folder, decoder, check_inputs) if check_inputs else None
+        diff = _check_loaded(model, folder, decoder, check_rows) if check_rows else None
         sizes["max_logit_diff"] = diff
         from lmlab.files import atomic_write
 

@@ -27,10 +27,9 @@ rolling loglikelihood and generation requests):
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
 
 from lmlab.errors import LmlabError
+from lmlab.runs import study_run
 
 EXTRA = "the lm-eval model type needs lm-evaluation-harness: pip install 'lmlab[lmeval]'"
 KINDS = ("none", "filler", "arm", "knockout", "student", "sparse")
@@ -55,15 +54,6 @@ def _positions(text, what: str) -> list[int]:
     return out
 
 
-def _run_config(run: str | Path, study: str) -> tuple[Path, dict]:
-    import yaml
-
-    run = Path(run).expanduser()
-    if not (run / "config.yaml").is_file() or not run.name.startswith(study + "-"):
-        raise LmlabError(f"{run} is not a {study} run folder ({study}-...)")
-    return run, yaml.safe_load((run / "config.yaml").read_text())
-
-
 class LmlabLM(HFLM):
     """lm-eval's HFLM around a model lmlab loads, with one intervention in every forward pass (the module
     docstring lists them). ARM draws its random redistribution from a generator seeded `seed` afresh in every
@@ -86,7 +76,7 @@ class LmlabLM(HFLM):
         if intervention == "student":
             lm = self._student(run, student, device)
         elif intervention == "sparse":
-            run_dir, _ = _run_config(run, "sparse-circuits")
+            run_dir, _ = study_run(run, "sparse-circuits")
             folder = run_dir / "post_training" / f"rep{replicate}" / "sparse_model"
             if not (folder / "lmlab.json").is_file():
                 raise LmlabError(f"{run_dir} has no finished sparse model for replicate {replicate} ({folder})")
@@ -120,7 +110,7 @@ class LmlabLM(HFLM):
         from lmlab.interventions.quant import load_packed
         from lmlab.studies.quantize.config import Config
 
-        run_dir, config = _run_config(run, "quantize")
+        run_dir, config = study_run(run, "quantize")
         path = run_dir / "packed" / f"{student}.safetensors"
         if not student or not path.is_file():
             names = sorted(p.stem for p in (run_dir / "packed").glob("*.safetensors"))

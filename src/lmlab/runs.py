@@ -41,6 +41,18 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
 
 
+def study_run(path: str | Path, study: str) -> tuple[Path, dict]:
+    """A finished or unfinished run folder of `study` (its manifest's study, else its name) and its config.yaml;
+    one sentence otherwise."""
+    path = Path(path).expanduser()
+    manifest = path / "manifest.json"
+    named = json.loads(manifest.read_text()).get("study") if manifest.is_file() else None
+    if not (path / "config.yaml").is_file() or (named or "") != study and not (named is None and
+                                                                                 path.name.startswith(study + "-")):
+        raise LmlabError(f"{path} is not a {study} run folder ({study}-...)")
+    return path, yaml.safe_load((path / "config.yaml").read_text())
+
+
 class RunDir:
     """The folder of one study run. `RunDir.open(root, study, model, config_dict)`."""
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from lmlab.errors import LmlabError
-from lmlab.interventions.quant import ACT_GRID, integer_weights, quant_targets, quantized_weight
+from lmlab.interventions.quant import ACT_GRID, integer_weights, quant_targets, untie_config
 
 from lmlab.export import EXTRA, FORMATS
 
@@ -64,7 +64,7 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
                          "which compressed-tensors cannot express (its int8 scale is amax/127.5); train it again "
                          "with this lmlab to export it")
     names = {id(m): n for n, m in model.named_modules()}
-    linears, embeddings, tensors, replaced = [], [], {}, set()
+    linears, embeddings, tensors, replaced, counts = [], [], {}, set(), [0, 0]
     for key, (module, rowwise) in quant_targets(model).items():
         path = names[id(module)]
         if not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -81,6 +81,7 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
             linears.append(path)
         tensors[f"{path}.weight_scale"] = scale.float().contiguous()
         replaced.add(f"{path}.weight")
+        counts[rowwise] += ints.numel()
     state = model.state_dict()
     for key, value in state.items():
         plain = key.replace(".parametrizations.weight.original", ".weight")
@@ -91,12 +92,9 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     # written as its own tensor, untied, whether load_packed untied it already or it still shares the table
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = copy.deepcopy(model.config)
-    text = getattr(config, "text_config", None) or config
     if head is not None:
-        head_key = f"{names[id(head)]}.weight"
-        tensors[head_key] = head.weight.detach().float().cpu().contiguous()
-        for c in {id(config): config, id(text): text}.values():
-            c.tie_word_embeddings = False
+        tensors[f"{names[id(head)]}.weight"] = head.weight.detach().float().cpu().contiguous()
+        untie_config(config)
     groups = {"group_0": {"targets": linears, "weights": _int_args(bits, "tensor"), "format": "pack-quantized"}}
     if info.get("act_bits"):
         groups["group_0"]["input_activations"] = {"num_bits": info["act_bits"], "type": "int", "symmetric": True,
@@ -117,11 +115,9 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    n_lin = sum(quantized_weight(m).numel() for m, rowwise in quant_targets(model).values() if not rowwise)
-    n_emb = sum(quantized_weight(m).numel() for m, rowwise in quant_targets(model).values() if rowwise)
-    fp32 = 4 * sum(p.numel() for p in model.parameters())
-    sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size, "fp32_bytes": fp32,
-             "quantized_linear_weights": n_lin, "embedding_entries": n_emb}
+    sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size,
+             "fp32_bytes": 4 * sum(p.numel() for p in model.parameters()),
+             "quantized_linear_weights": counts[False], "embedding_entries": counts[True]}
     (folder / "lmlab_export.json").write_text(json.dumps({"format": FORMAT, "bits": info["bits"], **sizes}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(folder, final)

@@ -63,8 +63,21 @@ def quantize_weight(w: torch.Tensor, bits: int, rowwise: bool = False) -> torch.
         alpha = (mag * keep).sum(dims, keepdim=True) / keep.sum(dims, keepdim=True).clamp_min(1)
         return alpha * _sign(w) * keep
     levels = 2 ** (bits - 1) - 1
-    scale = mag.amax(dims, keepdim=True).clamp_min(1e-12) / levels
+    scale = uniform_scale(mag.amax(dims, keepdim=True), bits)
     return torch.round(w / scale).clamp(-levels, levels) * scale
+
+
+def uniform_scale(amax: torch.Tensor, bits: int) -> torch.Tensor:
+    """A 4- or 8-bit group's scale from its largest magnitude (quantize_weight and integer_weights)."""
+    return amax.clamp_min(1e-12) / (2 ** (bits - 1) - 1)
+
+
+def untie_config(config) -> None:
+    """Record in a model's config (and its text config) that the output layer no longer shares the input
+    embeddings, so that transformers' `tie_weights` (lm-eval calls it) and a saved config keep it so."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    for c in {id(c): c for c in (config, text) if c is not None}.values():
+        c.tie_word_embeddings = False
 
 
 def straight_through(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -193,8 +206,7 @@ def integer_weights(module: nn.Module, rowwise: bool, bits: int) -> tuple[torch.
         scale = module._lmlab_group_scale.to(q.device)
     else:  # the scale quantize_weight computed from the latent weights
         latent = _latent(module).detach().float()
-        latent = latent if rowwise else latent.reshape(1, -1)
-        scale = latent.abs().amax(-1).clamp_min(1e-12) / (2 ** (bits - 1) - 1)
+        scale = uniform_scale((latent if rowwise else latent.reshape(1, -1)).abs().amax(-1), bits)
     ints = torch.round(groups / torch.where(scale == 0, 1.0, scale)[:, None])
     if not torch.equal(ints * scale[:, None], groups):
         raise LmlabError("a quantized weight is not its integers times one scale per group")
@@ -250,9 +262,7 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
         if rowwise and head is not None and head.weight is module.weight:
             # a tied output layer computed with the latent embeddings in training: it keeps them, untied
             head.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
-            for config in {id(c): c for c in (model.config, getattr(model.config, "get_text_config", lambda: None)())
-                           if c is not None}.values():
-                config.tie_word_embeddings = False  # so that transformers' tie_weights (lm-eval calls it) keeps it
+            untie_config(model.config)
         shape = meta["shapes"][name]
         numel = math.prod(shape)
         codes = _unpack_codes(tensors[f"{name}.codes"], per_byte, numel).float()

@@ -26,7 +26,6 @@ import contextvars
 import json
 import math
 import os
-import re
 import zlib
 import shutil
 import tempfile
@@ -40,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from lmlab.errors import LmlabError
 from lmlab.parallel import all_sum, group_size
+from lmlab.runs import slug
 
 
 class TrainConfig(BaseModel):
@@ -236,10 +236,6 @@ def log_root(path: Path):
         _LOG_ROOT.reset(token)
 
 
-def tracker_name(description: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", description).strip("-") or "train"
-
-
 def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], config: TrainConfig, out_dir: str | Path,
           parameters: Sequence[torch.nn.Parameter] | None = None,
@@ -310,7 +306,7 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
         torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + acc.process_index)
     model.train()
     if config.log_with:
-        acc.init_trackers(tracker_name(config.description),
+        acc.init_trackers(slug(config.description),  # the tracker's run: e.g. fact-qnli-2-bit-Budget-C-replicate-0
                           config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
     progress = _progress(config, acc.is_main_process, start)
     last_good = existing[-1] if existing else None
