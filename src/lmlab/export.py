@@ -99,7 +99,7 @@ def _check_loaded(model, folder: Path, decoder: bool, n: int) -> float:
     loaded.to(device)
     g = torch.Generator().manual_seed(0)
     vocab = model.config.get_text_config().vocab_size
-    ids = torch.randint(0, vocab, (n, 16), generator=g).to(device)
+    ids = torch.randint(0, vocab, (n, 16), generator=g, device="cpu").to(device)
     with torch.no_grad():
         a, b = model(input_ids=ids).logits, loaded(input_ids=ids).logits
     return float((a.float() - b.float()).abs().max())

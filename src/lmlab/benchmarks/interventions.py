@@ -40,7 +40,7 @@ def interventions_bench(model: str = "smollm2-135m", batch: int = 8, seq: int = 
                         warmup: int = 2, **_) -> list[dict]:
     lm = load_model(model)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, len(lm.tokenizer) - 100, (batch, seq), generator=gen)
+    ids = torch.randint(100, len(lm.tokenizer) - 100, (batch, seq), generator=gen, device="cpu").to(lm.device)
     inputs = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
     cases = _cases(lm, seq)
     times: dict[str, list[float]] = {name: [] for name in cases}

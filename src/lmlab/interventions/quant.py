@@ -198,17 +198,18 @@ def _latent(module: nn.Module) -> torch.Tensor:
 def integer_weights(module: nn.Module, rowwise: bool, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(integers, scales) of a quantized module: quantized_weight == integers * scale exactly, one scale per row
     (rowwise) or per matrix; integers as int8 in -1..1 (1, 2 bits) or -(2^(b-1)-1)..2^(b-1)-1 (4, 8 bits)."""
-    q = quantized_weight(module).detach().float()
-    groups = q if rowwise else q.reshape(1, -1)
+    q = quantized_weight(module).detach()
+    groups = (q if rowwise else q.reshape(1, -1)).float()
     if bits in (1, 2):  # every non-zero entry of a group has magnitude alpha
         scale = groups.abs().amax(-1)
     elif getattr(module, "_lmlab_group_scale", None) is not None:  # loaded from a packed file: its exact scales
         scale = module._lmlab_group_scale.to(q.device)
-    else:  # the scale quantize_weight computed from the latent weights
-        latent = _latent(module).detach().float()
-        scale = uniform_scale((latent if rowwise else latent.reshape(1, -1)).abs().amax(-1), bits)
+    else:  # the scale quantize_weight computed from the latent weights, in their dtype (bf16 on a GPU), as it did
+        latent = _latent(module).detach()
+        scale = uniform_scale((latent if rowwise else latent.reshape(1, -1)).abs().amax(-1), bits).float()
     ints = torch.round(groups / torch.where(scale == 0, 1.0, scale)[:, None])
-    if not torch.equal(ints * scale[:, None], groups):
+    # exact in the weights' dtype: a bf16 weight is its integers times the scale, rounded to bf16 once
+    if not torch.equal((ints * scale[:, None]).to(q.dtype), groups.to(q.dtype)):
         raise LmlabError("a quantized weight is not its integers times one scale per group")
     return ints.to(torch.int8).view_as(q), scale
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lmlab.interventions import Capture, intervene
+from lmlab.models.batch import module_device
 from lmlab.parallel import all_sum, group_size
 from lmlab.train.loop import share
 
@@ -123,7 +124,8 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
     """`layer_map[j]` is the teacher block that student block j learns from (layer reduction); None pairs
     blocks one to one. With `cache` (built over the same examples, and the batch carrying `example_idx`) the
     teacher's outputs are read from it instead of recomputed; the loss is the same."""
-    inputs = {k: v for k, v in batch.items() if k not in ("labels", "example_idx")}
+    device = module_device(student)  # a batch collated on the host meets the models where they are
+    inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "example_idx")}
     mask = inputs.get("attention_mask")
     want_scores = w_att > 0
     if cache is not None:

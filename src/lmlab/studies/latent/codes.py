@@ -36,6 +36,7 @@ from torch import nn
 from lmlab import parallel
 from lmlab.errors import LmlabError
 from lmlab.models.batch import pad_sequences
+from lmlab.train.precision import full_precision
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<cot>", "<ans>"]
 LATENT_MARKS = ["<boLatent>", "<eoLatent>"]
@@ -293,6 +294,12 @@ class Quantizer(nn.Module):
         self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
 
     def forward(self, z: torch.Tensor):
+        """Nearest codes in float32 whatever the autocast: under bf16 the squared distances of nearby codes tie
+        and the codebook (a float32 parameter) would be written from bf16 values."""
+        with full_precision(z.device):
+            return self._quantize(z.float())
+
+    def _quantize(self, z: torch.Tensor):
         flat = z.reshape(-1, z.shape[-1])
         if self.training and not bool(self.initialized):  # codes start at encoder outputs, not near 0 where
             self._draw(z, torch.arange(len(self.usage), device=z.device))  # one code would win every chunk
@@ -326,7 +333,8 @@ class Quantizer(nn.Module):
         flat = parallel.gather_batch(z.detach()).reshape(-1, z.shape[-1])
         if parallel.is_main():
             pick = flat[torch.randint(len(flat), (len(codes),), device=flat.device)]
-            self.codebook.weight[codes] = pick + 0.01 * torch.randn_like(pick)
+            weight = self.codebook.weight  # written in its own dtype (z may come from a bf16 autocast region)
+            weight[codes] = (pick + 0.01 * torch.randn_like(pick)).to(weight.dtype)
         parallel.from_main(self.codebook.weight.data)
 
 
