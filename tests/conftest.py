@@ -1,4 +1,5 @@
 import os
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -7,6 +8,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from lmlab.models import load_model  # noqa: E402
+
+from helpers import tolerance  # noqa: E402
+import emulated_gpu  # noqa: E402,F401  (the emulated device registers before any backward pass: torch's autograd
+# engine sizes its per-device queues at its first backward)
 
 # Under pytest-xdist (`-n 2`, the Makefile's test command) each worker computes on one thread: the cores are
 # shared out between the workers instead of between torch's threads, which keeps both busy through the suite's
@@ -23,15 +28,82 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "faults: kills a study at many points and resumes it (tests/faults.py)")
 
 
+def test_devices() -> list[str]:
+    """Where the model tests run: the CPU always, CUDA as well where torch sees one. LMLAB_TEST_DEVICES names others
+    (comma-separated): `cpu-bf16` (the CPU with bf16 weights, a GPU's numbers) and `fakegpu` (tests/emulated_gpu.py:
+    a device of its own backed by the CPU, with CUDA's device rules: what a GPU run would catch of devices)."""
+    named = os.environ.get("LMLAB_TEST_DEVICES")
+    if named:
+        return [d.strip() for d in named.split(",") if d.strip()]
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@dataclass(frozen=True)
+class Device:
+    """A test's device and the dtype its models load in there: lmlab's defaults (float32 on the CPU, bf16 on a GPU
+    or the emulated one), `cpu-bf16` bf16 on the CPU. Comparisons take their tolerance from the dtype
+    (`tol`); a reference is computed on the device of what it checks."""
+
+    name: str
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.name == "fakegpu":
+            from emulated_gpu import DEVICE
+
+            return DEVICE
+        return torch.device(self.name.removesuffix("-bf16"))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32 if self.name == "cpu" else torch.bfloat16
+
+    @property
+    def type(self) -> str:
+        return self.torch_device.type
+
+    def load(self, spec: str, **kwargs):
+        """`load_model` on this device, in its dtype (unless the test names one)."""
+        kwargs.setdefault("dtype", self.dtype)
+        return load_model(spec, device=self.torch_device, **kwargs)
+
+    def tol(self, scale: float = 1.0, dtype: torch.dtype | None = None) -> dict:
+        """assert_close's atol and rtol for a quantity of `scale` (its typical magnitude) computed in `dtype`."""
+        return tolerance(dtype or self.dtype, scale)
+
+
+@pytest.fixture(scope="session", params=test_devices())
+def device(request) -> Device:
+    return Device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _emulated_gpu_for_its_tests(request):
+    """A test on the emulated GPU runs inside it (lmlab's `auto` device and accelerate's device are the emulated
+    one)."""
+    if "device" in request.fixturenames and request.getfixturevalue("device").name == "fakegpu":
+        with emulated_gpu.emulated_gpu():
+            yield
+    else:
+        yield
+
+
 @pytest.fixture(scope="session", params=["tiny-llama", "tiny-gpt2"])
-def decoder(request):
-    """A tiny decoder of each family with interventions tested on two families."""
-    return load_model(request.param)
+def decoder(request, device):
+    """A tiny decoder of each family with interventions tested on two families, on the test's device."""
+    return device.load(request.param)
+
+
+@pytest.fixture(scope="session", params=["tiny-llama", "tiny-gpt2"])
+def decoder32(request, device):
+    """The tiny decoders in float32 on the test's device: for checks of a method's mathematics (first-order
+    agreement, sums to 1e-5) that a bf16 forward pass cannot resolve."""
+    return device.load(request.param, dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")
-def tiny_llama():
-    return load_model("tiny-llama")
+def tiny_llama(device):
+    return device.load("tiny-llama")
 
 
 def load_embedded(name: str):

@@ -1,5 +1,18 @@
 """Small helpers shared by the study tests."""
 
+import torch
+
+# (atol, rtol) per dtype for a quantity of scale 1: float32 the atol most tests here use with torch.allclose's rtol;
+# bf16 and fp16 torch.testing's rtol, and an atol as large (two bf16 computations of a logit near 0 differ by ~1e-2)
+TOLERANCE = {torch.float64: (1e-7, 1e-7), torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1.6e-2),
+             torch.float16: (1e-3, 1e-3)}
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0) -> dict:
+    """{"atol", "rtol"} for values of typical magnitude `scale` computed in `dtype`."""
+    atol, rtol = TOLERANCE[dtype]
+    return {"atol": atol * max(float(scale), 1e-12), "rtol": rtol}
+
 
 def interrupt_on_call(monkeypatch, module, name: str, n: int, exc: type[BaseException] = KeyboardInterrupt):
     """Replace module.name by a wrapper that raises `exc` on its n-th call (a run killed mid-way)."""
@@ -14,6 +27,16 @@ def interrupt_on_call(monkeypatch, module, name: str, n: int, exc: type[BaseExce
 
     monkeypatch.setattr(module, name, wrapper)
     return real
+
+
+def launch_env() -> dict:
+    """The environment of a test's own lmlab processes (a one-process reference beside a two-process launch): one
+    torch thread each, and no GPU. They check how processes share a study's work, over gloo on the CPU, where a
+    machine of any kind can launch two; two processes on one GPU would share it (NCCL refuses that), and several
+    GPUs are not what CI or the GPU check has."""
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_at_once(commands: list[list[str]], env: dict, timeout: float = 600) -> list:
@@ -34,3 +57,25 @@ def run_at_once(commands: list[list[str]], env: dict, timeout: float = 600) -> l
             stdout, stderr = proc.communicate()
         out.append(SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr))
     return out
+
+
+def _least_precise(*dtypes: torch.dtype) -> torch.dtype:
+    return max(dtypes, key=lambda d: TOLERANCE.get(d, TOLERANCE[torch.float32])[0])
+
+
+def near(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-5,
+         dtype: torch.dtype | None = None) -> bool:
+    """torch.allclose with the tolerances a test states for float32. Where the values were computed in a lower
+    precision (`dtype`, else the least precise of the two tensors'), that dtype's instead: TOLERANCE times the
+    quantity's scale (the largest |expected|), as a float32 tolerance of 1e-6 is below one bf16 step. Compared in
+    float32 on the tensors' own device (a reference is computed on the device of what it checks: two devices are an
+    error here, as everywhere)."""
+    dtype = dtype or _least_precise(got.dtype, expected.dtype)
+    if TOLERANCE[dtype][0] > TOLERANCE[torch.float32][0]:
+        scale = float(expected.detach().abs().max()) if expected.numel() else 1.0
+        atol, rtol = TOLERANCE[dtype][0] * scale, TOLERANCE[dtype][1]
+    return torch.allclose(got.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def max_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).abs().max())

@@ -2,8 +2,9 @@
 intervention gives the numbers it gives on the undispatched model (<= 1e-5), the inference studies run
 through with the same tables, and what cannot work dispatched refuses in one sentence.
 
-On a machine without GPUs the "devices" are the CPU and the disk: the offloaded layers hold no weights (meta
-tensors) outside their forward pass, which is what breaks code that reads weights or their device directly."""
+On a machine without GPUs the "devices" are the CPU and the disk; on one with a GPU (the `device` fixture) the GPU
+and the disk: the offloaded layers hold no weights (meta tensors) outside their forward pass, which is what breaks
+code that reads weights or their device directly. Tolerances follow the dtype (bf16 on a GPU)."""
 
 import json
 
@@ -26,25 +27,34 @@ from conftest import PROMPTS
 ATOL = 1e-5
 
 
-def half_on_disk(name: str) -> dict:
+def half_on_disk(name: str, device=None) -> dict:
     """accelerate's own map for `name` with room on the CPU for about half the weights: the embeddings and the
-    first blocks on the CPU, the rest on disk."""
+    first blocks on the CPU, the rest on disk. With a GPU `device` (the fixture's), those blocks on GPU 0."""
     from accelerate import infer_auto_device_map
 
-    model = load_model(name).model
+    model = load_model(name, device="cpu").model
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     device_map = infer_auto_device_map(model, max_memory={"cpu": int(size * 0.55)},
                                        no_split_module_classes=model._no_split_modules)
     assert {"cpu", "disk"} <= set(device_map.values()), device_map
-    return dict(device_map)
+    on_gpu = device is not None and device.type == "cuda"
+    gpu = device.torch_device.index or 0 if on_gpu else None
+    return {k: (gpu if on_gpu and v == "cpu" else v) for k, v in device_map.items()}
+
+
+def atol(device) -> float:
+    return ATOL if device.dtype == torch.float32 else device.tol()["atol"]
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])
-def pair(request, tmp_path_factory):
-    """(the model as usual, the same model half offloaded to disk)."""
+def pair(request, tmp_path_factory, device):
+    """(the model as usual on the test's device, the same model half offloaded to disk), in the device's dtype."""
+    if device.type not in ("cpu", "cuda"):
+        pytest.skip(f"accelerate's big-model dispatch places modules on cpu, cuda and disk, not on {device.type}")
     name = request.param
     folder = tmp_path_factory.mktemp(f"offload-{name}")
-    return load_model(name), load_model(name, device_map=half_on_disk(name), offload=folder)
+    return device.load(name), load_model(name, device_map=half_on_disk(name, device), offload=folder,
+                                         dtype=device.dtype)
 
 
 def _run(lm, make, enc):
@@ -95,16 +105,16 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_intervention_gives_the_undispatched_numbers(pair, case):
+def test_every_intervention_gives_the_undispatched_numbers(pair, case, device):
     plain, spread = pair
-    assert spread.device.type == "cpu" and any(p.device.type == "meta" for p in spread.model.parameters())
+    assert spread.device == plain.device and any(p.device.type == "meta" for p in spread.model.parameters())
     a, caps_a = _run(plain, CASES[case], plain.encode(PROMPTS))
     b, caps_b = _run(spread, CASES[case], spread.encode(PROMPTS))
-    torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    torch.testing.assert_close(b, a, atol=atol(device), rtol=0)
     for ca, cb in zip(caps_a, caps_b):
         for point in ca.points:
             assert ca.store[point].keys() == cb.store[point].keys()
-            torch.testing.assert_close(cb.stacked(point), ca.stacked(point), atol=ATOL, rtol=0)
+            torch.testing.assert_close(cb.stacked(point), ca.stacked(point), atol=atol(device), rtol=0)
 
 
 def test_the_dispatched_model_keeps_its_weights_and_names_its_map(pair):
@@ -144,19 +154,22 @@ def _s3_config(**kw):
 
 
 @pytest.mark.parametrize("make", [_s1_config, _s3_config], ids=["knockout", "filler"])
-def test_inference_studies_run_dispatched_to_the_same_tables(tmp_path, monkeypatch, make):
+def test_inference_studies_run_dispatched_to_the_same_tables(tmp_path, monkeypatch, make, device):
     import lmlab.studies.knockout.recipe as s1_recipe
 
+    if device.type not in ("cpu", "cuda"):
+        pytest.skip(f"accelerate's big-model dispatch places modules on cpu, cuda and disk, not on {device.type}")
     monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")  # both classes
-    (tmp_path / "map.json").write_text(json.dumps(half_on_disk("tiny-llama")))
-    spec, config = make()
+    (tmp_path / "map.json").write_text(json.dumps(half_on_disk("tiny-llama", device)))
+    where = dict(device=device.type, dtype=str(device.dtype).removeprefix("torch."))
+    spec, config = make(**where)
     plain = run_study(spec, config, tmp_path / "plain")
-    spec, config = make(device_map=str(tmp_path / "map.json"), offload=str(tmp_path / "offload"))
+    spec, config = make(device_map=str(tmp_path / "map.json"), offload=str(tmp_path / "offload"), **where)
     spread = run_study(spec, config, tmp_path / "spread")
     assert spread.info["device_map"]["tiny-llama"] == json.loads((tmp_path / "map.json").read_text())  # recorded
     assert plain.tables.keys() == spread.tables.keys()
     for name in plain.tables:
-        pd.testing.assert_frame_equal(spread.tables[name], plain.tables[name], atol=ATOL, rtol=0)
+        pd.testing.assert_frame_equal(spread.tables[name], plain.tables[name], atol=atol(device), rtol=0)
     assert spread.verdict.status == plain.verdict.status
 
 
@@ -204,7 +217,7 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
         s4.Config(**sizes, sparse_model=str(folder)).check_inputs(models=False)
 
 
-def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair):
+def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair, device):
     """Every head patched from its layer's cached residual, and an effect curve's points batched, on a model half
     on disk: the undispatched numbers."""
     from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
@@ -217,7 +230,7 @@ def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair):
     a = circuits.activation_scores(plain, task, 4, max_rows=8)
     b = circuits.activation_scores(spread, task, 4, max_rows=8)
     assert np.abs(a).max() > 1e-3
-    np.testing.assert_allclose(b, a, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(b, a, atol=atol(device), rtol=0)
     order = circuits.ranking(a)  # and the explained-effect curve, its grid points as blocks of one batch
     curves = [circuits.effect_curve(lm, task, order, grid=[0, 2, 5], batch_size=4, max_rows=8) for lm in pair]
-    np.testing.assert_allclose(curves[1].values, curves[0].values, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(curves[1].values, curves[0].values, atol=atol(device), rtol=0)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from datasets import Dataset, DatasetDict
+
+datasets = pytest.importorskip("datasets", reason="the hub readers need the datasets package (a dependency of lmlab; "
+                                                   "a machine with its own packages may lack it)")
+Dataset, DatasetDict = datasets.Dataset, datasets.DatasetDict
 
 from lmlab.data import hubdata
 from lmlab.data.formats import QA_ROWS, glue_example, read_qa

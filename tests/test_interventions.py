@@ -11,6 +11,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from helpers import max_diff, near
 from lmlab import LmlabError
 from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchResid, SparseAttention,
                                  intervene)
@@ -85,7 +86,7 @@ def test_captured_patterns_match_eager_output_attentions(decoder, batch):
     for layer, expected in enumerate(ref):
         got = cap["pattern", layer]
         assert got.shape == expected.shape
-        assert torch.allclose(got * rows, expected * rows, atol=1e-6)
+        assert near(got * rows, expected * rows, atol=1e-6), max_diff(got * rows, expected * rows)
 
 
 def test_captured_z_is_the_o_proj_input(decoder, batch):
@@ -126,34 +127,34 @@ def test_knockout_matches_hand_masked_eager(decoder, batch, scope, atol=1e-5):
     # the hand reference: the same (query, key) pairs, built directly from the padded indices
     seq = batch["input_ids"].shape[1]
     pad = [seq - n for n in lengths]  # left padding
-    block = torch.zeros(len(lengths), 1, seq, seq, dtype=torch.bool)
+    block = torch.zeros(len(lengths), 1, seq, seq, dtype=torch.bool, device=decoder.device)
     for b, p in enumerate(pad):
         for e in (p + 2, p + 3):
             block[b, 0, (e + 1 if scope == "each" else p + 4):, e] = True
     expected = _hand_block_run(decoder, batch, [0, 1], block)
     clean = logits(decoder, batch)
     rows = real_rows(batch)
-    assert torch.allclose(got[rows], expected[rows], atol=atol), (got[rows] - expected[rows]).abs().max()
+    assert near(got[rows], expected[rows], atol=atol), max_diff(got[rows], expected[rows])
     assert not torch.allclose(got[rows], clean[rows], atol=1e-3)  # the knockout did something
     first = 3 if scope == "each" else 4  # positions before the first blocked query are unchanged
     for b, p in enumerate(pad):
-        assert torch.allclose(got[b, p:p + first], clean[b, p:p + first], atol=1e-6 if atol <= 1e-5 else atol)
-        changed = not torch.allclose(got[b, p + 3], clean[b, p + 3], atol=1e-4)
+        assert near(got[b, p:p + first], clean[b, p:p + first], atol=1e-6 if atol <= 1e-5 else atol)
+        changed = not near(got[b, p + 3], clean[b, p + 3], atol=1e-4)
         assert changed == (scope == "each")  # token 3 loses token 2 in "each" only
 
 
 def test_knockout_on_some_heads_matches_hand_masked_eager(decoder, batch, atol=1e-5):
     seq = batch["input_ids"].shape[1]
-    keys = torch.zeros(3, seq, dtype=torch.bool)
+    keys = torch.zeros(3, seq, dtype=torch.bool, device=decoder.device)
     keys[:, seq - 3] = True
     ko = Knockout(keys, layers=[1], heads=[0, 2])
     with intervene(decoder, ko):
         got = logits(decoder, batch)
-    block = torch.zeros(3, decoder.layout.n_heads, seq, seq, dtype=torch.bool)
+    block = torch.zeros(3, decoder.layout.n_heads, seq, seq, dtype=torch.bool, device=decoder.device)
     block[:, [0, 2], seq - 2:, seq - 3] = True
     expected = _hand_block_run(decoder, batch, [1], block)
-    assert torch.allclose(got[real_rows(batch)], expected[real_rows(batch)], atol=atol), \
-        (got[real_rows(batch)] - expected[real_rows(batch)]).abs().max()
+    assert near(got[real_rows(batch)], expected[real_rows(batch)], atol=atol), \
+        max_diff(got[real_rows(batch)], expected[real_rows(batch)])
 
 
 def test_batched_padded_knockout_equals_one_prompt_at_a_time(decoder):
@@ -167,21 +168,22 @@ def test_batched_padded_knockout_equals_one_prompt_at_a_time(decoder):
         with intervene(decoder, Knockout.spans(one["attention_mask"], [keys[b]], layers=[0, 2])):
             alone = logits(decoder, one)
         n = one["input_ids"].shape[1]
-        assert torch.allclose(together[b, -n:], alone[0], atol=1e-5)
+        assert near(together[b, -n:], alone[0], atol=1e-5), max_diff(together[b, -n:], alone[0])
 
 
 def test_per_example_layer_mask_equals_separate_runs(decoder):
     enc = decoder.encode(["When Mary and John went to the store"] * 2)
-    keys = torch.zeros(2, enc["input_ids"].shape[1], dtype=torch.bool)
+    keys = torch.zeros(2, enc["input_ids"].shape[1], dtype=torch.bool, device=decoder.device)
     keys[:, 1] = True
-    mask = torch.tensor([[True, False, False], [True, True, True]])
+    mask = torch.tensor([[True, False, False], [True, True, True]], device=decoder.device)
     with intervene(decoder, Knockout(keys, layer_mask=mask)):
         both = logits(decoder, enc)
     with intervene(decoder, Knockout(keys[:1], layers=[0])):
         first = logits(decoder, {k: v[:1] for k, v in enc.items()})
     with intervene(decoder, Knockout(keys[:1], layers=[0, 1, 2])):
         second = logits(decoder, {k: v[:1] for k, v in enc.items()})
-    assert torch.allclose(both[0], first[0], atol=1e-5) and torch.allclose(both[1], second[0], atol=1e-5)
+    assert near(both[0], first[0]) and near(both[1], second[0]), (max_diff(both[0], first[0]),
+                                                                   max_diff(both[1], second[0]))
 
 
 def test_empty_knockout_changes_nothing(decoder, batch):
@@ -189,7 +191,8 @@ def test_empty_knockout_changes_nothing(decoder, batch):
     with intervene(decoder, Knockout(keys)):
         got = logits(decoder, batch)
     rows = real_rows(batch)
-    assert torch.allclose(got[rows], logits(decoder, batch)[rows], atol=1e-5)
+    plain = logits(decoder, batch)
+    assert near(got[rows], plain[rows]), max_diff(got[rows], plain[rows])
 
 
 def test_knockout_positions_outside_the_prompt_are_refused(decoder):
@@ -224,7 +227,7 @@ def test_head_ablation_equals_zeroing_the_o_proj_slice(decoder, batch):
     with intervene(decoder, AblateHeads({1: [2]})):
         got = logits(decoder, batch)
     expected = _o_proj_slice_run(decoder, batch, 1, 2, torch.zeros_like)
-    assert torch.allclose(got, expected, atol=1e-6)
+    assert near(got, expected, atol=1e-6), max_diff(got, expected)
     assert not torch.allclose(got, logits(decoder, batch), atol=1e-4)
 
 
@@ -235,7 +238,7 @@ def test_mean_and_patch_ablation_equal_writing_the_o_proj_slice(decoder, batch):
     with intervene(decoder, AblateHeads({0: [1]}, mode="mean", reference=mean)):
         got = logits(decoder, batch)
     expected = _o_proj_slice_run(decoder, batch, 0, 1, lambda x: mean[0][1].expand_as(x))
-    assert torch.allclose(got, expected, atol=1e-6)
+    assert near(got, expected, atol=1e-6), max_diff(got, expected)
     # patching from a corrupted run: the other run's z written into the slice by hand
     corrupted = decoder.encode(["When Mary and John went to the store, Mary gave a drink to",
                                 "The war lasted from the year 1745 to the year 17", "the capital of Italy is Rome"])
@@ -246,7 +249,7 @@ def test_mean_and_patch_ablation_equal_writing_the_o_proj_slice(decoder, batch):
         got = logits(decoder, batch)
     d = decoder.layout.head_dim
     expected = _o_proj_slice_run(decoder, batch, 2, 0, lambda x: ccap["z", 2][..., 0, :].reshape(x.shape))
-    assert torch.allclose(got, expected, atol=1e-6)
+    assert near(got, expected, atol=1e-6), max_diff(got, expected)
     assert d > 0
 
 
@@ -259,14 +262,14 @@ def test_patching_a_position_from_a_corrupted_run_reproduces_that_run(decoder):
         corrupted_logits = logits(decoder, corrupt)
     with intervene(decoder, PatchResid(0, cap["resid_pre", 0], positions=diff)):
         patched = logits(decoder, clean)
-    assert torch.allclose(patched, corrupted_logits, atol=1e-5)
+    assert near(patched, corrupted_logits), max_diff(patched, corrupted_logits)
     # and patching a later layer at that position only changes what comes after it
     with intervene(decoder, Capture("resid_pre", layers=2)) as cap2:
         logits(decoder, corrupt)
     with intervene(decoder, PatchResid(2, cap2["resid_pre", 2], positions=diff)):
         partly = logits(decoder, clean)
     first = int(diff[0].nonzero()[0])
-    assert torch.allclose(partly[0, :first], logits(decoder, clean)[0, :first], atol=1e-6)
+    assert near(partly[0, :first], logits(decoder, clean)[0, :first], atol=1e-6)
 
 
 def test_mlp_activation_edit_matches_the_mlp_by_hand(decoder, batch):
@@ -287,7 +290,7 @@ def test_mlp_activation_edit_matches_the_mlp_by_hand(decoder, batch):
     else:  # gpt2: c_proj(act(c_fc(x)))
         act = decoder.layout.mlp_act(layer)(mlp.c_fc(x))
         expected = mlp.c_proj(fn(act, layer))
-    assert torch.allclose(cap["mlp_out", layer], expected, atol=1e-5)
+    assert near(cap["mlp_out", layer], expected), max_diff(cap["mlp_out", layer], expected)
 
 
 def test_deterministic_sparse_gate_matches_a_hand_computation(decoder, batch):
@@ -302,13 +305,13 @@ def test_deterministic_sparse_gate_matches_a_hand_computation(decoder, batch):
     gated = (scores > 0) & causal
     has_key = causal.any(-1, keepdim=True)
     empty = ~gated.any(-1, keepdim=True) & has_key
-    eye = torch.eye(scores.shape[-1], dtype=torch.bool)[None, None]
+    eye = torch.eye(scores.shape[-1], dtype=torch.bool, device=scores.device)[None, None]
     kept = gated | (empty & eye)
     expected = torch.softmax(scores.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)  # padded rows read nothing
     rows = real_rows(batch)[:, None, :, None]
-    assert torch.allclose(cap["pattern", layer] * rows, expected * rows, atol=1e-6)
-    expected_edges = torch.sigmoid(scores.masked_fill(~causal, float("-inf"))).sum()
-    assert torch.allclose(sparse.expected_edges, expected_edges, rtol=1e-5)
+    assert near(cap["pattern", layer] * rows, expected * rows, atol=1e-6)
+    expected_edges = torch.sigmoid(scores.masked_fill(~causal, float("-inf")).float()).sum()
+    assert near(sparse.expected_edges, expected_edges, atol=0, rtol=1e-5)
     # the self-edge fallback is counted apart, never as an edge the gate kept
     assert sparse.kept_edges == pytest.approx(float(gated.sum()))
     assert sparse.fallback_edges == pytest.approx(float(empty.sum()))
@@ -342,8 +345,8 @@ def test_keyed_gate_noise_and_counts_do_not_depend_on_the_batch_or_its_padding(d
     pad = decoder.tokenizer.pad_token_id or 0
 
     def run(rows, keys):
-        ids = torch.tensor([r + [pad] * (8 - len(r)) for r in rows]) if len(rows) > 1 else torch.tensor(rows)
-        mask = torch.tensor([[1] * len(r) + [0] * (ids.shape[1] - len(r)) for r in rows])
+        ids = torch.tensor([r + [pad] * (8 - len(r)) for r in rows] if len(rows) > 1 else rows, device=decoder.device)
+        mask = torch.tensor([[1] * len(r) + [0] * (ids.shape[1] - len(r)) for r in rows], device=decoder.device)
         gate = SparseAttention(sample=True, keyed=True)
         with keyed_examples(torch.tensor(keys)), intervene(decoder, gate), torch.no_grad():
             out = decoder.model(input_ids=ids, attention_mask=mask).logits
@@ -352,7 +355,7 @@ def test_keyed_gate_noise_and_counts_do_not_depend_on_the_batch_or_its_padding(d
     alone, g1 = run([short], [11])
     other, g2 = run([long], [12])
     both, g3 = run([short, long], [11, 12])
-    assert torch.allclose(both[0, :5], alone[0], atol=1e-5) and torch.allclose(both[1], other[0], atol=1e-5)
+    assert near(both[0, :5], alone[0]) and near(both[1], other[0])
     for name in ("kept_edges", "fallback_edges", "queries", "total_edges"):
         assert getattr(g3, name) == pytest.approx(getattr(g1, name) + getattr(g2, name))
     assert float(g3.expected_edges) == pytest.approx(float(g1.expected_edges + g2.expected_edges), rel=1e-5)
@@ -383,7 +386,7 @@ def test_captured_mlp_activation_matches_the_activation_by_hand(decoder, batch):
     else:  # GPT-2's gelu_new, written out
         h = mlp.c_fc(x)
         expected = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
-    assert torch.allclose(cap["mlp_act", 1], expected, atol=1e-6)
+    assert near(cap["mlp_act", 1], expected, atol=1e-6), max_diff(cap["mlp_act", 1], expected)
 
 
 def test_knockout_during_cached_generation_equals_a_cache_free_loop(decoder):
@@ -400,7 +403,7 @@ def test_knockout_during_cached_generation_equals_a_cache_free_loop(decoder):
         grown[:, 1:3] = True
         with intervene(decoder, Knockout(grown, layers=[0, 1])), torch.no_grad():
             last = decoder.model(input_ids=ids).logits[:, -1]
-        assert torch.allclose(out.logits[step], last, atol=1e-5)
+        assert near(out.logits[step], last), max_diff(out.logits[step], last)
         ids = torch.cat([ids, out.sequences[:, ids.shape[1]:ids.shape[1] + 1]], dim=1)
 
 
@@ -429,6 +432,6 @@ def test_retired_rows_leave_the_leading_rows_as_they_were(decoder, batch):
     full, cut = results
     for layer in range(n_layers):
         assert cut[layer].shape[0] == active[layer]
-        torch.testing.assert_close(cut[layer], full[layer][: active[layer]], atol=1e-5, rtol=1e-5)
+        assert near(cut[layer], full[layer][: active[layer]]), max_diff(cut[layer], full[layer][: active[layer]])
     with pytest.raises(LmlabError, match="non-increasing"):
         RetireRows([1, 2])

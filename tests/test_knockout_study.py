@@ -19,7 +19,7 @@ from lmlab.studies.knockout.analysis import late_layers, verdict
 from lmlab.studies.result import from_rows
 from lmlab.studies.knockout.measure import naive_sweep, sweep
 
-from helpers import interrupt_on_call
+from helpers import interrupt_on_call, max_diff, near
 
 
 def _assert_exact_alignment(lm, item):
@@ -60,7 +60,7 @@ def test_sweep_equals_one_forward_per_layer(decoder):
     fast = sweep(decoder, ids, [5, 7], [2, 3], layers)
     slow = naive_sweep(decoder, ids, [5, 7], layers)
     for k in layers:
-        assert torch.allclose(fast.eq[k], slow[k], atol=1e-5)
+        assert near(fast.eq[k], slow[k], dtype=decoder.model.dtype), max_diff(fast.eq[k], slow[k])
         assert not torch.allclose(fast.eq[k], fast.clean[k], atol=1e-4)
     # every cut-off of a condition is one row read at another depth: clean, E_Q and the control, 3 rows in all
     assert {fast.rows[("eq", k)] for k in layers} == {1} and {fast.rows[("control0", k)] for k in layers} == {2}
@@ -80,7 +80,7 @@ def test_sweep_on_a_shared_prefix_cache_equals_the_sweep_alone(decoder):
         fast, alone = sweep(decoder, ids, eq, ctrl, [0, 2], shared=shared), sweep(decoder, ids, eq, ctrl, [0, 2])
         for k in (0, 2):
             for part in ("clean", "eq", "control"):
-                assert torch.allclose(getattr(fast, part)[k], getattr(alone, part)[k], atol=1e-5)
+                assert near(getattr(fast, part)[k], getattr(alone, part)[k], dtype=decoder.model.dtype)
 
 
 def test_positions_before_the_first_blocked_query_are_bit_identical(decoder):
@@ -276,8 +276,8 @@ def test_sweep_with_several_control_draws_equals_each_draw_alone(decoder):
     for draw, got in zip(draws, both.controls):
         alone = sweep(decoder, ids, [5, 7], draw, [0, 2])
         for k in (0, 2):
-            assert torch.allclose(got[k], (alone.control or alone.clean)[k], atol=1e-5)
-            assert torch.allclose(both.eq[k], alone.eq[k], atol=1e-5)
+            assert near(got[k], (alone.control or alone.clean)[k], dtype=decoder.model.dtype)
+            assert near(both.eq[k], alone.eq[k], dtype=decoder.model.dtype)
 
 
 def test_sweep_equals_hand_masked_eager_that_blocks_each_key_from_later_queries(decoder):
@@ -289,7 +289,7 @@ def test_sweep_equals_hand_masked_eager_that_blocks_each_key_from_later_queries(
     eq = [3, 5, 6]
     res = sweep(decoder, ids, eq, None, [0, 1, 2])
     n = len(ids)
-    block = torch.zeros(1, 1, n, n, dtype=torch.bool)
+    block = torch.zeros(1, 1, n, n, dtype=torch.bool, device=decoder.device)
     for e in eq:
         block[0, 0, e + 1:, e] = True
     attn = [decoder.layout.attn(l) for l in range(decoder.layout.n_layers)]
@@ -301,13 +301,13 @@ def test_sweep_equals_hand_masked_eager_that_blocks_each_key_from_later_queries(
             attn[l]._test_block = block
         try:
             with using(decoder.model, HAND), torch.no_grad():
-                decoder.model(input_ids=torch.tensor([ids]))
+                decoder.model(input_ids=torch.tensor([ids], device=decoder.device))
         finally:
             handle.remove()
             for l in range(k + 1):
                 attn[l].__dict__.pop("_test_block", None)
-        hand = seen["h"][0, -1].float()
-        assert torch.allclose(res.eq[k], hand, atol=1e-4), (k, (res.eq[k] - hand).abs().max())
+        hand = seen["h"][0, -1].float().to(res.eq[k].device)  # the sweep returns its states on the host
+        assert near(res.eq[k], hand, atol=1e-4, dtype=decoder.model.dtype), (k, max_diff(res.eq[k], hand))
     span = sweep(decoder, ids, eq, None, [2], scope="span")
     assert not torch.allclose(span.eq[2], res.eq[2], atol=1e-4)  # token 6 still reads 5 and 3 under "span"
 
@@ -324,7 +324,7 @@ def test_embedded_model_answers_some_capitals_right_and_some_wrong(embedded_smol
     assert 3 <= right <= 27  # both classes exist, so probes can be trained
 
 
-def _two_pathway_model(monkeypatch, n, question_anchored):
+def _two_pathway_model(monkeypatch, n, question_anchored, device):
     """A tiny llama built so that the paper's two pathways exist by construction (the positive control).
 
     Every query attends evenly to the keys it may see (q_proj = 0), MLPs are off, and only subject tokens
@@ -332,8 +332,9 @@ def _two_pathway_model(monkeypatch, n, question_anchored):
     embedding-less token, and the label ("correct") is the sign of a fixed direction u on what layer 0's
     attention carries from the subject: the last token knows it only by reading E_Q. For an
     answer-anchored item the label is a coin, written into the answer as one of two opposite tokens:
-    knocking E_Q out cannot touch it. Answers are planted (the model is not asked to generate them)."""
-    lm = load_model("tiny-llama")
+    knocking E_Q out cannot touch it. Answers are planted (the model is not asked to generate them). Built in
+    float32 on the test's device (a construction of the method's positive case, not a test of bf16)."""
+    lm = device.load("tiny-llama", dtype=torch.float32)
     model, tok = lm.model, lm.tokenizer
     items = [i for i in generate("geo-capital", n, seed=0) if s1m.encode_item(lm, i)]
     encs = {i.id: s1m.encode_item(lm, i) for i in items}
@@ -345,7 +346,7 @@ def _two_pathway_model(monkeypatch, n, question_anchored):
     cfg = model.config
     head_dim, rep = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
     with torch.no_grad():
-        keep = torch.zeros(emb.shape[0], dtype=torch.bool)
+        keep = torch.zeros(emb.shape[0], dtype=torch.bool, device=emb.device)
         keep[sorted(subject | {yes})] = True
         emb[~keep] = 0
         emb[yes] *= 0.1  # the answer pathway about as strong as the question pathway at the last token
@@ -358,7 +359,7 @@ def _two_pathway_model(monkeypatch, n, question_anchored):
             v = layer0.self_attn.v_proj(layer0.input_layernorm(emb[ids])).view(len(ids), -1, head_dim)
             return layer0.self_attn.o_proj(v.repeat_interleave(rep, dim=1).reshape(len(ids), -1)).sum(0)
 
-        u = torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(0))
+        u = torch.randn(emb.shape[1], generator=torch.Generator().manual_seed(0), device="cpu").to(emb.device)
         score = {i.id: float(carried([encs[i.id]["ids"][p] for p in encs[i.id]["eq"]]) @ u) for i in items}
     median = float(np.median(list(score.values())))
     coins = np.random.default_rng(0).random(len(items)) < 0.5
@@ -376,12 +377,13 @@ def _two_pathway_model(monkeypatch, n, question_anchored):
     return lm, anchored
 
 
-def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_does_not(tmp_path, monkeypatch):
+def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_does_not(tmp_path, monkeypatch,
+                                                                                         device):
     """End to end through answers, probes, the knockout sweep, the per-layer split and the verdict: where half
     the items' truthfulness is read from E_Q, the E_Q knockout flips the probe far more often than the control
     and drops the flipped items' confidence; where every item's truthfulness is in its answer, it cannot."""
     config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=80, sweep_every=1, min_per_class=5)
-    lm, anchored = _two_pathway_model(monkeypatch, 80, question_anchored=True)
+    lm, anchored = _two_pathway_model(monkeypatch, 80, question_anchored=True, device=device)
     both = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert both.verdict.status == "reproduced", both.verdict.summary
     ko = both.table("knockout")
@@ -390,7 +392,7 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     assert flips["eq"] > 0.15 and flips["eq"] > 4 * flips["control"], flips  # about half the anchored half
     eq = late[late.condition == "eq"]
     assert set(eq[eq.group == "Q"].id) <= anchored  # only question-anchored items flip
-    lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False)
+    lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False, device=device)
     answer_only = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert answer_only.verdict.status in ("inconclusive", "not reproduced"), answer_only.verdict.summary
     assert answer_only.table("knockout").query("condition == 'eq'").flipped.sum() == 0

@@ -8,6 +8,7 @@ from torch.nn.utils import parametrize
 
 from lmlab.interventions.quant import (WeightQuantizer, load_packed, quant_targets, quantize_activation, quantize_model,
                                        quantize_weight, quantized_weight, save_packed, straight_through)
+from helpers import near
 from lmlab.models import load_model
 
 
@@ -61,8 +62,8 @@ def test_bit_widths_and_module_types_are_checked():
 
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama", "tiny-gpt2"])
-def test_quantization_covers_the_xtc_weights_of_each_family_and_leaves_the_original(name):
-    lm = load_model(name)
+def test_quantization_covers_the_xtc_weights_of_each_family_and_leaves_the_original(name, device):
+    lm = device.load(name)
     model = copy.deepcopy(lm.model)
     names = quantize_model(model, 2)
     per_block = {"tiny-bert": 6, "tiny-llama": 7, "tiny-gpt2": 4}[name]
@@ -74,10 +75,10 @@ def test_quantization_covers_the_xtc_weights_of_each_family_and_leaves_the_origi
 
 
 @pytest.mark.parametrize("bits", [1, 2])
-def test_embedding_row_quantizer_equals_quantizing_the_whole_table(bits):
+def test_embedding_row_quantizer_equals_quantizing_the_whole_table(bits, device):
     """The forward hook on the looked-up rows against the whole table parametrized (the plain construction):
     the same logits and the same gradient on every latent weight."""
-    lm = load_model("tiny-bert", head="classifier", num_labels=2)
+    lm = device.load("tiny-bert", head="classifier", num_labels=2)
     enc = lm.encode(["the capital of France", "Paris is a city in France"], padding_side="right")
     grads = []
     for whole_table in (False, True):
@@ -95,16 +96,16 @@ def test_embedding_row_quantizer_equals_quantizing_the_whole_table(bits):
     assert torch.equal(hooked, table)
     assert g_hooked.keys() == g_table.keys()
     for name in g_hooked:
-        assert torch.allclose(g_hooked[name], g_table[name], rtol=1e-5, atol=1e-7), name
+        assert near(g_hooked[name], g_table[name], rtol=1e-5, atol=1e-7), name
     assert g_hooked["bert.embeddings.word_embeddings.weight"].abs().sum() > 0
 
 
 @pytest.mark.parametrize("name,bits", [("tiny-bert", 1), ("tiny-bert", 2), ("tiny-bert", 4), ("tiny-bert", 8),
                                        ("tiny-gpt2", 1)])
-def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, name, bits):
+def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, name, bits, device):
     """tiny-gpt2 ties its output layer to the quantized embeddings: the head keeps the latent values."""
     head = dict(head="classifier", num_labels=3) if name == "tiny-bert" else {}
-    lm = load_model(name, **head)
+    lm = device.load(name, **head)
     model = copy.deepcopy(lm.model)
     quantize_model(model, bits)
     with torch.no_grad():  # a training step moved the latent weights: a tied head differs from the codes
@@ -116,7 +117,7 @@ def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, name, bits):
         before = model(**enc).logits
     info = save_packed(model, tmp_path / "m.safetensors")
     assert info["fp32_bytes"] / info["packed_bytes"] > {1: 28, 2: 14, 4: 7.5, 8: 3.8}[bits] * 0.9
-    fresh = load_model(name, seed=5, **head).model  # other weights
+    fresh = device.load(name, seed=5, **head).model  # other weights
     load_packed(fresh, tmp_path / "m.safetensors")
     fresh.eval()
     for target, (module, _) in quant_targets(model).items():

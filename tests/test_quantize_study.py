@@ -8,7 +8,6 @@ import torch
 from lmlab import LmlabError
 from lmlab.data.formats import read_glue
 from lmlab.data.generated.nlu import TASKS, _split_entities, generate_task
-from lmlab.models import load_model
 from lmlab.studies import quantize as s2
 import lmlab.studies.quantize.recipe  # noqa: F401  (s2.recipe, patched below, whatever ran before)
 from lmlab.studies import run_study
@@ -34,20 +33,20 @@ def _assert_killed_run_resumes(monkeypatch, module, name: str, n: int, config, o
     return resumed
 
 
-def test_kd_loss_is_zero_for_a_student_identical_to_its_teacher():
+def test_kd_loss_is_zero_for_a_student_identical_to_its_teacher(device):
     for regression in (False, True):
-        lm = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3)
+        lm = device.load("tiny-bert", head="classifier", num_labels=1 if regression else 3)
         enc = lm.encode(["the capital of France is Paris", "Paris lies in Europe"], padding_side="right")
         loss, parts = kd_loss(copy.deepcopy(lm.model), lm.model, dict(enc), regression)
         assert loss.item() == 0.0 and parts == {"logit": 0.0, "attention": 0.0, "hidden": 0.0}
-        other = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
+        other = device.load("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
         loss, parts = kd_loss(other, lm.model, dict(enc), regression)
         assert all(v > 0 for v in parts.values())
         loss.backward()
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in other.parameters())
 
 
-def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients():
+def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients(device):
     """Every student reads the teacher from a TeacherCache built once; its loss and gradients must be those of
     running the teacher on the same padded batch, and an example's loss must not depend on its batch's padding."""
     from lmlab.studies.quantize.measure import collate_for
@@ -55,12 +54,12 @@ def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients():
 
     torch.manual_seed(0)
     for regression, name in ((False, "fact-mnli"), (True, "fact-stsb")):
-        lm = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3)
+        lm = device.load("tiny-bert", head="classifier", num_labels=1 if regression else 3)
         task = generate_task(name, 24, 4, seed=0)
         collate = collate_for(lm.tokenizer, task, 64)
         cache = TeacherCache(lm.model.eval(), task.train, collate, batch_size=5)  # other batches than training's
         data, batches = Indexed(task.train), indexed_collate(collate)
-        student = load_model("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
+        student = device.load("tiny-bert", head="classifier", num_labels=1 if regression else 3, seed=3).model
         batch = batches([data[i] for i in (3, 17, 0, 9, 22, 11)])
         grads = []
         for use in (None, cache):
@@ -85,18 +84,19 @@ def test_cached_teacher_outputs_give_the_recomputed_loss_and_gradients():
 
 
 @pytest.mark.parametrize("task_name", ["fact-mnli", "fact-stsb"])
-def test_predictions_batched_by_length_equal_one_example_at_a_time(task_name):
+def test_predictions_batched_by_length_equal_one_example_at_a_time(task_name, device):
     from lmlab.studies.quantize.measure import collate_for, predict
 
     task = generate_task(task_name, 8, 40, seed=0)
-    lm = load_model("tiny-bert", head="classifier", num_labels=task.num_labels)
+    lm = device.load("tiny-bert", head="classifier", num_labels=task.num_labels)
     collate = collate_for(lm.tokenizer, task, 64)
     lengths = [len(e.text_a) + len(e.text_b or "") for e in task.test]
     assert lengths != sorted(lengths)  # the batches really are formed out of the examples' order
     batched = predict(lm.model, collate, task.test, batch_size=16)
     alone = np.array([predict(lm.model, collate, [e], batch_size=1)[0] for e in task.test])
     if task.num_labels == 1:  # scores: each example's own value, back in its place
-        np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6 if device.dtype == torch.float32
+                                   else device.tol(np.abs(alone).max())["atol"])
         assert np.ptp(batched) > 1e-4 and np.abs(np.diff(np.sort(batched))).max() > 1e-5  # a swap would show
     else:
         assert np.array_equal(batched, alone)
@@ -258,10 +258,10 @@ def test_a_task_whose_teacher_did_not_learn_leaves_the_average():
     assert v.status == "reproduced" and "left out of the average: u" in v.summary
 
 
-def test_layer_reduction_keeps_every_other_block_and_distils_from_the_kept_ones():
+def test_layer_reduction_keeps_every_other_block_and_distils_from_the_kept_ones(device):
     from lmlab.interventions.quant import keep_layers
 
-    lm = load_model("tiny-bert", head="classifier", num_labels=2)
+    lm = device.load("tiny-bert", head="classifier", num_labels=2)
     student = copy.deepcopy(lm.model)
     kept = keep_layers(student, [1])
     assert len(student.bert.encoder.layer) == 1 and student.config.num_hidden_layers == 1

@@ -12,6 +12,8 @@ from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, mak
 from lmlab.errors import LmlabError
 from lmlab.interventions import Capture, SparseAttention, installed, intervene
 from lmlab.interventions.attention import gated_softmax
+from conftest import PROMPTS
+from helpers import max_diff, near
 from lmlab.models import load_model, save_model
 from lmlab.studies import sparse_circuits as study
 from lmlab.studies.sparse_circuits.analysis import verdict
@@ -71,10 +73,10 @@ def test_greater_than_metric_is_mass_above_minus_below():
 
 # --- attribution vs activation patching on a model where the answer is known -----------------------------
 
-def _one_head_model(seed=0):
-    """tiny-llama with every head's o_proj slice zeroed except layer 1 head 2: only that head can move
-    information between positions, so it alone carries the corruption to the last position."""
-    lm = load_model("tiny-llama", seed=seed)
+def _one_head_model(device, seed=0):
+    """tiny-llama (float32, on the test's device) with every head's o_proj slice zeroed except layer 1 head 2: only
+    that head can move information between positions, so it alone carries the corruption to the last position."""
+    lm = device.load("tiny-llama", seed=seed, dtype=torch.float32)
     layout = lm.layout
     d = layout.head_dim
     with torch.no_grad():
@@ -97,8 +99,8 @@ def _tiny_task(lm, n=6):
     return CircuitTask("toy", "logit_diff", prompts)
 
 
-def test_attribution_and_activation_find_the_known_head():
-    lm = _one_head_model()
+def test_attribution_and_activation_find_the_known_head(device):
+    lm = _one_head_model(device)
     task = _tiny_task(lm)
     attr = circuits.attribution_scores(lm, task, batch_size=4)
     act = circuits.activation_scores(lm, task, batch_size=4)
@@ -121,13 +123,15 @@ def _identical_pairs(seed: int, n: int = 4) -> CircuitTask:
     return CircuitTask("same", "logit_diff", prompts)
 
 
-def test_attribution_matches_activation_to_first_order(decoder):
+def test_attribution_matches_activation_to_first_order(decoder32):
     """With a corruption that barely moves anything, gradient x delta equals the exact patch effect."""
+    decoder = decoder32
     task = _identical_pairs(seed=1)
     z_clean = circuits.corrupted_z(decoder, task, 4)
     # corrupted activations = clean ones nudged by a small random direction
     gen = torch.Generator().manual_seed(0)
-    z_corr = [{l: z + 1e-3 * torch.randn(z.shape, generator=gen) for l, z in zs.items()} for zs in z_clean]
+    z_corr = [{l: z + 1e-3 * torch.randn(z.shape, generator=gen, device="cpu").to(z.device) for l, z in zs.items()}
+              for zs in z_clean]
     heads = [(0, 0), (1, 1), (0, 3)]
     attr = circuits.attribution_scores(decoder, task, 4, z_corr=z_corr)
     act = circuits.activation_scores(decoder, task, 4, z_corr=z_corr, heads=heads)
@@ -151,19 +155,21 @@ def test_mlp_patch_equals_a_hand_computed_last_layer(tiny_llama):
     hidden = cap["resid_post", last] - cap["mlp_out", last] + replacement
     with torch.no_grad():
         by_hand = lm.model.lm_head(lm.model.model.norm(hidden))
-    torch.testing.assert_close(patched, by_hand, atol=1e-4, rtol=1e-4)
+    assert near(patched, by_hand, atol=1e-4, rtol=1e-4), max_diff(patched, by_hand)
     with pytest.raises(LmlabError, match="patches mlp_out or attn_out"):
         PatchOutput("z", {0: replacement})
 
 
-def test_mlp_components_attribution_matches_activation(decoder):
+def test_mlp_components_attribution_matches_activation(decoder32):
     """MLPs as components: scores gain a column per layer, gradient x delta matches the exact patch to
     first order, and the effect curve over heads and MLPs still ends at clean / fully patched."""
+    decoder = decoder32
     task = _identical_pairs(seed=3)
     clean = circuits.corrupted_z(decoder, task, 4, mlps=True)
     gen = torch.Generator().manual_seed(0)
     # small next to the MLP outputs (~0.01 here): GPT-2's first MLP is visibly curved at 1e-3
-    z_corr = [{k: v + 1e-4 * torch.randn(v.shape, generator=gen) for k, v in zs.items()} for zs in clean]
+    z_corr = [{k: v + 1e-4 * torch.randn(v.shape, generator=gen, device="cpu").to(v.device) for k, v in zs.items()}
+              for zs in clean]
     n_heads = decoder.layout.n_heads
     attr = circuits.attribution_scores(decoder, task, 4, z_corr=z_corr)
     assert attr.shape == (decoder.layout.n_layers, n_heads + 1)
@@ -178,11 +184,11 @@ def test_mlp_components_attribution_matches_activation(decoder):
         with torch.no_grad():
             every = task_metric(decoder.model(**decoder.pad_batch([list(p.clean) for p in task.prompts])).logits[:, -1],
                                 task.prompts, "logit_diff")
-    np.testing.assert_allclose(curve.none, every.numpy(), atol=1e-5)
+    np.testing.assert_allclose(curve.none, every.cpu().numpy(), atol=1e-5)
 
 
-def test_effect_curve_ends_at_clean_and_fully_patched(decoder):
-    lm = decoder
+def test_effect_curve_ends_at_clean_and_fully_patched(decoder32):
+    lm = decoder32
     rng = np.random.default_rng(2)
     prompts = []
     for _ in range(4):
@@ -220,7 +226,9 @@ def test_gated_softmax_equals_softmax_over_kept_edges():
     torch.testing.assert_close(gated_softmax(scores, gate), expected)
 
 
-def test_expected_edges_counted_directly(decoder, batch):
+def test_expected_edges_counted_directly(decoder32):
+    decoder = decoder32
+    batch = decoder.encode(PROMPTS)
     gate = SparseAttention(sample=False)
     cap_scores = {}
     from lmlab.interventions import Capture
@@ -232,7 +240,7 @@ def test_expected_edges_counted_directly(decoder, batch):
     # direct count over the model's own allowed (causal, non-padded) pairs
     mask = batch["attention_mask"].bool()
     n = mask.shape[1]
-    causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=mask.device))
     allowed = causal[None] & mask[:, None, :]  # (B, Q, K)
     expected, total = 0.0, 0.0
     for layer, s in cap_scores.items():
@@ -309,12 +317,12 @@ def test_post_training_records_the_bound_a_batch_brings(tmp_path):
     assert out.geco.holds and out.geco.multiplier < 1.0  # CE far under its per-batch bound, whatever 2.0 says
 
 
-def test_dense_reference_is_the_dense_loss_of_the_same_batch(tiny_llama):
+def test_dense_reference_is_the_dense_loss_of_the_same_batch(device):
     """The per-batch bound equals the dense model's own training loss on that batch: token-weighted over
-    sequences of different lengths, as the loss that post-training compares with it."""
+    sequences of different lengths, as the loss that post-training compares with it (in float32: rel 1e-4)."""
     from lmlab.studies.sparse_circuits.measure import reference_batch, with_dense_reference
 
-    lm = tiny_llama
+    lm = device.load("tiny-llama", dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 12)]
     items, overall = with_dense_reference(lm, seqs, batch_size=2)
@@ -352,8 +360,8 @@ def test_sparse_post_training_resumes_exactly(tmp_path, monkeypatch):
                                rtol=1e-5)
 
 
-def test_sparse_model_saves_and_loads_back(tmp_path, tiny_llama, batch=None):
-    lm = load_model("tiny-llama", seed=1)
+def test_sparse_model_saves_and_loads_back(tmp_path, device):
+    lm = device.load("tiny-llama", seed=1)
     enc = lm.encode(["hello there world", "a b"])
     with torch.no_grad(), intervene(lm, SparseAttention(sample=False)):
         expected = lm.model(**enc).logits
@@ -362,7 +370,7 @@ def test_sparse_model_saves_and_loads_back(tmp_path, tiny_llama, batch=None):
         dense = lm.model(**enc).logits
     folder = save_model(lm, tmp_path / "sparse", sparse_attention=True)
     assert (folder / "model.safetensors").is_file() and not list(folder.glob("*.bin"))
-    back = load_model(str(folder))
+    back = device.load(str(folder))
     assert back.meta.get("sparse_attention") and installed(back) and installed(back.model) == installed(back)
     with torch.no_grad():
         got = back.model(**back.encode(["hello there world", "a b"])).logits

@@ -2,12 +2,11 @@ import pytest
 import torch
 
 from lmlab.interventions import Knockout, intervene
-from lmlab.models import load_model
 from lmlab.trace import knockout_trace
 
 
-def test_batched_trace_equals_one_knockout_per_layer_cutoff():
-    lm = load_model("tiny-gpt2")
+def test_batched_trace_equals_one_knockout_per_layer_cutoff(device):
+    lm = device.load("tiny-gpt2")
     prompt = "When Mary and John went to the store"
     table = knockout_trace(lm, prompt, " the", "Mary")
     enc = lm.encode(prompt)
@@ -17,7 +16,9 @@ def test_batched_trace_equals_one_knockout_per_layer_cutoff():
     for k in range(lm.layout.n_layers):
         with torch.no_grad(), intervene(lm, Knockout(keys, layers=range(k + 1))):
             p = torch.softmax(lm.model(**enc).logits[0, -1], -1)[tid].item()
-        assert table.loc[k, "p_knockout"] == pytest.approx(p, abs=1e-6)
+        # one row of a batch vs its own pass: float32 agrees to 1e-6, bf16 to its own step on a probability
+        assert table.loc[k, "p_knockout"] == pytest.approx(p, abs=1e-6 if device.dtype == torch.float32
+                                                            else device.tol(p)["atol"] + device.tol()["rtol"] * p)
 
 
 @pytest.mark.embedded
