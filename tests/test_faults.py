@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from helpers import launch_env
 from lmlab.studies.result import load_result
 
 pytestmark = pytest.mark.faults
@@ -108,7 +109,7 @@ def test_reproduce_with_two_jobs_interrupted_then_run_again_finishes_with_the_sa
     import psutil
 
     tests = str(Path(__file__).parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = launch_env()
     command = [sys.executable, "-c", REPRODUCE, str(tmp_path), tests]
     proc = subprocess.Popen(command, start_new_session=True, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -136,7 +137,7 @@ def test_reproduce_with_two_jobs_interrupted_then_run_again_finishes_with_the_sa
         table, whole = load_result(Path(s["path"])).long(), reproduced_whole[s["study"]]
         num = whole.select_dtypes("number").columns  # (one thread here, two there: the last digits may move)
         pd.testing.assert_frame_equal(table.drop(columns=num), whole.drop(columns=num), check_dtype=False)
-        pd.testing.assert_frame_equal(table[num], whole[num], check_dtype=False, atol=1e-4, rtol=0)
+        pd.testing.assert_frame_equal(table[num], whole[num], check_dtype=False, atol=1e-4, rtol=1e-4)
 
 
 def test_a_training_study_killed_under_a_two_process_launch_resumes_under_it(tmp_path):
@@ -177,5 +178,5 @@ def test_a_training_study_killed_under_a_two_process_launch_resumes_under_it(tmp
     for name in a.tables:
         x, y = (t.reset_index(drop=True).drop(columns=[c for c in t if str(c).startswith("seconds")])
                 for t in (a.tables[name], b.tables[name]))
-        pd.testing.assert_frame_equal(x, y, check_exact=False, atol=1e-4, rtol=1e-6, obj=name)
+        pd.testing.assert_frame_equal(x, y, check_exact=False, atol=1e-4, rtol=1e-4, obj=name)
     assert a.verdict.status == b.verdict.status
