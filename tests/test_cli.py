@@ -184,6 +184,7 @@ def test_a_bad_config_file_is_one_sentence(tmp_path, capsys):
 def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
     """Each error class of the bad-input benchmark: one sentence, exit 2, and neither torch nor transformers
     imported (the benchmark times them; this checks what they say and what they load)."""
+    import importlib.util
     import subprocess
     import sys
 
@@ -202,7 +203,13 @@ def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
                 "--out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
                 "reproduce --out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
                 "unknown tracker": "unknown tracker 'tensorbored' for --log-with",
-                "export of a folder that is not a quantize run": "is not a quantize run folder"}
+                "export of a folder that is not a quantize run": "is not a quantize run folder",
+                "a model folder with damaged weights": "model.safetensors is damaged: it holds 79 bytes but its "
+                                                       "tensors need 111",
+                "trace of an empty prompt": "the prompt is empty",
+                "trace of a span not in the prompt": "--span 'France' does not occur in the prompt",
+                "lm-eval of a model that is not there": ("no hub reachable" if importlib.util.find_spec("lm_eval")
+                                                         else "pip install 'lmlab[lmeval]'")}
     probe = ("import sys\nfrom lmlab.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
              "    print('EXIT', e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
     cases = bad_inputs(tmp_path)

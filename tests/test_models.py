@@ -162,7 +162,9 @@ def test_a_hub_id_without_a_hub_is_one_sentence_and_tries_nothing(monkeypatch):
         seen.update(kw)
         raise OSError("stop here")
 
-    monkeypatch.setattr(load, "cached_locally", lambda repo, filename="config.json": True)
+    import lmlab.hub
+
+    monkeypatch.setattr(lmlab.hub, "cached_locally", lambda repo, filename="config.json": True)
     monkeypatch.setattr(load, "_from_pretrained", cached)
     with pytest.raises(LmlabError, match="stop here"):
         load_model("some/cached-model")

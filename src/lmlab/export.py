@@ -15,17 +15,16 @@ import re
 from pathlib import Path
 
 from lmlab.errors import LmlabError
+from lmlab.extras import EXPORT, EXPORT_FORMATS
 from lmlab.runs import study_run
 
-FORMATS = ("compressed-tensors",)
-EXTRA = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
 NAME = re.compile(r"^(?:(?P<task>.+)-)?(?P<bits>\d+)bit-(?P<budget>[ABC])-rep(?P<rep>\d+)$")
 
 
 def _check(run_dir: Path, fmt: str) -> list[Path]:
     """Input errors, before torch: the folder, its study, its packed students, the format and its package."""
-    if fmt not in FORMATS:
-        raise LmlabError(f"unknown export format '{fmt}'; use {', '.join(FORMATS)}")
+    if fmt not in EXPORT_FORMATS:
+        raise LmlabError(f"unknown export format '{fmt}'; use {', '.join(EXPORT_FORMATS)}")
     if not run_dir.is_dir():
         raise LmlabError(f"{run_dir} is not a folder; give a quantize run folder (runs/quantize-...)")
     study_run(run_dir, "quantize")
@@ -34,7 +33,7 @@ def _check(run_dir: Path, fmt: str) -> list[Path]:
         raise LmlabError(f"{run_dir} holds no packed students yet (packed/*.safetensors): run the quantize study "
                          "first; the students are packed as each finishes")
     if importlib.util.find_spec("compressed_tensors") is None:
-        raise LmlabError(EXTRA)
+        raise LmlabError(EXPORT)
     return packed
 
 

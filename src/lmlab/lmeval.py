@@ -29,9 +29,9 @@ from __future__ import annotations
 import copy
 
 from lmlab.errors import LmlabError
+from lmlab.extras import LMEVAL
 from lmlab.runs import study_run
 
-EXTRA = "the lm-eval model type needs lm-evaluation-harness: pip install 'lmlab[lmeval]'"
 KINDS = ("none", "filler", "arm", "knockout", "student", "sparse")
 
 try:
@@ -64,7 +64,7 @@ class LmlabLM(HFLM):
                  run: str | None = None, student: str | None = None, replicate: int = 0, seed: int = 0,
                  device: str | None = None, dtype: str | None = None, batch_size: int | str = 1, **kwargs):
         if register_model is None:
-            raise LmlabError(EXTRA)
+            raise LmlabError(LMEVAL)
         from lmlab.models import load_model
 
         intervention = "none" if intervention is None else str(intervention)  # (lm-eval reads "none" as None)
@@ -187,7 +187,7 @@ if register_model is not None:
 
 def main() -> None:
     if register_model is None:
-        raise SystemExit(f"error: {EXTRA}")
+        raise SystemExit(f"error: {LMEVAL}")
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()

@@ -20,6 +20,10 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
     (folder / "no-weights").mkdir(exist_ok=True)
     (folder / "no-weights" / "config.json").write_text('{"model_type": "llama"}')
     (folder / "renamed.gguf").write_bytes(b"PK\x03\x04" + bytes(60))  # a zip file named .gguf
+    (folder / "damaged").mkdir(exist_ok=True)  # a model.safetensors cut short: its header promises 40 bytes, 8 follow
+    (folder / "damaged" / "config.json").write_text('{"model_type": "llama"}')
+    header = b'{"w": {"dtype": "F32", "shape": [10], "data_offsets": [0, 40]}}'
+    (folder / "damaged" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     return [("missing data file", ["knockout", "--datasets", f"popqa:{folder / 'missing.jsonl'}"]),
             ("a line that is not JSON", ["knockout", "--datasets", f"popqa:{folder / 'bad.jsonl'}"]),
             ("a malformed GSM8K row", ["filler", "--benchmark", f"gsm8k:{folder / 'bad.jsonl'}"]),
@@ -37,7 +41,12 @@ def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:
             ("--out that cannot be made", ["knockout", "--out", str(folder / "bad.jsonl" / "runs")]),
             ("reproduce --out that cannot be made", ["reproduce", "--out", str(folder / "bad.jsonl" / "runs")]),
             ("unknown tracker", ["quantize", "--log-with", "tensorbored"]),
-            ("export of a folder that is not a quantize run", ["export", str(folder / "not-a-model")])]
+            ("export of a folder that is not a quantize run", ["export", str(folder / "not-a-model")]),
+            ("a model folder with damaged weights", ["knockout", "--model", str(folder / "damaged")]),
+            ("trace of an empty prompt", ["trace", "", "--target", " Paris", "--span", "France"]),
+            ("trace of a span not in the prompt", ["trace", "The capital of Spain is", "--span", "France"]),
+            ("lm-eval of a model that is not there", ["lm-eval", "--model", "lmlab", "--model_args",
+                                                      "model=no/such-model", "--tasks", "hellaswag"])]
 
 
 def with_out(args: list[str], folder: Path) -> list[str]:

@@ -30,11 +30,10 @@ import torch
 from torch import nn
 
 from lmlab.errors import LmlabError
+from lmlab.extras import EXPORT, EXPORT_FORMATS
 from lmlab.interventions.quant import ACT_GRID, integer_weights, quant_targets, untie_config
 
-from lmlab.export import EXTRA, FORMATS
-
-FORMAT = FORMATS[0]
+FORMAT = EXPORT_FORMATS[0]
 
 
 def _int_args(bits: int, strategy: str) -> dict:
@@ -51,7 +50,7 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
         from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
         from compressed_tensors.quantization import QuantizationConfig
     except ImportError:
-        raise LmlabError(EXTRA) from None
+        raise LmlabError(EXPORT) from None
     from safetensors.torch import save_file
 
     info = getattr(model, "_lmlab_quant", None)

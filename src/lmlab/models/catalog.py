@@ -38,6 +38,53 @@ def known_names() -> list[str]:
 WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json")
 
 
+def check_safetensors(path: Path) -> None:
+    """A safetensors file whose header does not parse, or whose tensors run past its end (a copy or download cut
+    short), is one sentence, read from its header alone (no torch): safetensors would fail only after the model's
+    other files load, with its own traceback."""
+    from lmlab.errors import LmlabError
+
+    def damaged(what: str) -> LmlabError:
+        return LmlabError(f"{path} is damaged: {what}; copy or download the weights again")
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if length <= 0 or 8 + length > size:
+            raise damaged(f"its header is cut short or not a safetensors header ({size} bytes in all)")
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError:
+            raise damaged("its header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a table of tensors")
+    try:
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise damaged("its header does not give every tensor's place in the file") from None
+    if 8 + length + end > size:
+        raise damaged(f"it holds {size} bytes but its tensors need {8 + length + end}")
+
+
+def check_hub_model(spec: str) -> None:
+    """A hub id where no hub can be reached and nothing of it is in the local cache: one sentence, in a second
+    (no torch; load_model asks the same before its retries would take minutes)."""
+    from lmlab.errors import LmlabError
+    from lmlab.hub import cached_locally, hub_reachable, unreachable_message
+
+    if not hub_reachable() and not cached_locally(spec):
+        raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
+
+
+def check_model_available(spec: str, scratch_ok: bool = False) -> str:
+    """check_model_spec, and for a hub id whether it can be had (check_hub_model)."""
+    kind = check_model_spec(spec, scratch_ok)
+    if kind == "hub":
+        check_hub_model(spec)
+    return kind
+
+
 def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
     """What `spec` names, checked without torch: 'scratch', 'tiny', 'embedded', 'gguf', 'folder' or 'hub'. A
     path that is not a model, or an unknown name, is the one sentence load_model gives (it calls this too)."""
@@ -72,6 +119,8 @@ def check_model_spec(spec: str, scratch_ok: bool = False) -> str:
         if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
             raise LmlabError(f"{spec} has a config.json but no weights (model.safetensors, pytorch_model.bin or "
                              "a sharded index); copy the weight files into it")
+        for weights in sorted(path.glob("*.safetensors")):
+            check_safetensors(weights)
         return "folder"
     if spec.count("/") == 1 and not spec.startswith((".", "/", "~")):
         return "hub"

@@ -18,15 +18,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors import SafetensorError
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification,
                           AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase)
 from transformers.utils import logging as hf_logging
 
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
-from lmlab.hub import cached_locally, hub_reachable, unreachable_message
+from lmlab.hub import hub_reachable
 from lmlab.models import embedded, tiny
-from lmlab.models.catalog import check_model_spec, known_names  # noqa: F401  (known_names: lmlab.models exports it)
+from lmlab.models.catalog import (check_hub_model, check_model_spec,  # noqa: F401  (lmlab.models exports
+                                  known_names)  # known_names)
 from lmlab.models.batch import module_device, pad_sequences
 from lmlab.models.placement import Placement, dispatch
 from lmlab.models.scratch import ScratchSpec, build_scratch
@@ -248,8 +250,7 @@ def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code
         return loaded
     # kind == "hub"
     if not hub_reachable():  # once, fast: never minutes of retries on a machine without a hub
-        if not cached_locally(spec):
-            raise LmlabError(unreachable_message(f"'{spec}'", "pass a local model directory or a .gguf file"))
+        check_hub_model(spec)
         kw["local_files_only"] = True
     model, tok = _wrap_load_errors(spec, lambda: _from_pretrained(spec, **kw))
     return _finish(model, tok, spec.split("/")[1], f"hub {spec}", device, dtype, t0, placement)
@@ -309,7 +310,7 @@ def _wrap_load_errors(spec: str, fn):
         return fn()
     except LmlabError:
         raise
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # a file damaged past its header, say
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LmlabError(f"could not load '{spec}': {first}") from exc
 

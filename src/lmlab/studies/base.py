@@ -86,10 +86,10 @@ class StudyConfig(BaseModel):
         """Every input that can be checked without a model: each model name or path (unless `models` is False:
         models passed in as LoadedModels), then the study's own (files exist and parse, names and values known).
         Each failure is the sentence the run itself would give."""
-        from lmlab.models.catalog import check_model_spec
+        from lmlab.models.catalog import check_model_available
 
         for name in (m.strip() for m in str(self.model).split(",") if m.strip() and models):
-            check_model_spec(name, scratch_ok=self.trains_own_model)
+            check_model_available(name, scratch_ok=self.trains_own_model)
         self.check_placement()
         self.check_launch()
         self.check_replicates()

@@ -65,10 +65,10 @@ class Config(StudyConfig):
         if self.export is not None:
             import importlib.util
 
-            from lmlab.export import EXTRA
+            from lmlab.extras import EXPORT
 
             if importlib.util.find_spec("compressed_tensors") is None:
-                raise LmlabError(EXTRA)
+                raise LmlabError(EXPORT)
         bad = [b for b in self.size("budgets") if b not in MULTIPLIER]
         if bad:
             raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")

@@ -1,0 +1,7 @@
+"""The optional extras (pyproject.toml) and the sentence that names each when its package is missing. At the bottom
+of the house with errors.py: the command line, the study configs and the modules that need an extra all read it
+here, so none imports another to learn the wording."""
+
+EXPORT = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
+LMEVAL = "the lm-eval model type needs lm-evaluation-harness: pip install 'lmlab[lmeval]'"
+EXPORT_FORMATS = ("compressed-tensors",)  # what `lmlab export --format` and `--export` take
