@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lmlab.benchmarks import CATALOG as BENCH_CATALOG
 from lmlab.errors import LmlabError
 from lmlab.files import writable_folder
 
@@ -105,8 +106,19 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
           model: str = typer.Option("smollm2-135m", help="embedded name, hub id, local directory or .gguf file"),
           out_dir: Optional[Path] = typer.Option(None, "--out", help="also write trace.csv here")):
     """Knock out attention from a span to later tokens in layers 0..k, for every k; print p(target)."""
-    from lmlab.models import load_model
     from lmlab.files import atomic_write
+    from lmlab.models.catalog import check_model_available
+
+    # the inputs that need no model, before torch loads (the target's single token needs the tokenizer: later)
+    if not prompt.strip():
+        raise LmlabError("the prompt is empty; give the text whose next token is traced, e.g. 'The capital of "
+                         "France is'")
+    if not target:
+        raise LmlabError("--target is empty; give the answer whose probability is traced, e.g. ' Paris'")
+    if not span or span not in prompt:
+        raise LmlabError(f"--span {span!r} does not occur in the prompt {prompt!r}; give text the prompt contains")
+    check_model_available(model)
+    from lmlab.models import load_model
     from lmlab.trace import knockout_trace
 
     lm = load_model(model)
@@ -120,10 +132,13 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
         out.print(f"wrote {Path(out_dir) / 'trace.csv'}")
 
 
-@app.command()
+@app.command(epilog="Benchmarks (--only NAME):\n\n" + "\n\n".join(f"{name}: {line}"
+                                                                   for name, line in BENCH_CATALOG.items()))
 @friendly
-def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (repeatable)"),
+def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (repeatable; the list below)"),
           model: str = typer.Option("smollm2-135m", help="model to benchmark on"),
+          device: str = typer.Option("cpu", help="where the benchmarks that take a device run (replicates): cpu, "
+                                                 "cuda, cuda:N or auto"),
           out_dir: Path = typer.Option(Path("runs/bench"), "--out", help="where bench.json and bench.md go"),
           latent_run: Path = typer.Option(None, help="a finished `lmlab latent` run for latent-vs-cot (default: "
                                                       "run or reuse the quick study under --out)")):
@@ -131,15 +146,18 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     from lmlab.benchmarks import load_all
     from lmlab.files import atomic_write
 
+    unknown = [n for n in only or [] if n not in BENCH_CATALOG]
+    if unknown:
+        raise LmlabError(f"unknown benchmark '{unknown[0]}'; known: {', '.join(BENCH_CATALOG)}")
+    from lmlab.studies.base import resolve_device
+
+    device = resolve_device(device)
     registry = load_all()
     names = only or list(registry)
-    unknown = [n for n in names if n not in registry]
-    if unknown:
-        raise LmlabError(f"unknown benchmark '{unknown[0]}'; known: {', '.join(registry)}")
     rows = []
     for name in names:
         out.print(f"[dim]running {name}...[/]")
-        rows.extend(registry[name](model=model, out_dir=out_dir, latent_run=latent_run))
+        rows.extend(registry[name](model=model, out_dir=out_dir, latent_run=latent_run, device=device))
     cells = [[r["benchmark"], r["case"], "" if r["value"] is None else r["value"], r["unit"], _ratio(r),
               r.get("note") or ("" if r.get("target") is None else f"≤ {r['target']}x")] for r in rows]
     out.print(_table("lmlab bench", ["benchmark", "case", "value", "unit", "ratio", "target"], cells,
@@ -274,14 +292,28 @@ def lm_eval_command(ctx: typer.Context):
     model=M,intervention=... --tasks T (every lm_eval argument; lm_eval's own --help)."""
     import importlib.util
 
-    from lmlab.lmeval import EXTRA
+    from lmlab.extras import LMEVAL
 
     if importlib.util.find_spec("lm_eval") is None:
-        raise LmlabError(EXTRA)
+        raise LmlabError(LMEVAL)
+    check_lm_eval_model(ctx.args)  # a model that is not there: one sentence before lm_eval and torch load
     from lmlab.lmeval import main as lm_eval_main
 
     sys.argv = ["lmlab lm-eval", *ctx.args]
     lm_eval_main()
+
+
+def check_lm_eval_model(args: list[str]) -> None:
+    """The model named in lm_eval's --model_args (model=..., for the interventions that load one), checked as a
+    study checks --model: an unknown name, a path that is not a model, a hub id with no hub."""
+    from lmlab.models.catalog import check_model_available
+
+    text = next((a.split("=", 1)[1] for a in args if a.startswith("--model_args=")), None)
+    if text is None and "--model_args" in args and args.index("--model_args") + 1 < len(args):
+        text = args[args.index("--model_args") + 1]
+    fields = dict(p.split("=", 1) for p in (text or "").split(",") if "=" in p)
+    if fields.get("model") and fields.get("intervention", "none") not in ("student", "sparse"):
+        check_model_available(fields["model"].strip())
 
 
 _registered: set[str] = set()

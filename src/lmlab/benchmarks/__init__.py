@@ -11,6 +11,24 @@ from typing import Callable
 
 BENCHMARKS: dict[str, Callable[..., list[dict]]] = {}
 
+# what `lmlab bench --only` takes, a line each (read by `--help` without importing torch; a test checks it names
+# exactly the registered benchmarks)
+CATALOG = {
+    "peers": "one activation-patching job in lmlab, TransformerLens and nnsight (needs the peers extra)",
+    "interventions": "the intervention layer's cost on a forward pass, per intervention, vs plain sdpa",
+    "load": "the embedded model's load times (GGUF de-quantized vs the cached safetensors)",
+    "generation": "lmlab's greedy decoding (shared prefix, rows leaving) vs transformers' generate",
+    "knockout-sweep": "S1's batched knockout sweep vs one forward pass per sample and layer cut-off",
+    "packed-size": "S2's packed checkpoints on disk vs the same matrices in float32",
+    "kd-step": "S2's distillation step with the teacher's outputs cached vs recomputed",
+    "filler-generation": "S3's generation throughput, and ARM's cost on it",
+    "attribution-patching": "S4's attribution patching vs activation patching (time and rank agreement)",
+    "patching": "S4's batched activation patching and effect curve vs one run per head",
+    "latent-vs-cot": "S0's latent model vs CoT at inference: wall time and tokens per problem",
+    "replicates": "k = 3 replicates trained as one stacked module vs one after the other (takes --device)",
+    "bad-input": "how fast each input error that needs no model fails, as a whole command",
+}
+
 
 def benchmark(name: str):
     def wrap(fn):

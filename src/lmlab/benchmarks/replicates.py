@@ -16,46 +16,66 @@ import time
 from lmlab.benchmarks import benchmark
 
 
-def _time_cases(cases: dict, steps: int) -> dict[str, float]:
-    """{case: step function}: median seconds per step of each, interleaved."""
+def _time_cases(cases: dict, steps: int, device: str = "cpu") -> dict[str, float]:
+    """{case: step function}: median seconds per step of each, interleaved (a GPU's queue drained around each)."""
+    import torch
+
+    def wait():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     names = list(cases)
     times = {n: [] for n in names}
     for i in range(steps):
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
+            wait()
             t0 = time.perf_counter()
             cases[name]()
+            wait()
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-def _pair(models, batch_of, loss_of, k: int):
-    """Step functions for the k models one after the other and for their stack, each with its own AdamW."""
+def _pair(models, batch_of, loss_of, k: int, device: str = "cpu"):
+    """Step functions for the k models one after the other and for their stack, each with its own AdamW, on
+    `device`: float32 weights, and on a GPU the forward pass under bf16 autocast, as lmlab trains there."""
+    import contextlib
+
     import torch
 
     from lmlab.train.ensemble import stack
 
-    solo = [copy.deepcopy(m) for m in models]
-    together = stack([copy.deepcopy(m) for m in models])
+    solo = [copy.deepcopy(m).to(device) for m in models]
+    together = stack([copy.deepcopy(m) for m in models]).to(device)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for m in solo]
     opt = torch.optim.AdamW(together.parameters(), lr=1e-4, fused=True)
 
+    def autocast():
+        if device.startswith("cuda"):
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def one_after_the_other():
         for r, (m, o) in enumerate(zip(solo, opts)):
-            loss_of(m, batch_of(r, 1)).sum().backward()
+            with autocast():
+                loss = loss_of(m, batch_of(r, 1)).sum()
+            loss.backward()
             o.step()
             o.zero_grad()
 
     def at_once():
-        loss_of(together, batch_of(None, k)).sum().backward()
+        with autocast():
+            loss = loss_of(together, batch_of(None, k)).sum()
+        loss.backward()
         opt.step()
         opt.zero_grad()
     return {"one after the other": one_after_the_other, "together (stacked)": at_once}
 
 
 @benchmark("replicates")
-def replicates_bench(steps: int = 12, **_) -> list[dict]:
+def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
     import torch
 
     from lmlab.interventions import SparseAttention, intervene
@@ -73,36 +93,43 @@ def replicates_bench(steps: int = 12, **_) -> list[dict]:
         for case, seconds in rates.items():
             rows.append(dict(benchmark="replicates", case=f"{name}: {case}", value=round(seconds, 3),
                              unit="s per step of 3 replicates", ratio=round(apart / seconds, 2), target=None,
-                             note="aim >= 1.5x" if case.startswith("together") else None, setup=setup))
+                             note="aim >= 1.5x" if case.startswith("together") else None,
+                             setup=f"{setup}; on {device}" + (" (bf16 autocast)" if device.startswith("cuda") else "")))
 
-    config = Config(model="scratch", profile="demo", n_train=200, n_test=10, seeds=k)
+    config = Config(model="scratch", profile="demo", n_train=200, n_test=10, seeds=k, device="cpu")  # (moved below)
     prep = prepare(config)
     collate = collate_for(prep.vocab.pad)
     items = [(ex.prompt, ex.chain + ex.answer) for ex in prep.train]
     bs = config.size("batch_size")
-    batches = {1: [collate(items[r * bs:(r + 1) * bs]) for r in range(k)], k: collate(items[:k * bs])}
+    batches = {1: [_to(collate(items[r * bs:(r + 1) * bs]), device) for r in range(k)],
+               k: _to(collate(items[:k * bs]), device)}
     add("S0 scratch model", f"{config.size('n_layers')} layers x {config.size('d_model')}, batch {bs} turtle chains "
                             "(~107 tokens) per replicate",
-        _time_cases(_pair(prep.initial, lambda r, n: batches[1][r] if n == 1 else batches[k], lm_loss, k), steps))
+        _time_cases(_pair(prep.initial, lambda r, n: batches[1][r] if n == 1 else batches[k], lm_loss, k, device),
+                    steps, device))
 
     data = toy.addition_data(seed=0)
     models = [toy.build_toy(seed=s, d_model=64).model.train() for s in range(k)]
     tb = 64
-    toy_batches = {1: [toy.collate(data.train[r * tb:(r + 1) * tb]) for r in range(k)],
-                   k: toy.collate(data.train[:k * tb])}
+    toy_batches = {1: [_to(toy.collate(data.train[r * tb:(r + 1) * tb]), device) for r in range(k)],
+                   k: _to(toy.collate(data.train[:k * tb]), device)}
 
     def toy_batch(r, n):
         return toy_batches[1][r] if n == 1 else toy_batches[k]
     add("S4 toy, dense", f"4 layers x 64, batch {tb} sequences of 46 tokens per replicate",
-        _time_cases(_pair(models, toy_batch, toy.answer_loss, k), steps))
+        _time_cases(_pair(models, toy_batch, toy.answer_loss, k, device), steps, device))
 
     def sparse_loss(model, batch):
         from lmlab.train.ensemble import replicas
 
         gate = SparseAttention(sample=True, keyed=True, replicas=replicas(model))
-        with intervene(model, gate), keyed_examples(torch.arange(len(batch["input_ids"]))):
+        with intervene(model, gate), keyed_examples(torch.arange(len(batch["input_ids"]), device="cpu")):
             ce = toy.answer_loss(model, batch)
             return ce + 1e-3 * gate.expected_per
     add("S4 toy, sparse post-training", f"the same toy with the sampled edge gate, batch {tb}",
-        _time_cases(_pair(models, toy_batch, sparse_loss, k), steps))
+        _time_cases(_pair(models, toy_batch, sparse_loss, k, device), steps, device))
     return rows
+
+
+def _to(batch, device: str):
+    return {key: value.to(device) for key, value in batch.items()} if isinstance(batch, dict) else batch.to(device)
