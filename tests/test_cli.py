@@ -240,3 +240,15 @@ def test_peers_benchmark_without_the_extra_says_how_to_install_it(monkeypatch, c
     assert capsys.readouterr().out.strip() == "the peers benchmark needs TransformerLens and nnsight: " \
                                               "pip install 'lmlab[peers]'"
     assert len(rows) == 1 and rows[0]["value"] is None
+
+
+def test_bench_help_names_every_benchmark_that_only_takes(capsys):
+    """`lmlab bench --help` lists the benchmarks from a catalog read without torch: it names exactly the registered
+    ones."""
+    from lmlab.benchmarks import CATALOG, load_all
+
+    assert set(CATALOG) == set(load_all())
+    code, out, _ = run_main(capsys, "bench", "--help")
+    shown = " ".join(out.split())
+    assert code == 0
+    assert all(f"{name}:" in shown for name in CATALOG)
