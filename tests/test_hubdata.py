@@ -11,7 +11,7 @@ datasets = pytest.importorskip("datasets", reason="the hub readers need the data
                                                    "a machine with its own packages may lack it)")
 Dataset, DatasetDict = datasets.Dataset, datasets.DatasetDict
 
-from lmlab.data import hubdata
+from lmlab.data import formats, hubdata
 from lmlab.data.formats import QA_ROWS, glue_example, read_qa
 from lmlab.data.math import gsm8k_row, math500_item, read_gsm8k, read_math_file
 from lmlab.errors import LmlabError
@@ -87,7 +87,7 @@ def test_saved_dataset_folders_read_as_format_dir(tmp_path):
     glue = DatasetDict({"train": Dataset.from_list([{"premise": "p", "hypothesis": "h", "label": 1}] * 4),
                         "validation_matched": Dataset.from_list([{"premise": "p", "hypothesis": "h", "label": 0}] * 2)})
     glue.save_to_disk(tmp_path / "mnli")
-    train, dev = hubdata.glue_splits("mnli", tmp_path / "mnli")
+    train, dev = formats.glue_splits("mnli", tmp_path / "mnli")
     assert (len(train), len(dev), train[0].label, dev[0].label) == (4, 2, 1, 0)
     (tmp_path / "empty").mkdir()
     with pytest.raises(LmlabError, match="not a dataset folder written by save_to_disk"):
@@ -107,10 +107,10 @@ def test_hub_id_without_a_hub_is_one_sentence(monkeypatch):
 
     monkeypatch.setattr(lmlab.hub, "hub_reachable", lambda: False)
     with pytest.raises(LmlabError, match=r"^no hub reachable .* the dataset akariasai/PopQA: pass popqa:PATH"):
-        hubdata.hub_qa("popqa")
+        formats.hub_qa("popqa")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(LmlabError, match="not in the local datasets cache and HF_HUB_OFFLINE=1"):
-        hubdata.glue_splits("rte")
+        formats.glue_splits("rte")
 
 
 def test_the_studies_take_hub_ids(monkeypatch):

@@ -1,15 +1,15 @@
 """Benchmarks: ratios measured side by side in one run, never pass/fail on time.
 
 Each benchmark is a function returning rows (dicts with at least `benchmark`, `case`, `value`,
-`unit`); `lmlab bench` runs the registered ones and prints/writes one table. Study issues add theirs
-with `@benchmark("name")`.
+`unit`); `lmlab bench` runs the registered ones and prints/writes one table. A module here registers each of its
+benchmarks with `@benchmark("name")` (lmlab.benchmarks.registry) and names it in CATALOG.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-BENCHMARKS: dict[str, Callable[..., list[dict]]] = {}
+from lmlab.benchmarks.registry import BENCHMARKS
 
 # what `lmlab bench --only` takes, a line each (read by `--help` without importing torch; a test checks it names
 # exactly the registered benchmarks)
@@ -28,29 +28,6 @@ CATALOG = {
     "replicates": "k = 3 replicates trained as one stacked module vs one after the other (takes --device)",
     "bad-input": "how fast each input error that needs no model fails, as a whole command",
 }
-
-
-def benchmark(name: str):
-    def wrap(fn):
-        BENCHMARKS[name] = fn
-        return fn
-    return wrap
-
-
-def alternate(cases: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
-    """Run each case `repeats` times, the order rotating from one repeat to the next (a drift in the machine's
-    speed falls on every case alike): each case's best wall time in seconds, and its last result."""
-    import time
-
-    names = list(cases)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    results: dict[str, object] = {}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            results[name] = cases[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {n: min(t) for n, t in times.items()}, results
 
 
 def load_all() -> dict[str, Callable[..., list[dict]]]:

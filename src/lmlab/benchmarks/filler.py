@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 from lmlab.data.math import generate_arithmetic
 from lmlab.generation import greedy_answers
 from lmlab.interventions import intervene

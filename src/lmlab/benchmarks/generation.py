@@ -11,7 +11,7 @@ over a 1 GiB tensor), and the distance to the bound printed.
 
 from __future__ import annotations
 
-from lmlab.benchmarks import alternate, benchmark
+from lmlab.benchmarks.registry import alternate, benchmark
 
 
 def _bandwidth() -> float:

@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 
 
 def bad_inputs(folder: Path) -> list[tuple[str, list[str]]]:

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 from lmlab.interventions import AblateHeads, Capture, Knockout, intervene
 from lmlab.models import load_model
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 from lmlab.data.generated.geo_qa import generate
 from lmlab.models import load_model
 from lmlab.generation import prefix_cache

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 from lmlab.errors import LmlabError
 
 

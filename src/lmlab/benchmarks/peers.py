@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lmlab.benchmarks import alternate, benchmark
+from lmlab.benchmarks.registry import alternate, benchmark
 
 INSTALL = "the peers benchmark needs TransformerLens and nnsight: pip install 'lmlab[peers]'"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models import load_model
 

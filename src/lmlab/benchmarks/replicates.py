@@ -13,7 +13,7 @@ import copy
 import statistics
 import time
 
-from lmlab.benchmarks import benchmark
+from lmlab.benchmarks.registry import benchmark
 
 
 def _time_cases(cases: dict, steps: int, device: str = "cpu") -> dict[str, float]:

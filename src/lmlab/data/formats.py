@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Callable, Iterator
 
+from lmlab.data import hubdata
 from lmlab.data.qa import QAItem
 from lmlab.errors import LmlabError
 
@@ -131,15 +132,21 @@ def read_qa(kind: str, path: str | Path) -> list[QAItem]:
         raise LmlabError(f"unknown QA file format '{kind}'; known: {', '.join(READERS)}")
     path = Path(path).expanduser()
     if path.is_dir():  # a dataset saved with `save_to_disk`
-        from lmlab.data.hubdata import saved_rows
-
-        items = [QA_ROWS[kind](row, where, i) for i, (where, row) in enumerate(saved_rows(path, kind))]
+        items = [QA_ROWS[kind](row, where, i) for i, (where, row) in enumerate(hubdata.saved_rows(path, kind))]
     elif not path.is_file():
         raise LmlabError(f"no {kind} file or saved dataset folder at {path}")
     else:
         items = READERS[kind](path)
     if not items:
         raise LmlabError(f"{path} holds no questions")
+    return items
+
+
+def hub_qa(kind: str) -> list:
+    """The QA items of the hub dataset `kind` (popqa, triviaqa, nq, hotpotqa)."""
+    items = [QA_ROWS[kind](row, where, i) for i, (where, row) in enumerate(hubdata.hub_rows(kind))]
+    if not items:
+        raise LmlabError(f"the hub dataset {hubdata.HUB[kind].repo} holds no questions")
     return items
 
 
@@ -208,3 +215,22 @@ def glue_example(task: str, row: dict, where: str):
         raise LmlabError(f"{where}: label {label} is not a class of {task} (0..{num_labels - 1}; the test split's "
                          f"labels are hidden)")
     return NLUExample(str(a), None if b is None else str(b), float(label) if num_labels == 1 else int(label))
+
+
+def glue_splits(task: str, folder: Path | None = None) -> tuple[list, list]:
+    """(train, dev) examples of GLUE `task`, from the hub (folder None) or a saved DatasetDict folder."""
+    if task not in GLUE:
+        raise LmlabError(f"unknown GLUE task '{task}'; known: {', '.join(GLUE)}")
+    dev_split = "validation_matched" if task == "mnli" else "validation"
+    out = []
+    for split in ("train", dev_split):
+        if folder is None:
+            repo = hubdata.GLUE_REPO
+            found = hubdata.rows(hubdata.load_hub(repo, task, split, f"glue-{task}"), f"{repo}/{task}[{split}]")
+        else:
+            found = hubdata.saved_rows(folder, f"glue-{task}", split)
+        examples = [glue_example(task, row, where) for where, row in found]
+        if not examples:
+            raise LmlabError(f"GLUE {task} {split} holds no rows")
+        out.append(examples)
+    return out[0], out[1]

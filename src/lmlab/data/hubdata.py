@@ -1,4 +1,6 @@
-"""Datasets by hub id, through the `datasets` library, mapped onto the same items as the file readers.
+"""Datasets by hub id, through the `datasets` library: the rows of a hub dataset or of a saved dataset folder. The
+readers map them onto items (formats.py: QA and GLUE; math.py: GSM8K and MATH-500), so this module knows no format
+and imports none of them.
 
     popqa       akariasai/PopQA                     test
     triviaqa    mandarjoshi/trivia_qa, rc.nocontext validation
@@ -8,8 +10,8 @@
     math500     HuggingFaceH4/MATH-500              test
     glue-NAME   nyu-mll/glue, NAME                  train and validation (mnli: validation_matched)
 
-Each row goes through the same mapping as a row of the real file (`formats.QA_ROWS`, `math.gsm8k_row`,
-`math.math500_item`, `formats.glue_example`), so a hub row with a missing field is the same one-line error
+Each row goes through the same mapping as a row of the real file (`formats.hub_qa` with `formats.QA_ROWS`,
+`math.hub_gsm8k`, `math.hub_math_items`, `formats.glue_splits`), so a hub row with a missing field is the same one-line error
 as a file's, naming the dataset and row. A folder written by `save_to_disk` (a Dataset, or a DatasetDict
 holding the split) is read by `FORMAT:DIR`, wherever `FORMAT:PATH` takes a file.
 
@@ -120,57 +122,3 @@ def load_saved(path: Path, kind: str, split: str | None = None) -> Any:
 
 def saved_rows(path: Path, kind: str, split: str | None = None) -> Iterator[tuple[str, dict]]:
     return rows(load_saved(path, kind, split), str(path) + (f"[{split}]" if split else ""))
-
-
-def hub_qa(kind: str) -> list:
-    """The QA items of the hub dataset `kind` (popqa, triviaqa, nq, hotpotqa)."""
-    from lmlab.data.formats import QA_ROWS
-
-    items = [QA_ROWS[kind](row, where, i) for i, (where, row) in enumerate(hub_rows(kind))]
-    if not items:
-        raise LmlabError(f"the hub dataset {HUB[kind].repo} holds no questions")
-    return items
-
-
-def hub_gsm8k(split: str | None = None) -> list:
-    """The GSM8K rows (`GsmRow`: question, reasoning lines, answer) of the hub's `split` (default test)."""
-    from lmlab.data.math import gsm8k_row
-
-    got = [gsm8k_row(row, where, n) for n, (where, row) in enumerate(hub_rows("gsm8k", split), 1)]
-    if not got:
-        raise LmlabError(f"the hub dataset {HUB['gsm8k'].repo} holds no problems")
-    return got
-
-
-def hub_math_items(kind: str) -> list:
-    """The test problems (`MathItem`) of the hub's GSM8K or MATH-500."""
-    from lmlab.data.math import MathItem, math500_item
-
-    if kind == "gsm8k":
-        return [MathItem(f"gsm8k-{r.line:05d}", kind, 0, r.question, r.answer) for r in hub_gsm8k()]
-    if kind != "math500":
-        raise LmlabError(f"unknown math dataset '{kind}'; known: gsm8k, math500")
-    got = [math500_item(row, where, n) for n, (where, row) in enumerate(hub_rows(kind), 1)]
-    if not got:
-        raise LmlabError(f"the hub dataset {HUB[kind].repo} holds no problems")
-    return got
-
-
-def glue_splits(task: str, folder: Path | None = None) -> tuple[list, list]:
-    """(train, dev) examples of GLUE `task`, from the hub (folder None) or a saved DatasetDict folder."""
-    from lmlab.data.formats import GLUE, glue_example
-
-    if task not in GLUE:
-        raise LmlabError(f"unknown GLUE task '{task}'; known: {', '.join(GLUE)}")
-    dev_split = "validation_matched" if task == "mnli" else "validation"
-    out = []
-    for split in ("train", dev_split):
-        if folder is None:
-            found = rows(load_hub(GLUE_REPO, task, split, f"glue-{task}"), f"{GLUE_REPO}/{task}[{split}]")
-        else:
-            found = saved_rows(folder, f"glue-{task}", split)
-        examples = [glue_example(task, row, where) for where, row in found]
-        if not examples:
-            raise LmlabError(f"GLUE {task} {split} holds no rows")
-        out.append(examples)
-    return out[0], out[1]

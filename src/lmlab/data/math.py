@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmlab.data import hubdata
 from lmlab.data.scoring import normalize_number
 from lmlab.errors import LmlabError
 
@@ -134,9 +135,7 @@ def read_gsm8k(path: str | Path) -> list[GsmRow]:
     """Every row of a GSM8K jsonl file, or of a saved dataset folder (`save_to_disk`)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        from lmlab.data.hubdata import saved_rows
-
-        out = [gsm8k_row(row, where, n) for n, (where, row) in enumerate(saved_rows(path, "gsm8k"), 1)]
+        out = [gsm8k_row(row, where, n) for n, (where, row) in enumerate(hubdata.saved_rows(path, "gsm8k"), 1)]
     else:
         out = [gsm8k_row(row, f"{path}:{n}", n) for n, row in _rows(path, "GSM8K")]
     if not out:
@@ -153,11 +152,29 @@ def read_math_file(kind: str, path: str | Path) -> list[MathItem]:
     if kind != "math500":
         raise LmlabError(f"unknown math file format '{kind}'; known: gsm8k, math500")
     if path.is_dir():
-        from lmlab.data.hubdata import saved_rows
-
-        items = [math500_item(row, where, n) for n, (where, row) in enumerate(saved_rows(path, kind), 1)]
+        items = [math500_item(row, where, n) for n, (where, row) in enumerate(hubdata.saved_rows(path, kind), 1)]
     else:
         items = [math500_item(row, f"{path}:{n}", n) for n, row in _rows(path, kind)]
     if not items:
         raise LmlabError(f"{path} holds no problems")
     return items
+
+
+def hub_gsm8k(split: str | None = None) -> list:
+    """The GSM8K rows (`GsmRow`: question, reasoning lines, answer) of the hub's `split` (default test)."""
+    got = [gsm8k_row(row, where, n) for n, (where, row) in enumerate(hubdata.hub_rows("gsm8k", split), 1)]
+    if not got:
+        raise LmlabError(f"the hub dataset {hubdata.HUB['gsm8k'].repo} holds no problems")
+    return got
+
+
+def hub_math_items(kind: str) -> list:
+    """The test problems (`MathItem`) of the hub's GSM8K or MATH-500."""
+    if kind == "gsm8k":
+        return [MathItem(f"gsm8k-{r.line:05d}", kind, 0, r.question, r.answer) for r in hub_gsm8k()]
+    if kind != "math500":
+        raise LmlabError(f"unknown math dataset '{kind}'; known: gsm8k, math500")
+    got = [math500_item(row, where, n) for n, (where, row) in enumerate(hubdata.hub_rows(kind), 1)]
+    if not got:
+        raise LmlabError(f"the hub dataset {hubdata.HUB[kind].repo} holds no problems")
+    return got

@@ -102,7 +102,7 @@ def read_gsm8k_problems(path: str | Path | None) -> list[Problem]:
     parses the file). `path` None: the hub's GSM8K train split (S0 trains on it; `split_problems` then makes
     its disjoint train/dev/test)."""
     if path is None:
-        from lmlab.data.hubdata import hub_gsm8k
+        from lmlab.data.math import hub_gsm8k
 
         rows = hub_gsm8k("train")
     else:

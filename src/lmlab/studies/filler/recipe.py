@@ -51,7 +51,7 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
     if path:
         items = read_math_file(kind, path)
     else:
-        from lmlab.data.hubdata import hub_math_items
+        from lmlab.data.math import hub_math_items
 
         items = hub_math_items(kind)
     random.Random(config.seed).shuffle(items)

@@ -61,7 +61,7 @@ def load_items(config: Config) -> list[QAItem]:
         if path and kind in READERS:
             found = read_qa(kind, path)
         elif entry in READERS:  # a hub id: popqa, triviaqa, nq, hotpotqa
-            from lmlab.data.hubdata import hub_qa
+            from lmlab.data.formats import hub_qa
 
             found = hub_qa(entry)
         else:

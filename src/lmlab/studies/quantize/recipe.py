@@ -53,7 +53,8 @@ def load_task(name: str, config: Config) -> NLUTask:
         if glue not in GLUE:
             raise LmlabError(f"use glue-NAME (from the hub) or glue-NAME:DIR with NAME one of {', '.join(GLUE)}")
         metric, labels = GLUE[glue][0], GLUE[glue][1]
-        from lmlab.data.hubdata import glue_splits, is_saved_dataset
+        from lmlab.data.formats import glue_splits
+        from lmlab.data.hubdata import is_saved_dataset
 
         if not folder or is_saved_dataset(Path(folder).expanduser()):
             train_rows, dev_rows = glue_splits(glue, Path(folder).expanduser() if folder else None)

@@ -1,0 +1,99 @@
+"""The house: every import of src/lmlab (at the top of a file or in a function) runs down the floors of
+docs/layers.md or stays on its floor, none closes a circle, and no study imports another study."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+SRC = ROOT / "src"
+SHARED = {"lmlab.studies", "lmlab.studies.base", "lmlab.studies.result", "lmlab.studies.runner"}
+
+
+def floors() -> dict[str, int]:
+    """{module prefix: floor} from the table of docs/layers.md."""
+    out = {}
+    for line in (ROOT / "docs" / "layers.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for name in re.findall(r"`([^`]+)`", cells[1]):
+                out["lmlab" if name == "lmlab" else f"lmlab.{name}"] = int(cells[0])
+    return out
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / "lmlab").rglob("*.py")):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict) -> set[str]:
+    """The lmlab modules `name` imports, each resolved to the module that holds it."""
+    def resolve(target: str) -> str:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        return target
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {resolve(a.name) for a in node.names if a.name.startswith("lmlab")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            module = (base + ("." + node.module if node.module else "")) if node.level else (node.module or "")
+            if module.startswith("lmlab"):
+                found |= {resolve(f"{module}.{a.name}") if f"{module}.{a.name}" in known else resolve(module)
+                          for a in node.names}
+    return found - {name, ""}
+
+
+def floor_of(name: str, table: dict[str, int]) -> int:
+    best = max((p for p in table if name == p or name.startswith(p + ".")), key=len, default=None)
+    assert best is not None, f"{name} is on no floor of docs/layers.md"
+    return table[best]
+
+
+def study_of(name: str) -> str | None:
+    parts = name.split(".")
+    return ".".join(parts[:3]) if len(parts) >= 3 and parts[1] == "studies" and name not in SHARED else None
+
+
+def test_imports_run_down_the_floors_of_docs_layers():
+    table, known = floors(), modules()
+    up, across = [], []
+    for name, path in known.items():
+        for target in imports(name, path, known):
+            if floor_of(target, table) > floor_of(name, table):
+                up.append(f"{name} (floor {floor_of(name, table)}) imports {target} (floor {floor_of(target, table)})")
+            if study_of(name) and study_of(target) and study_of(name) != study_of(target):
+                across.append(f"{name} imports {target}")
+    assert not up, up
+    assert not across, across
+
+
+def test_no_import_closes_a_circle():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, circles
