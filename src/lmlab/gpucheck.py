@@ -1,5 +1,7 @@
 """lmlab on a GPU, in one script: the test suite with the GPU present, every study on cuda at sizes that finish in
-minutes, and the replicates benchmark on the GPU; one short summary file. `make gpu-check` runs it.
+minutes, and the replicates benchmark on the GPU; one short summary file. `make gpu-check` runs it
+(`PYTHONPATH=src python3 -m lmlab.gpucheck`: this module needs nothing beyond the standard library until it has
+installed what the machine lacks, and lmlab's package imports nothing else on the way).
 
 It runs on a GPU machine's own Python and torch (no virtual environment, no package index). lmlab's requirements
 that machine lacks are installed from a folder of wheels (`make gpu-wheels` fetches them on a machine with an index,
@@ -7,7 +9,7 @@ into .whl/; they go with the checkout) into a folder of their own, put first on 
 were missing and which came from the wheels. A package absent there and absent from the wheels: the tests that need
 it skip and say which.
 
-    python3 scripts/gpu_check.py [--out DIR] [--wheels .whl] [--device cuda] [--only suite,studies,bench] [--budget S]
+    PYTHONPATH=src python3 -m lmlab.gpucheck [--out DIR] [--wheels .whl] [--device cuda] [--only suite,studies,bench] [--budget S]
 
 Each step has its own time limit inside `--budget` (default 540 s, inside one 10-minute command) and a step that
 runs out is recorded as such, with what had finished. `--device cpu --small` runs the same plumbing on a CPU at
@@ -26,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (src/lmlab/gpucheck.py)
 
 # lmlab's requirements (pyproject.toml) as import names, with the version lmlab needs where a machine's own may be
 # older (a GPU image's transformers 5.17, say)

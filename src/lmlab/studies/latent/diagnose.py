@@ -1,7 +1,7 @@
 """S0 diagnostic: where a finished `lmlab latent` run's largest-rate model goes wrong after the true codes of
 the first k chunks of each chain are forced in (k = 1, 2, 3).
 
-    python bench/latent_first_error.py RUN [--n 300] [--replicate 0]
+    python -m lmlab.studies.latent.diagnose RUN [--n 300] [--replicate 0]
 
 For each k: accuracy, and where the first generated token that differs from the gold continuation falls
 (a copied or a computed chain token, and in which step of the trace). It rebuilds the run's data, its
@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from lmlab.studies import latent as study
 from lmlab.studies.latent import codes as L
+from lmlab.studies.latent.config import Config
 from lmlab.studies.latent.measure import chunk_codes, train_vq
+from lmlab.studies.latent.recipe import final_weights, prepare
 
 
 class _Run:
@@ -34,14 +35,14 @@ def main() -> None:
     parser.add_argument("--replicate", type=int, default=0, help="which replicate of the run")
     args = parser.parse_args()
     fields = yaml.safe_load((args.run / "config.yaml").read_text())
-    config = study.Config(**{k: v for k, v in fields.items() if k in study.Config.model_fields})
-    prep = study.prepare(config)
+    config = Config(**{k: v for k, v in fields.items() if k in Config.model_fields})
+    prep = prepare(config)
     vocab, rate = prep.vocab, max(config.size("rates"))
     r = args.replicate
     vq, _, _ = train_vq(vocab, prep.train, config, rate, _Run(args.run), seed=config.replicate_seeds()[r],
                         replicate=r)  # resumes the finished VQ-VAE
     model = prep.initial[r]
-    missing, unexpected = model.load_state_dict(study.final_weights(args.run, f"r{rate}", replicate=r), strict=False)
+    missing, unexpected = model.load_state_dict(final_weights(args.run, f"r{rate}", replicate=r), strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise SystemExit(f"the r{rate} checkpoint does not fit the rebuilt model")
     model.eval()
