@@ -175,3 +175,36 @@ def test_a_quantized_student_over_two_processes_follows_the_one_process_curve(tm
     a, b = _curves(tmp_path, "kd_worker.py")
     assert len(a["losses"]) == len(b["losses"]) == 6 and a["losses"][-1] < a["losses"][0]
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-4, abs=1e-4)
+
+
+def test_the_loops_parts_each_do_their_one_thing(tmp_path):
+    """The loop in parts (lmlab.train.loop): set-up refuses what cannot train, resume finds nothing in a new folder and
+    the newest checkpoint in an old one, one step's loss is the batch's loss before the update (which moves the
+    weights), and the record keeps each step's loss."""
+    import copy
+
+    from lmlab.train.loop import TrainResult, _record, _resume, _set_up, _take_step
+
+    lm = load_model("tiny-llama", device="cpu")
+    data, cfg = _data(lm), TrainConfig(steps=4, batch_size=4, checkpoint_every=2, progress=False)
+    with pytest.raises(LmlabError, match="the training set is empty"):
+        _set_up(lm.model, [], cfg, None, tmp_path)
+    with pytest.raises(LmlabError, match="holds 1 replicate.* names 2 seed"):
+        _set_up(lm.model, data, cfg.model_copy(update={"replicate_seeds": [1, 2]}), None, tmp_path)
+    model = copy.deepcopy(lm.model)
+    run = _set_up(model, data, cfg, None, tmp_path / "fresh")
+    assert _resume(tmp_path / "fresh", model, run.optimizer, cfg, None) == (TrainResult(), None)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = torch.stack([data[i] for i in batch_indices(len(data), 0, 0, cfg)])
+    with torch.no_grad():
+        expected = _loss(model, batch).item()
+    model.train()
+    (loss,) = _take_step(run, model, torch.stack, _loss, cfg, 0, None)
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    result = TrainResult()
+    _record(run, result, [loss], cfg, 0)
+    assert result.losses == [loss] and result.replicate_losses == []
+    whole = train(copy.deepcopy(lm.model), data, torch.stack, _loss, cfg, tmp_path / "old")
+    again, newest = _resume(tmp_path / "old", copy.deepcopy(lm.model), run.optimizer, cfg, None)
+    assert again.resumed_from == 4 and newest.name == "step-0000004" and again.losses == whole.losses

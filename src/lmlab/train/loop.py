@@ -249,12 +249,59 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     replicate's own micro-batch in turn (drawn from its seed), `loss_fn` returns k losses (one per replicate, each
     that replicate's mean), their sum is differentiated (the replicates share no weight, so each gets its own
     gradient), and the gradient norm is clipped per replicate.
+
+    In parts: `_set_up` (the accelerator, the optimizer, the replicates' data) and `_resume` (the newest
+    checkpoint), then per step `_take_step` (every micro-batch of every replicate, the update), `_record` (the
+    losses, the trackers) and `_checkpoint`.
     """
+    out_dir = Path(out_dir)
+    run = _set_up(model, dataset, config, parameters, out_dir)
+    result, last_good = _resume(out_dir, model, run.optimizer, config, state)
+    model, run.optimizer = run.acc.prepare(model, run.optimizer)
+    if run.acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
+        torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + run.acc.process_index)
+    model.train()
+    if config.log_with:
+        run.acc.init_trackers(slug(config.description),  # the tracker's run: e.g. fact-qnli-2-bit-Budget-C-replicate-0
+                              config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
+    progress = _progress(config, run.acc.is_main_process, result.resumed_from or 0)
+    try:
+        for step in range(result.resumed_from or 0, config.steps):
+            _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
+            if on_step:  # (before the checkpoint: it may move `state`, which the checkpoint keeps)
+                on_step(step, result.losses[-1])
+            progress.advance(result.losses[-1])
+            last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good)
+        result.steps_done = config.steps
+        result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
+    finally:
+        progress.close()
+        if config.log_with:
+            run.acc.end_training()
+    model = run.acc.unwrap_model(model)
+    model.eval()
+    return result
+
+
+@dataclass
+class _Run:
+    """What the steps of one training share: the accelerator, the optimizer and its parameters, and each
+    replicate's seed and training set."""
+    acc: Any
+    optimizer: torch.optim.Optimizer
+    params: list
+    seeds: list[int]
+    sets: list
+    n_examples: int
+
+
+def _set_up(model, dataset: Sequence, config: TrainConfig, parameters, out_dir: Path) -> _Run:
+    """The accelerator (device, precision, processes, trackers), the inputs checked, and AdamW over `parameters`
+    (default: every trainable one) in learning-rate groups."""
     from accelerate import Accelerator
 
-    from lmlab.train.ensemble import clip_per_replicate, replicas
+    from lmlab.train.ensemble import replicas
 
-    out_dir = Path(out_dir)
     cpu = (not torch.cuda.is_available()) if config.cpu is None else config.cpu
     first = next(model.parameters(), None)
     if first is not None and first.device.type == "cuda" and first.device.index is not None and not _distributed():
@@ -263,9 +310,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     log_dir = Path(config.log_dir) if config.log_dir else (_LOG_ROOT.get() or out_dir / "logs")
     acc = Accelerator(cpu=cpu, mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.grad_accum,
                       log_with=list(config.log_with) or None, project_dir=str(log_dir) if config.log_with else None)
-    n_proc = acc.num_processes
-    if config.batch_size % n_proc:
-        raise LmlabError(f"batch size {config.batch_size} is not divisible by {n_proc} processes")
+    if config.batch_size % acc.num_processes:
+        raise LmlabError(f"batch size {config.batch_size} is not divisible by {acc.num_processes} processes")
     if len(dataset) == 0:
         raise LmlabError("the training set is empty")
     seeds = list(config.replicate_seeds) or [config.seed]
@@ -276,97 +322,103 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     if len(sets) != k:
         raise LmlabError(f"{len(sets)} training sets for {k} replicate(s)")
     params = list(parameters) if parameters is not None else [p for p in model.parameters() if p.requires_grad]
+    return _Run(acc, _optimizer(model, params, config, parameters is None), params, seeds, sets, len(dataset))
+
+
+def _optimizer(model, params: list, config: TrainConfig, scaled: bool) -> torch.optim.Optimizer:
+    """AdamW; with `config.lr_scale` (and the model's own parameters) one group per learning-rate scale."""
     # the fused kernel: one pass over each tensor instead of a dozen ops (on MiniLM's 23M parameters a CPU
     # step takes 10 ms instead of 66 ms); devices it does not cover keep the default implementation
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
     groups: list = params
-    if config.lr_scale and parameters is None:
+    if config.lr_scale and scaled:
         scale_of = {id(p): next((v for k, v in config.lr_scale.items() if k in name), 1.0)
                     for name, p in model.named_parameters()}
         by_scale: dict[float, list] = {}
         for p in params:
             by_scale.setdefault(scale_of[id(p)], []).append(p)
         groups = [{"params": ps, "lr_scale": s} for s, ps in sorted(by_scale.items())]
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, fused=fused)
+    return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, fused=fused)
+
+
+def _resume(out_dir: Path, model, optimizer, config: TrainConfig, state) -> tuple[TrainResult, Path | None]:
+    """The newest complete checkpoint loaded into the model, optimizer and `state` (none: a fresh result);
+    (the result so far, with `resumed_from` its step, and that checkpoint)."""
     result = TrainResult()
-    start = 0
     existing = _checkpoints(out_dir)
-    if existing:
-        info = load_checkpoint(existing[-1], model, optimizer)
-        if info["optimizer"] is None and info["step"] < config.steps:
-            raise LmlabError(f"{existing[-1]} ends a finished training of {info['step']} steps (no optimizer state "
-                             f"kept); it cannot be continued to {config.steps}: use a new output folder")
-        start, result.losses, result.resumed_from = info["step"], list(info["losses"]), info["step"]
-        result.replicate_losses = [list(x) for x in info.get("replicate_losses", [])]
-        if state is not None and info.get("extra"):
-            state.load_state_dict(info["extra"])
-        result.checkpoint = existing[-1]
-    model, optimizer = acc.prepare(model, optimizer)
-    if acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
-        torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + acc.process_index)
-    model.train()
+    if not existing:
+        return result, None
+    info = load_checkpoint(existing[-1], model, optimizer)
+    if info["optimizer"] is None and info["step"] < config.steps:
+        raise LmlabError(f"{existing[-1]} ends a finished training of {info['step']} steps (no optimizer state "
+                         f"kept); it cannot be continued to {config.steps}: use a new output folder")
+    result.losses, result.resumed_from = list(info["losses"]), info["step"]
+    result.replicate_losses = [list(x) for x in info.get("replicate_losses", [])]
+    if state is not None and info.get("extra"):
+        state.load_state_dict(info["extra"])
+    result.checkpoint = existing[-1]
+    return result, existing[-1]
+
+
+def _take_step(run: _Run, model, collate, loss_fn, config: TrainConfig, step: int, last_good) -> list[float]:
+    """One optimizer step: this process's slice of every replicate's micro-batches, the update (gradients clipped,
+    per replicate for a stacked model); each replicate's loss averaged over processes."""
+    from lmlab.train.ensemble import clip_per_replicate
+
+    acc, n_proc, k = run.acc, run.acc.num_processes, len(run.seeds)
+    for group in run.optimizer.param_groups:
+        group["lr"] = config.lr * lr_factor(step, config) * group.get("lr_scale", 1.0)
+    total = torch.zeros(k, device=acc.device)
+    for micro in range(config.grad_accum):
+        items = [run.sets[r][i] for r, seed in enumerate(run.seeds)
+                 for i in batch_indices(run.n_examples, step, micro, config, seed)[acc.process_index::n_proc]]
+        batch = _to(collate(items), acc.device)
+        positions = list(range(config.batch_size))[acc.process_index::n_proc]
+        with acc.accumulate(model), _keyed(run.seeds, step, micro, positions):
+            loss = loss_fn(model, batch).reshape(-1)
+            if not torch.isfinite(loss).all():
+                raise TrainingDiverged(
+                    f"the loss became {loss.item() if loss.numel() == 1 else loss.detach().tolist()} at step "
+                    f"{step}; " + (f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was kept")
+                    + " (lower the learning rate or check the data)")
+            acc.backward(loss.sum())
+            if acc.sync_gradients and config.max_grad_norm:
+                if config.replicate_seeds:
+                    clip_per_replicate(run.params, k, config.max_grad_norm)
+                else:
+                    acc.clip_grad_norm_(run.params, config.max_grad_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+        total += loss.detach() / config.grad_accum
+    return acc.reduce(total, reduction="mean").tolist()
+
+
+def _record(run: _Run, result: TrainResult, per_replicate: list[float], config: TrainConfig, step: int) -> None:
+    """The step's losses in the result (the mean over replicates, and each replicate's) and in the trackers."""
+    k = len(run.seeds)
+    mean_loss = float(sum(per_replicate) / k)
+    result.losses.append(mean_loss)
+    if config.replicate_seeds:
+        result.replicate_losses.append(per_replicate)
     if config.log_with:
-        acc.init_trackers(slug(config.description),  # the tracker's run: e.g. fact-qnli-2-bit-Budget-C-replicate-0
-                          config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
-    progress = _progress(config, acc.is_main_process, start)
-    last_good = existing[-1] if existing else None
-    try:
-        for step in range(start, config.steps):
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr * lr_factor(step, config) * group.get("lr_scale", 1.0)
-            total = torch.zeros(k, device=acc.device)
-            for micro in range(config.grad_accum):
-                items = [sets[r][i] for r, seed in enumerate(seeds)
-                         for i in batch_indices(len(dataset), step, micro, config, seed)[acc.process_index::n_proc]]
-                batch = _to(collate(items), acc.device)
-                positions = list(range(config.batch_size))[acc.process_index::n_proc]
-                with acc.accumulate(model), _keyed(seeds, step, micro, positions):
-                    loss = loss_fn(model, batch).reshape(-1)
-                    if not torch.isfinite(loss).all():
-                        raise TrainingDiverged(
-                            f"the loss became {loss.item() if loss.numel() == 1 else loss.detach().tolist()} at step "
-                            f"{step}; "
-                            + (f"the last good checkpoint is {last_good}" if last_good else "no checkpoint was kept")
-                            + " (lower the learning rate or check the data)")
-                    acc.backward(loss.sum())
-                    if acc.sync_gradients and config.max_grad_norm:
-                        if config.replicate_seeds:
-                            clip_per_replicate(params, k, config.max_grad_norm)
-                        else:
-                            acc.clip_grad_norm_(params, config.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                total += loss.detach() / config.grad_accum
-            per_replicate = acc.reduce(total, reduction="mean").tolist()
-            mean_loss = float(sum(per_replicate) / k)
-            result.losses.append(mean_loss)
-            if config.replicate_seeds:
-                result.replicate_losses.append(per_replicate)
-            if config.log_with:
-                values = {"loss": mean_loss, "lr": config.lr * lr_factor(step, config)}
-                values.update({f"loss_replicate_{r}": v for r, v in enumerate(per_replicate) if k > 1})
-                acc.log(values, step=step + 1)
-            if on_step:
-                on_step(step, mean_loss)
-            progress.advance(mean_loss)
-            done = step + 1
-            if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.steps:
-                acc.wait_for_everyone()
-                if acc.is_main_process:
-                    last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), optimizer, result.losses,
-                                                config.keep_checkpoints,
-                                                extra=state.state_dict() if state is not None else None,
-                                                replicate_losses=result.replicate_losses, final=done == config.steps)
-                acc.wait_for_everyone()
-        result.steps_done = config.steps
-        result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
-    finally:
-        progress.close()
-        if config.log_with:
-            acc.end_training()
-    model = acc.unwrap_model(model)
-    model.eval()
-    return result
+        values = {"loss": mean_loss, "lr": config.lr * lr_factor(step, config)}
+        values.update({f"loss_replicate_{r}": v for r, v in enumerate(per_replicate) if k > 1})
+        run.acc.log(values, step=step + 1)
+
+
+def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step: int, out_dir: Path, state,
+                last_good) -> Path | None:
+    """A checkpoint when one is due (every `checkpoint_every` steps and at the end; rank 0 writes it); the newest
+    good checkpoint."""
+    acc, done = run.acc, step + 1
+    if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.steps:
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
+                                        config.keep_checkpoints, extra=state.state_dict() if state is not None else None,
+                                        replicate_losses=result.replicate_losses, final=done == config.steps)
+        acc.wait_for_everyone()
+    return last_good
 
 
 def _distributed() -> bool:
