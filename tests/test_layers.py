@@ -1,5 +1,6 @@
 """The house: every import of src/lmlab (at the top of a file or in a function) runs down the floors of
-docs/layers.md or stays on its floor, none closes a circle, and no study imports another study."""
+docs/layers.md or stays on its floor, none closes a circle, no study imports another study, and no function runs
+over 60 lines."""
 
 from __future__ import annotations
 
@@ -97,3 +98,13 @@ def test_no_import_closes_a_circle():
         if node not in state:
             visit(node, [node])
     assert not circles, circles
+
+
+def test_no_function_is_over_sixty_lines():
+    """A function a reader can hold: none in src/lmlab runs over 60 lines (docstring included)."""
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, long

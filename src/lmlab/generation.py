@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -107,54 +108,81 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     Decoding a few rows costs nearly as much per step as a full batch (the weights are read either way), so
     this keeps the batch full instead of finishing each batch's longest answer alone.
     """
-    device, n = lm.device, len(prompts)
     prefix, shared = prefix_cache(lm, prompts) if share_prefix else (0, None)
-    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
-    out: list[list[int]] = [[] for _ in range(n)]
-    waiting = list(range(n))[::-1]  # popped from the end: prompts join in order
-    rows = torch.zeros(0, dtype=torch.long, device=device)  # the rows generating, as indices into `prompts`
-    cache = token = mask = following = None
-    refill = True
-    while waiting or len(rows):
-        if waiting and (not len(rows) or (refill and len(rows) <= batch_size // 2)):
-            join = [waiting.pop() for _ in range(min(batch_size - len(rows), len(waiting)))]
-            batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared)
-            new_mask = batch["attention_mask"]
-            result = lm.forward_last(batch)
-            new_cache = result.cache
-            new_token = next_token(result.logits[:, -1], temperature, top_p, generator)
-            new_following = own["position_ids"][:, -1] + prefix + 1
-            new_rows = torch.tensor(join, dtype=torch.long, device=device)
-            fresh = len(rows)  # the joining rows' first tokens are new; the running rows' were counted already
-            if not len(rows):
-                cache, token, mask, following, rows = new_cache, new_token, new_mask, new_following, new_rows
-            else:
-                mask = _join(cache, mask, new_cache, new_mask, prefix)
-                token = torch.cat([token, new_token])
-                following, rows = torch.cat([following, new_following]), torch.cat([rows, new_rows])
-            refill = _refillable(cache)
-        else:  # one step: every row's newest token goes into the cache and the next one comes out
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            result = lm.forward_last(dict(input_ids=token[:, None], attention_mask=mask,
-                                          position_ids=following[:, None], cache=cache, use_cache=True))
-            cache = result.cache
-            token = next_token(result.logits[:, -1], temperature, top_p, generator)
-            following = following + 1
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=lm.device)
+    out: list[list[int]] = [[] for _ in range(len(prompts))]
+    waiting = list(range(len(prompts)))[::-1]  # popped from the end: prompts join in order
+    running = None  # the rows generating
+    draw = dict(temperature=temperature, top_p=top_p, generator=generator)
+    while waiting or (running is not None and len(running.rows)):
+        if waiting and (running is None or not len(running.rows)
+                        or (running.refill and len(running.rows) <= batch_size // 2)):
+            take = len(running.rows) if running is not None else 0
+            join = [waiting.pop() for _ in range(min(batch_size - take, len(waiting)))]
+            running, fresh = _admit(lm, running, prompts, join, prefix, shared, draw)
+        else:
+            running.step(lm, draw)
             fresh = 0
-        # invariant: `token` is each row's newest token, not yet in the cache, at position `following`;
-        # `mask` covers the cache's columns
-        for row, tok in zip(rows.tolist()[fresh:], token.tolist()[fresh:]):
+        for row, tok in zip(running.rows.tolist()[fresh:], running.token.tolist()[fresh:]):
             out[row].append(tok)
-        lengths = torch.tensor([len(out[r]) for r in rows.tolist()], device=device)
-        going = ~torch.isin(token, stop_ids) & (lengths < max_new_tokens)
-        if not going.all():
-            if finished is not None:
-                finished(int((~going).sum()))
-            keep = going.nonzero().squeeze(1)
-            if len(keep):
-                cache.batch_select_indices(keep)
-            rows, token, mask, following = rows[keep], token[keep], mask[keep], following[keep]
+        running.drop_finished(out, stop_ids, max_new_tokens, finished)
     return [o[:-1] if o and o[-1] in stop else o for o in out]
+
+
+@dataclass
+class _Running:
+    """The rows generating: `rows` (indices into the prompts), their cache, `token` (each row's newest token, not
+    yet in the cache, at position `following`) and `mask` (the cache's columns); `refill` whether rows may join."""
+    rows: torch.Tensor
+    cache: object
+    token: torch.Tensor
+    mask: torch.Tensor
+    following: torch.Tensor
+    refill: bool = True
+
+    def step(self, lm: LoadedModel, draw: dict) -> None:
+        """Every row's newest token goes into the cache and the next one comes out."""
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        result = lm.forward_last(dict(input_ids=self.token[:, None], attention_mask=self.mask,
+                                      position_ids=self.following[:, None], cache=self.cache, use_cache=True))
+        self.cache = result.cache
+        self.token = next_token(result.logits[:, -1], **draw)
+        self.following = self.following + 1
+
+    def drop_finished(self, out: list[list[int]], stop_ids: torch.Tensor, max_new_tokens: int, finished) -> None:
+        """Rows whose newest token stops them, or whose budget is spent, leave the batch (and its cache)."""
+        lengths = torch.tensor([len(out[r]) for r in self.rows.tolist()], device=self.token.device)
+        going = ~torch.isin(self.token, stop_ids) & (lengths < max_new_tokens)
+        if going.all():
+            return
+        if finished is not None:
+            finished(int((~going).sum()))
+        keep = going.nonzero().squeeze(1)
+        if len(keep):
+            self.cache.batch_select_indices(keep)
+        self.rows, self.token, self.mask, self.following = (self.rows[keep], self.token[keep], self.mask[keep],
+                                                            self.following[keep])
+
+
+def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], prefix: int, shared,
+           draw: dict) -> tuple[_Running, int]:
+    """The prompts `join` run once (after the shared prefix) and their first tokens drawn; they become the batch, or
+    join the running rows with the two caches aligned by masked columns. (the batch, where the new rows start: their
+    first tokens are new, the running rows' were counted already)."""
+    batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared)
+    result = lm.forward_last(batch)
+    new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=result.cache,
+                   token=next_token(result.logits[:, -1], **draw), mask=batch["attention_mask"],
+                   following=own["position_ids"][:, -1] + prefix + 1)
+    if running is None or not len(running.rows):
+        new.refill = _refillable(new.cache)
+        return new, 0
+    fresh = len(running.rows)
+    running.mask = _join(running.cache, running.mask, new.cache, new.mask, prefix)
+    running.token = torch.cat([running.token, new.token])
+    running.following, running.rows = torch.cat([running.following, new.following]), torch.cat([running.rows, new.rows])
+    running.refill = _refillable(running.cache)
+    return running, fresh
 
 
 @torch.no_grad()

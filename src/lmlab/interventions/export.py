@@ -47,65 +47,98 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     The model itself is not changed. The folder loads with `AutoModel*.from_pretrained(folder)` when the
     compressed-tensors package is installed, without lmlab."""
     try:
-        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
         from compressed_tensors.quantization import QuantizationConfig
     except ImportError:
         raise LmlabError(EXPORT) from None
-    from safetensors.torch import save_file
+    info = _exportable(model)
+    tensors, linears, embeddings, counts = _quantized_tensors(model, info["bits"])
+    config = _with_full_precision_rest(model, tensors)
+    qconfig = _quantization_config(linears, embeddings, info)
+    QuantizationConfig.model_validate({k: v for k, v in qconfig.items() if k != "quant_method"})  # the schema
+    config.quantization_config = qconfig
+    sizes = {"fp32_bytes": 4 * sum(p.numel() for p in model.parameters()),
+             "quantized_linear_weights": counts[False], "embedding_entries": counts[True]}
+    return _write_folder(Path(folder), tensors, config, tokenizer, info["bits"], sizes)
 
+
+def _exportable(model: nn.Module) -> dict:
+    """The student's quantization record, refused in one sentence where the format cannot hold it."""
     info = getattr(model, "_lmlab_quant", None)
     if info is None or info["bits"] not in (1, 2, 4, 8):
         raise LmlabError("the compressed-tensors export takes a 1-, 2-, 4- or 8-bit XTC student (quantize_model or "
                          "load_packed)")
-    bits = max(2, info["bits"])  # +-1 needs the signed 2-bit range
     if info.get("act_bits") and info.get("act_grid") != ACT_GRID:
         raise LmlabError("this student's 8-bit activations were trained on lmlab's earlier grid (amax/127, -127..127), "
                          "which compressed-tensors cannot express (its int8 scale is amax/127.5); train it again "
                          "with this lmlab to export it")
+    return info
+
+
+def _quantized_tensors(model: nn.Module, student_bits: int) -> tuple[dict, list, list, list]:
+    """Each quantized weight as compressed-tensors stores it: a linear layer's integers packed into int32 with one
+    scale (pack-quantized), the word embeddings' integers one byte each with a scale per row (naive-quantized).
+    (tensors, linear paths, embedding paths, [linear weights, embedding entries])."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+    bits = max(2, student_bits)  # +-1 needs the signed 2-bit range
     names = {id(m): n for n, m in model.named_modules()}
-    linears, embeddings, tensors, replaced, counts = [], [], {}, set(), [0, 0]
-    for key, (module, rowwise) in quant_targets(model).items():
+    linears, embeddings, tensors, counts = [], [], {}, [0, 0]
+    for module, rowwise in quant_targets(model).values():
         path = names[id(module)]
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             raise LmlabError(f"{path} is a {type(module).__name__}, which compressed-tensors does not quantize (it "
                              "takes nn.Linear and nn.Embedding); nothing was written")
-        ints, scale = integer_weights(module, rowwise, info["bits"])
+        ints, scale = integer_weights(module, rowwise, student_bits)
         ints, scale = ints.cpu(), (scale.reshape(-1, 1) if rowwise else scale.reshape(1)).cpu()
         if rowwise:
             tensors[f"{path}.weight"] = ints.contiguous()
             embeddings.append(path)
         else:
             tensors[f"{path}.weight_packed"] = pack_to_int32(ints, bits).contiguous()
-            tensors[f"{path}.weight_shape"] = torch.tensor(list(ints.shape))
+            tensors[f"{path}.weight_shape"] = torch.tensor(list(ints.shape), device="cpu")
             linears.append(path)
         tensors[f"{path}.weight_scale"] = scale.float().contiguous()
-        replaced.add(f"{path}.weight")
         counts[rowwise] += ints.numel()
-    state = model.state_dict()
-    for key, value in state.items():
+    return tensors, linears, embeddings, counts
+
+
+def _with_full_precision_rest(model: nn.Module, tensors: dict):
+    """Everything XTC leaves in full precision added to `tensors` in float32; the model's config, untied: an output
+    layer computes with the latent embedding table (XTC's row quantizer acts on looked-up rows only), so it is
+    written as its own tensor whether load_packed untied it already or it still shares the table."""
+    written = {key.removesuffix("_packed") for key in tensors if key.endswith((".weight", ".weight_packed"))}
+    for key, value in model.state_dict().items():
         plain = key.replace(".parametrizations.weight.original", ".weight")
-        if plain in replaced or ".parametrizations." in key:
-            continue
-        tensors[plain] = value.detach().float().cpu().contiguous()
-    # an output layer computes with the latent embedding table (XTC's row quantizer acts on looked-up rows only):
-    # written as its own tensor, untied, whether load_packed untied it already or it still shares the table
+        if plain not in written and ".parametrizations." not in key:
+            tensors[plain] = value.detach().float().cpu().contiguous()
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     config = copy.deepcopy(model.config)
     if head is not None:
-        tensors[f"{names[id(head)]}.weight"] = head.weight.detach().float().cpu().contiguous()
+        path = next(n for n, m in model.named_modules() if m is head)
+        tensors[f"{path}.weight"] = head.weight.detach().float().cpu().contiguous()
         untie_config(config)
+    return config
+
+
+def _quantization_config(linears: list, embeddings: list, info: dict) -> dict:
+    """The config's quantization_config: the linear layers' group (with 8-bit dynamic per-token input activations)
+    and the embeddings' group."""
+    bits = max(2, info["bits"])
     groups = {"group_0": {"targets": linears, "weights": _int_args(bits, "tensor"), "format": "pack-quantized"}}
     if info.get("act_bits"):
         groups["group_0"]["input_activations"] = {"num_bits": info["act_bits"], "type": "int", "symmetric": True,
                                                   "strategy": "token", "dynamic": True}
     if embeddings:
         groups["group_1"] = {"targets": embeddings, "weights": _int_args(bits, "channel"), "format": "naive-quantized"}
-    qconfig = {"quant_method": FORMAT, "format": "mixed-precision" if embeddings else "pack-quantized",
-               "quantization_status": "compressed", "config_groups": groups, "ignore": []}
-    QuantizationConfig.model_validate({k: v for k, v in qconfig.items() if k != "quant_method"})  # the schema
-    config.quantization_config = qconfig
-    # written to a temporary sibling and renamed into place: a killed export never leaves a folder that looks whole
-    final = Path(folder)
+    return {"quant_method": FORMAT, "format": "mixed-precision" if embeddings else "pack-quantized",
+            "quantization_status": "compressed", "config_groups": groups, "ignore": []}
+
+
+def _write_folder(final: Path, tensors: dict, config, tokenizer, bits: int, sizes: dict) -> dict:
+    """The folder written to a temporary sibling and renamed into place (a killed export never leaves a folder that
+    looks whole): model.safetensors, config.json, the tokenizer, lmlab_export.json with the sizes."""
+    from safetensors.torch import save_file
+
     final.parent.mkdir(parents=True, exist_ok=True)
     folder = final.with_name(f".{final.name}.partial")
     shutil.rmtree(folder, ignore_errors=True)
@@ -114,10 +147,8 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-    sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size,
-             "fp32_bytes": 4 * sum(p.numel() for p in model.parameters()),
-             "quantized_linear_weights": counts[False], "embedding_entries": counts[True]}
-    (folder / "lmlab_export.json").write_text(json.dumps({"format": FORMAT, "bits": info["bits"], **sizes}, indent=1))
+    sizes = {"file_bytes": (folder / "model.safetensors").stat().st_size, **sizes}
+    (folder / "lmlab_export.json").write_text(json.dumps({"format": FORMAT, "bits": bits, **sizes}, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(folder, final)
     return sizes

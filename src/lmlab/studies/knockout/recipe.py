@@ -201,10 +201,33 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, see
 
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    """The paper's method, step by step: answers labelled correct or not (1), a truthfulness probe per layer (2) in
+    each replicate, the E_Q knockout sweep with its random-token control and the per-layer Q/A split (3-5), then
+    token patching and hallucination detection (6-7)."""
     items = load_items(config)  # a bad file or an unreachable hub fails before the model loads
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
+    items, encoded, skipped = _encode(lm, items, run_dir)
+    answers = _answer(config, run_dir, lm, items, encoded)
+    answered, correct, base, counts = _labelled(lm, items, encoded, answers, skipped, config)
+    run_dir.log(f"answers: {counts}")
+    seqs = [encoded[i.id]["ids"] + answers[i.id] for i in answered]
+    feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
+    seeds = config.replicate_seeds()
+    fits, probe_rows = _probes(config, run_dir, answered, correct, feats, lm.layout.n_layers, seeds, base)
+    counts_row = [dict(kind="counts", **counts, seeds=len(seeds))]
+    if not any(fits):
+        return pd.DataFrame(base + probe_rows + counts_row)
+    probe_set_of = {n: name for fitted in fits for name, f in fitted.items() for n in f["idx"]}
+    ko_rows, groups = _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds)
+    extra = _patching_and_detection(config, lm, answered, answers, correct, feats, fits, groups, seeds)
+    return pd.DataFrame(base + probe_rows + ko_rows + extra + counts_row)
+
+
+def _encode(lm, items: list[QAItem], run_dir: RunDir):
+    """Each question's prompt and its E_Q / question token positions; a question whose subject span cannot be
+    aligned to tokens is skipped (and counted). (the kept items, {id: encoding}, skipped)."""
     encoded, skipped = {}, 0
     for item in items:
         enc = encode_item(lm, item)
@@ -214,8 +237,12 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             encoded[item.id] = enc
     items = [i for i in items if i.id in encoded]
     run_dir.log(f"{len(items)} questions; {skipped} skipped: subject span not found in the prompt")
+    return items, encoded, skipped
 
-    answers = _answer(config, run_dir, lm, items, encoded)
+
+def _labelled(lm, items, encoded, answers, skipped: int, config: Config):
+    """Step 1: each generated answer labelled correct when its normalised text contains a normalised alias.
+    (the answered items, their labels, one `answer` row each, the counts)."""
     answered = [i for i in items if answers[i.id]]
     texts = {i.id: lm.tokenizer.decode(answers[i.id]).strip() for i in answered}
     correct = np.array([alias_match(texts[i.id], i.aliases) for i in answered], dtype=int)
@@ -225,14 +252,15 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     counts = dict(questions=len(items), skipped_no_span=skipped, no_answer=len(items) - len(answered),
                   correct=int(correct.sum()), incorrect=int(len(correct) - correct.sum()),
                   n_layers=lm.layout.n_layers, scope=config.scope, probes=config.probes)
-    run_dir.log(f"answers: {counts}")
+    return answered, correct, base, counts
 
-    seqs = [encoded[i.id]["ids"] + answers[i.id] for i in answered]
-    feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
-    seeds = config.replicate_seeds()
+
+def _probes(config, run_dir, answered, correct, feats, n_layers: int, seeds: list[int], base: list[dict]):
+    """Step 2, per replicate: its own train/test split by question and a probe per layer (and probe set); each
+    answer row learns which side of every replicate's split it fell on. (fits per replicate, probe rows)."""
     fits, splits, probe_rows = [], [], []
-    for r, seed in enumerate(seeds):  # each replicate: its own train/test split and probes
-        fitted, split, rows = _fit_probes(config, answered, correct, feats, lm.layout.n_layers, seed, r) \
+    for r, seed in enumerate(seeds):
+        fitted, split, rows = _fit_probes(config, answered, correct, feats, n_layers, seed, r) \
             if answered else ({}, np.array([]), [])
         fits.append(fitted)
         splits.append(split)
@@ -243,14 +271,13 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                         f"correct and {row['incorrect_train']} incorrect training answers (need {row['needed']} of each)")
     for i, row in enumerate(base):  # each replicate's side of its split, in replicate order
         row["split"] = ",".join(str(split[i]) for split in splits)
-    if not any(fits):
-        return pd.DataFrame(base + probe_rows + [dict(kind="counts", **counts, seeds=len(seeds))])
-    probe_set_of = {n: name for fitted in fits for name, f in fitted.items() for n in f["idx"]}
-    ko_rows, groups = _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds)
+    return fits, probe_rows
 
-    # 5-6. token patching and detection, per replicate and probe set at its best layer
-    # (the patched forward passes are the same for every replicate: run once per probe set, at every replicate's
-    # best layer, and read by each replicate's probe)
+
+def _patching_and_detection(config, lm, answered, answers, correct, feats, fits, groups, seeds) -> list[dict]:
+    """Steps 6-7, per replicate and probe set at its best layer: token patching (E_Q swapped for another sample's,
+    the probe's flip rate per group) and hallucination detection (probe vs mixture of probes). The patched forward
+    passes are the same for every replicate: run once per probe set, at every replicate's best layer."""
     extra, patched = [], {}
     for name in dict.fromkeys(name for fitted in fits for name in fitted):
         idx = next(fitted[name]["idx"] for fitted in fits if name in fitted)
@@ -269,4 +296,4 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                       detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
                                      np.searchsorted(idx, f["test"]), [groups[r].get(i.id) for i in sub], probe, best,
                                      seeds[r])]
-    return pd.DataFrame(base + probe_rows + ko_rows + extra + [dict(kind="counts", **counts, seeds=len(seeds))])
+    return extra

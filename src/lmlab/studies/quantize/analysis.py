@@ -77,6 +77,19 @@ def claims_and_gates(result, tasks: list[str]):
     k = len(cells.reps)
     sampler = Resampler(sum(cells.sizes), k, n_boot=400, seed=int(result.config.get("seed", 0) or 0),
                         strata=cells.sizes)
+    claims, missing = _claims(cells, sampler, tasks)
+    scores = result.table("score")
+    students = scores[(scores.bits < 32) & scores.task.isin(tasks)]
+    gates = [replicates_gate(k), _learned_gate(students, cells), _converged_gate(students)]
+    if missing:
+        gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
+                          remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))
+    return claims, gates
+
+
+def _claims(cells, sampler, tasks: list[str]) -> tuple[list, list[str]]:
+    """The seed's claims on the task average, each from the cells it needs: 2-bit close to the teacher, 1-bit below
+    2-bit, Budget-C >= Budget-A at each width, and the C-A gap larger at 1 bit; (claims, those the run lacks)."""
     budgets = sorted({g for (_, b, g, _) in cells.pred if b < 32})
     best = "C" if "C" in budgets else (budgets[-1] if budgets else None)
     unit = dict(unit=" points", n_unit="test examples", group=", ".join(tasks))
@@ -108,35 +121,38 @@ def claims_and_gates(result, tasks: list[str]):
                                     lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
                                     - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)),
                                     Bar(">=", 0.0, null=0.0), reported=True, effect=PAPER_GAP_EFFECT, **unit))
-    gates = [replicates_gate(k)]
-    scores = result.table("score")
+    return claims, missing
+
+
+def _learned_gate(students: pd.DataFrame, cells) -> Gate:
+    """Every student at least LEARNED_MARGIN points above its task's majority-class predictor (chance, 50, on the
+    decoder's circuit tasks, which record 1 = right for every example: a choice between the answer and one
+    distractor)."""
     unlearned = []
-    for row in scores[(scores.bits < 32) & scores.task.isin(tasks)].itertuples():
+    for row in students.itertuples():
         labels = cells.labels[row.task]
-        # the majority-class predictor's score; the decoder's circuit tasks record 1 = right for every example (a
-        # choice between the answer and one distractor): chance is 50 there
         floor = (100 * metric_value(row.metric, labels, np.full(len(labels), _majority(labels)))
                  if len(np.unique(labels)) > 1 else 50.0)
         if row.score < floor + LEARNED_MARGIN:
             unlearned.append(f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate "
                              f"{int(row.replicate) if pd.notna(getattr(row, 'replicate', np.nan)) else 0}: "
                              f"{row.score:.1f} vs {floor:.1f} predicting the majority class")
-    gates.append(Gate("students learned", not unlearned, why="; ".join(unlearned) or
-                      f"every student at least {LEARNED_MARGIN:.0f} points above the majority class",
-                      remedy="a student at the majority rate has not converged: a larger budget (--epochs-a) or "
-                             "learning rate (--student-lr)"))
+    return Gate("students learned", not unlearned, why="; ".join(unlearned) or
+                f"every student at least {LEARNED_MARGIN:.0f} points above the majority class",
+                remedy="a student at the majority rate has not converged: a larger budget (--epochs-a) or "
+                       "learning rate (--student-lr)")
+
+
+def _converged_gate(students: pd.DataFrame) -> Gate:
+    """No student's KD loss still falling by more than STILL_LEARNING over its last quarter."""
     falling = [f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate {int(row.replicate)}: "
                f"{row.loss_q3:.3g} -> {row.loss_q4:.3g}"
-               for row in scores[(scores.bits < 32) & scores.task.isin(tasks)].fillna({"replicate": 0}).itertuples()
+               for row in students.fillna({"replicate": 0}).itertuples()
                if still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING)]
-    gates.append(Gate("students converged", not falling, why=("KD loss still falling over the last quarter (more "
-                      f"than {STILL_LEARNING:.0%}): " + "; ".join(falling)) if falling else
-                      "no student's KD loss still falling over its last quarter", blocks="no",
-                      remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails"))
-    if missing:
-        gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
-                          remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))
-    return claims, gates
+    return Gate("students converged", not falling, why=("KD loss still falling over the last quarter (more "
+                f"than {STILL_LEARNING:.0%}): " + "; ".join(falling)) if falling else
+                "no student's KD loss still falling over its last quarter", blocks="no",
+                remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails")
 
 
 def _majority(labels: np.ndarray) -> float:

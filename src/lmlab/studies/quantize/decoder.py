@@ -82,6 +82,40 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
 
 
 def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
+    """XTC on a decoder: the teacher scored, then each student (bits x budget x replicate) distilled on
+    self-sampled text, packed and scored (perplexity on held-out text, accuracy on the circuit tasks)."""
+    names, budgets = _tasks_and_budgets(config)
+    tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
+    teacher = lm.model.float().eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    data = parallel.main_first(lambda: _texts(lm, config, run_dir))  # sampled once, by rank 0; the rest read it
+    done = run_dir.done("results")
+    parallel.sync()  # every process has read the same units as done before rank 0 records one
+    rows: list[dict] = []
+    seeds = config.replicate_seeds()
+    units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
+                                             for b in budgets for r in range(len(seeds))]
+    for key, bits, budget, replicate in units:
+        if key not in done:
+            seed = config.seed if replicate is None else seeds[replicate]
+            model, steps, info = (teacher, 0, {}) if bits == 32 else _student(
+                config, run_dir, lm, teacher, data, key, bits, budget, replicate, seed)
+            if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
+                continue
+            done[key] = _score_unit(run_dir, lm, model, tasks, data, key, bits, budget, replicate, steps, info,
+                                    _size(config, "batch_size"))
+            if bits != 32:
+                del model  # free this student before the next one is copied (one student in memory at a time)
+        rows += done[key]
+    parallel.main_only()
+    rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
+                     n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
+    return pd.DataFrame(rows)
+
+
+def _tasks_and_budgets(config) -> tuple[list[str], list[str]]:
+    """The circuit tasks a decoder is scored on (all, or those named) and the budgets, each checked."""
     if "tasks" in config.model_fields_set:
         bad = [t for t in config.tasks if t not in CIRCUIT_TASKS]
         if bad:
@@ -93,64 +127,50 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     bad = [b for b in budgets if b not in MULTIPLIER]
     if bad:
         raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
-    tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
-    teacher = lm.model.float().eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    data = parallel.main_first(lambda: _texts(lm, config, run_dir))  # sampled once, by rank 0; the rest read it
+    return names, budgets
+
+
+def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: int, budget: str, replicate: int,
+             seed: int):
+    """One student: the teacher copied, quantized to `bits`, distilled for its budget's steps (data-parallel under a
+    launch), then packed (and exported) by rank 0. (model, steps, the packed sizes)."""
     batch_size = _size(config, "batch_size")
     per_epoch = max(1, len(data["train"]) // batch_size)
-    done = run_dir.done("results")
-    parallel.sync()  # every process has read the same units as done before rank 0 records one
-    rows: list[dict] = []
-    seeds = config.replicate_seeds()
-    units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
-                                             for b in budgets for r in range(len(seeds))]
-    for key, bits, budget, replicate in units:
-        if key not in done:
-            info, steps = {}, 0
-            seed = config.seed if replicate is None else seeds[replicate]
-            if bits == 32:
-                model = teacher
-            else:
-                seed_unit(seed, "decoder", key)
-                model = copy.deepcopy(teacher)
-                for p in model.parameters():
-                    p.requires_grad_(True)
-                quantize_model(model, bits)
-                steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
-                tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
-                                 warmup_steps=per_epoch, seed=seed,
-                                 description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
-                                 **config.train_settings())
-                weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
-                work = run_dir.path / "work" / key
-                train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
-                if parallel.is_main():
-                    shutil.rmtree(work, ignore_errors=True)
-                    info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
-                    if config.export:  # beside the packed file
-                        export_compressed(model, run_dir.path / "export" / config.export / key, lm.tokenizer)
-            if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
-                continue
-            lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)
-            budget_name = budget or "teacher"
-            unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, replicate=replicate, steps=steps,
-                              **lm_metrics)]
-            for t in task_rows:
-                unit_rows.append(dict(kind="score", task=t["task"], metric="accuracy", bits=bits, budget=budget_name,
-                                      replicate=replicate, score=100 * float(np.mean(t["correct"])), steps=steps,
-                                      **info))
-                unit_rows += [dict(kind="pred", task=t["task"], bits=bits, budget=budget_name, replicate=replicate,
-                                   idx=i, pred=float(c), label=1.0) for i, c in enumerate(t["correct"])]
-            run_dir.record("results", key, unit_rows)
-            run_dir.log(f"{key}: perplexity {lm_metrics['perplexity']:.2f}, accuracy "
-                        + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))
-            done[key] = unit_rows
-            if bits != 32:
-                del model  # free this student before the next one is copied (one student in memory at a time)
-        rows += done[key]
-    parallel.main_only()
-    rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
-                     n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
-    return pd.DataFrame(rows)
+    seed_unit(seed, "decoder", key)
+    model = copy.deepcopy(teacher)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    quantize_model(model, bits)
+    steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
+    tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
+                     warmup_steps=per_epoch, seed=seed, description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
+                     **config.train_settings())
+    weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
+    work = run_dir.path / "work" / key
+    train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
+    info = {}
+    if parallel.is_main():
+        shutil.rmtree(work, ignore_errors=True)
+        info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+        if config.export:  # beside the packed file
+            export_compressed(model, run_dir.path / "export" / config.export / key, lm.tokenizer)
+    return model, steps, info
+
+
+def _score_unit(run_dir: RunDir, lm, model, tasks, data: dict, key: str, bits: int, budget: str | None,
+                replicate: int | None, steps: int, info: dict, batch_size: int) -> list[dict]:
+    """A model's rows (perplexity; each task's accuracy and per-prompt predictions), recorded under `key`."""
+    lm_metrics, task_rows = _evaluate(lm, model, tasks, data["eval"], batch_size)
+    budget_name = budget or "teacher"
+    unit_rows = [dict(kind="lm", bits=bits, budget=budget_name, replicate=replicate, steps=steps, **lm_metrics)]
+    for t in task_rows:
+        unit_rows.append(dict(kind="score", task=t["task"], metric="accuracy", bits=bits, budget=budget_name,
+                              replicate=replicate, score=100 * float(np.mean(t["correct"])), steps=steps, **info))
+        unit_rows += [dict(kind="pred", task=t["task"], bits=bits, budget=budget_name, replicate=replicate,
+                           idx=i, pred=float(c), label=1.0) for i, c in enumerate(t["correct"])]
+    run_dir.record("results", key, unit_rows)
+    run_dir.log(f"{key}: perplexity {lm_metrics['perplexity']:.2f}, accuracy "
+                + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))
+    return unit_rows
+
+

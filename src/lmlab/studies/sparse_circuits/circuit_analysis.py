@@ -93,12 +93,34 @@ def _or(value, default):
 
 
 def claims_and_gates(result, threshold: float = 0.9):
+    """The model half's claims (the multiplier per task and over the tasks; edges kept and the CE change on held-out
+    text) and its gates (post-training converged, the multiplier powered, every curve has an effect, replicates)."""
     tables = {name: result.table(name) for name in ("per_prompt", "sparsity", "sparse_seq", "geco")}
     found = curves_of(tables["per_prompt"].assign(kind="per_prompt"))
     seed = int(result.config.get("seed", 0) or 0)
     reps = sorted({rep for (_, v, rep) in found if v == "sparse"})
+    sparsity = tables["sparsity"]
+    sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
+    claims = _multiplier_claims(found, reps, threshold, seed) + _held_out_claims(tables["sparse_seq"], sparse, seed)
+    lacking = [f"{t} ({v}{'' if r < 0 else f', replicate {r}'}): {NO_EFFECT}" for (t, v, r), c in sorted(found.items())
+               if not c.has_effect()]
+    n_prompts = int(sparse["n_prompts"].iloc[0]) if len(sparse) and "n_prompts" in sparse else 0
+    gates = [_post_training_gate(sparse, tables["geco"]),
+             Gate("multiplier powered", not n_prompts or n_prompts >= MIN_PROMPTS,
+                  why=f"{n_prompts} prompt pairs a task (the bar is {MIN_PROMPTS})", remedy="--n-prompts 64",
+                  blocks="yes"),
+             no_effect_gate(lacking), replicates_gate(max(len(reps), 1))]
+    return claims, gates
+
+
+def _multiplier_claims(found: dict, reps: list[int], threshold: float, seed: int) -> list:
+    """log2 (heads the dense model needs / heads the sparse one needs) for `threshold` of the effect, per task and
+    their mean, resampled over prompt pairs and replicates; only tasks whose every curve has an effect."""
     tasks = sorted({t for (t, v, _) in found if v == "dense"})
-    claims = []
+    per_task = [t for t in tasks if all((t, "sparse", r) in found for r in reps)
+                and all(found[key].has_effect() for key in [(t, "dense", -1)] + [(t, "sparse", r) for r in reps])]
+    if not (per_task and reps):
+        return []
 
     def log_multiplier(task):
         dense, total = found[(task, "dense", -1)], found[(task, "dense", -1)].grid[-1]
@@ -109,36 +131,35 @@ def claims_and_gates(result, threshold: float = 0.9):
             return float(np.log2(max(_or(nd, total), 1) / max(_or(ns, total), 1)))
         return stat
 
-    lacking = [f"{t} ({v}{'' if r < 0 else f', replicate {r}'}): {NO_EFFECT}" for (t, v, r), c in sorted(found.items())
-               if not c.has_effect()]
-    per_task = [t for t in tasks if all((t, "sparse", r) in found for r in reps)
-                and all(found[key].has_effect() for key in [(t, "dense", -1)] + [(t, "sparse", r) for r in reps])]
-    if per_task and reps:
-        n_prompts = found[(per_task[0], "dense", -1)].values.shape[1]
-        sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
-        stats = {t: log_multiplier(t) for t in per_task}
-        for t in per_task:
-            claims.append(sampler.claim("log2 multiplier", stats[t], Bar(">=", 0.0, null=0.0), group=t,
-                                        n_unit="prompt pairs", reported=True))
-        claims.append(sampler.claim("mean log2 multiplier over the tasks",
-                                    lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
-                                    Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group=", ".join(per_task)))
-    seq = tables["sparse_seq"]
-    sparsity = tables["sparsity"]
-    sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
-    if len(seq):
-        seq = seq.assign(rep=_rep(seq))
-        kept = seq.pivot_table(index="rep", columns="idx", values="kept").sort_index().to_numpy(float)
-        ce = seq.pivot_table(index="rep", columns="idx", values="ce_diff").sort_index().to_numpy(float)
-        items = Resampler(kept.shape[1], kept.shape[0], seed=seed)
-        claims.append(items.mean_claim("edges kept", kept, Bar("<=", EDGES_LIMIT), unit="%", scale=100,
-                                       n_unit="held-out sequences"))
-        slack = float(sparse["tau_slack"].iloc[0])
-        claims.append(items.mean_claim("held-out CE change", ce, Bar("<=", slack), unit=" nats",
-                                       n_unit="held-out sequences"))
-    gates = []
+    n_prompts = found[(per_task[0], "dense", -1)].values.shape[1]
+    sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
+    stats = {t: log_multiplier(t) for t in per_task}
+    claims = [sampler.claim("log2 multiplier", stats[t], Bar(">=", 0.0, null=0.0), group=t, n_unit="prompt pairs",
+                            reported=True) for t in per_task]
+    claims.append(sampler.claim("mean log2 multiplier over the tasks",
+                                lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
+                                Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group=", ".join(per_task)))
+    return claims
+
+
+def _held_out_claims(seq: pd.DataFrame, sparse: pd.DataFrame, seed: int) -> list:
+    """Edges kept (<= EDGES_LIMIT) and the CE change (<= the constraint's slack) on held-out sequences, over
+    sequences and replicates."""
+    if not len(seq):
+        return []
+    seq = seq.assign(rep=_rep(seq))
+    kept = seq.pivot_table(index="rep", columns="idx", values="kept").sort_index().to_numpy(float)
+    ce = seq.pivot_table(index="rep", columns="idx", values="ce_diff").sort_index().to_numpy(float)
+    items = Resampler(kept.shape[1], kept.shape[0], seed=seed)
+    slack = float(sparse["tau_slack"].iloc[0])
+    return [items.mean_claim("edges kept", kept, Bar("<=", EDGES_LIMIT), unit="%", scale=100,
+                             n_unit="held-out sequences"),
+            items.mean_claim("held-out CE change", ce, Bar("<=", slack), unit=" nats", n_unit="held-out sequences")]
+
+
+def _post_training_gate(sparse: pd.DataFrame, geco: pd.DataFrame) -> Gate:
+    """Every replicate's constraint holds at the end and its edges stopped falling over the last quarter."""
     unconverged = []
-    geco = tables["geco"]
     for row in sparse.itertuples():
         r = int(getattr(row, "replicate", 0) if pd.notna(getattr(row, "replicate", np.nan)) else 0)
         part = geco[_rep(geco) == r] if len(geco) else geco
@@ -149,16 +170,9 @@ def claims_and_gates(result, threshold: float = 0.9):
         elif falling:
             unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% over "
                                "the last quarter")
-    gates.append(Gate("post-training converged", not unconverged, why="; ".join(unconverged) or
-                      "every replicate's constraint holds and its edges settled",
-                      remedy="more --sparse-steps (the full profile: 2000 steps of 16 sequences, a GPU's work)"))
-    n_prompts = int(sparse["n_prompts"].iloc[0]) if len(sparse) and "n_prompts" in sparse else 0
-    gates.append(Gate("multiplier powered", not n_prompts or n_prompts >= MIN_PROMPTS,
-                      why=f"{n_prompts} prompt pairs a task (the bar is {MIN_PROMPTS})", remedy="--n-prompts 64",
-                      blocks="yes"))
-    gates.append(no_effect_gate(lacking))
-    gates.append(replicates_gate(max(len(reps), 1)))
-    return claims, gates
+    return Gate("post-training converged", not unconverged, why="; ".join(unconverged) or
+                "every replicate's constraint holds and its edges settled",
+                remedy="more --sparse-steps (the full profile: 2000 steps of 16 sequences, a GPU's work)")
 
 
 def model_verdict(result, claim: str) -> Verdict:

@@ -80,68 +80,82 @@ def _discover(lm, task, config: Config) -> dict:
 
 
 def run_toy(config: Config, run_dir: RunDir) -> None:
-    """Train, post-train, measure and dissect the k toys; one record per phase."""
+    """The paper's Figure 1 toy, step by step: k toys trained dense on 2-digit addition and sparse-post-trained
+    (together, stacked), both measured on the test set (exact match, edges kept), then each replicate's circuits in
+    the dense and the sparse toy; one record."""
     if run_dir.done("toy"):
         return
     seeds = config.replicate_seeds()
-    k = len(seeds)
     data = toy.addition_data(seed=config.seed)
     dense_states, model, record = _train_toys(config, run_dir, seeds, data)
     if not parallel.is_main():  # every process trained its slices; rank 0 measures and records
         return
     width, device = config.size("toy_width"), config.torch_device()
     template = toy.build_toy(seed=seeds[0], d_model=width, device=device).model
-    gate = SparseAttention(sample=False, replicas=k)
-    with intervene(model, gate):
+    with intervene(model, SparseAttention(sample=False, replicas=len(seeds))):
         sparse = toy.evaluate(model, data.test)
-    sparse_edges = toy.sparse_edges(model, data.test)
-    dense_model = stack([_loaded(template, s) for s in dense_states])
-    dense = toy.evaluate(dense_model, data.test)
-    rows = []
+    measured = {"dense": toy.evaluate(stack([_loaded(template, s) for s in dense_states]), data.test),
+                "sparse": sparse, "edges": toy.sparse_edges(model, data.test)}
     task = toy.circuit_task(data.test_pairs, TOY_PROMPTS, config.seed)
-    usage = {}
+    rows, usage = [], {}
     for r, seed in enumerate(seeds):
-        geco, history = record["gecos"][r], record["histories"][r]
-        em_d, em_s = _as_lists(dense["exact_match"], k)[r], _as_lists(sparse["exact_match"], k)[r]
-        seq_d, seq_s = _as_lists(dense["per_sequence"], k)[r], _as_lists(sparse["per_sequence"], k)[r]
-        common = {"replicate": r, "seed": seed, "floor": 2 / (toy.SEQ_LEN + 1)}
-        rows += [{"kind": "toy", "variant": "dense", "value": em_d, "ce": _as_lists(dense["ce"], k)[r], "kept": 1.0,
-                  "edges_per_query": (toy.SEQ_LEN + 1) / 2, **common},
-                 {"kind": "toy", "variant": "sparse", "value": em_s, "ce": _as_lists(sparse["ce"], k)[r],
-                  "kept": float(sparse_edges["kept"][r].mean()),
-                  "edges_per_query": float(sparse_edges["edges_per_query"][r].mean()),
-                  "fallback": float(sparse_edges["fallback"][r].mean()), "lambda": geco.multiplier,
-                  "final_ema": geco.ema, "converged": geco.holds, "tau": record["taus"][r],
-                  "steps": record["steps"], "dense_final_loss": record["dense_losses"][-1][r], **common}]
-        rows += [{"kind": "toy_seq", "replicate": r, "idx": i, "dense_em": float(a), "sparse_em": float(b),
-                  "kept": float(c), "edges_per_query": float(e)}
-                 for i, (a, b, c, e) in enumerate(zip(seq_d, seq_s, sparse_edges["kept"][r],
-                                                      sparse_edges["edges_per_query"][r]))]
-        edges = {h["step"]: h["kept_edges"] for h in history}
-        rows += [{"kind": "toy_geco", "replicate": r, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
-                  "kept_edges": edges.get(i + 1)} for i, (ce, tau, ema, lam) in enumerate(geco.trace)]
+        rows += _replicate_rows(r, seed, measured, record, len(seeds))
         dense_lm = toy.build_toy(seed=seed, d_model=width, device=device)
         dense_lm.model.load_state_dict(dense_states[r])
         sparse_lm = toy.build_toy(seed=seed, d_model=width, device=device)
         sparse_lm.model.load_state_dict(unstack(model)[r])
         install(sparse_lm, SparseAttention(sample=False))
-        for variant, lm in (("dense", dense_lm), ("sparse", sparse_lm)):
-            found = _discover(lm, task, config)
-            curve = found["curve"]
-            rows.append({"kind": "toy_task", "replicate": r, "variant": variant,
-                         "clean_metric": float(curve.clean.mean()), "accuracy": float((curve.clean > 0).mean()),
-                         "corrupted_metric": float(curve.none.mean()), "total_heads": len(found["order"])})
-            rows += [{"kind": "toy_per_prompt", "replicate": r, "variant": variant, "n_heads": n,
-                      "values": json.dumps([round(float(v), 6) for v in values])}
-                     for n, values in zip(curve.grid, curve.values)]
-            rows += [{"kind": "toy_ranking", "replicate": r, "variant": variant, "rank": i, "layer": l, "index": h,
-                      "score": round(float(found["scores"][l, h]), 6)} for i, (l, h) in enumerate(found["order"], 1)]
+        rows += _circuit_rows(r, {"dense": dense_lm, "sparse": sparse_lm}, task, config)
         if r == 0:  # the edge drawing shows the first replicate
             usage = {"dense": toy.edge_usage(dense_lm.model, data.test[:200]),
                      "sparse": toy.edge_usage(sparse_lm.model, data.test[:200])}
     save_file({k_: torch.from_numpy(np.ascontiguousarray(v)) for k_, v in usage.items()},
               str(run_dir.path / "toy_edges.safetensors"))
     run_dir.record("toy", "toy", rows)
+
+
+def _replicate_rows(r: int, seed: int, measured: dict, record: dict, k: int) -> list[dict]:
+    """Replicate r's rows: exact match and edges of the dense and the sparse toy (with the post-training's end
+    state), per test sequence, and the GECO trace with the edges kept along it."""
+    dense, sparse, sparse_edges = measured["dense"], measured["sparse"], measured["edges"]
+    geco, history = record["gecos"][r], record["histories"][r]
+    em_d, em_s = _as_lists(dense["exact_match"], k)[r], _as_lists(sparse["exact_match"], k)[r]
+    seq_d, seq_s = _as_lists(dense["per_sequence"], k)[r], _as_lists(sparse["per_sequence"], k)[r]
+    common = {"replicate": r, "seed": seed, "floor": 2 / (toy.SEQ_LEN + 1)}
+    rows = [{"kind": "toy", "variant": "dense", "value": em_d, "ce": _as_lists(dense["ce"], k)[r], "kept": 1.0,
+             "edges_per_query": (toy.SEQ_LEN + 1) / 2, **common},
+            {"kind": "toy", "variant": "sparse", "value": em_s, "ce": _as_lists(sparse["ce"], k)[r],
+             "kept": float(sparse_edges["kept"][r].mean()),
+             "edges_per_query": float(sparse_edges["edges_per_query"][r].mean()),
+             "fallback": float(sparse_edges["fallback"][r].mean()), "lambda": geco.multiplier,
+             "final_ema": geco.ema, "converged": geco.holds, "tau": record["taus"][r],
+             "steps": record["steps"], "dense_final_loss": record["dense_losses"][-1][r], **common}]
+    rows += [{"kind": "toy_seq", "replicate": r, "idx": i, "dense_em": float(a), "sparse_em": float(b),
+              "kept": float(c), "edges_per_query": float(e)}
+             for i, (a, b, c, e) in enumerate(zip(seq_d, seq_s, sparse_edges["kept"][r],
+                                                  sparse_edges["edges_per_query"][r]))]
+    edges = {h["step"]: h["kept_edges"] for h in history}
+    rows += [{"kind": "toy_geco", "replicate": r, "step": i + 1, "ce": ce, "tau": tau, "ema": ema, "multiplier": lam,
+              "kept_edges": edges.get(i + 1)} for i, (ce, tau, ema, lam) in enumerate(geco.trace)]
+    return rows
+
+
+def _circuit_rows(r: int, models: dict, task, config: Config) -> list[dict]:
+    """Replicate r's circuits in each variant: the task's clean and corrupted metric, the explained-effect curve per
+    prompt, and the heads' ranking."""
+    rows = []
+    for variant, lm in models.items():
+        found = _discover(lm, task, config)
+        curve = found["curve"]
+        rows.append({"kind": "toy_task", "replicate": r, "variant": variant,
+                     "clean_metric": float(curve.clean.mean()), "accuracy": float((curve.clean > 0).mean()),
+                     "corrupted_metric": float(curve.none.mean()), "total_heads": len(found["order"])})
+        rows += [{"kind": "toy_per_prompt", "replicate": r, "variant": variant, "n_heads": n,
+                  "values": json.dumps([round(float(v), 6) for v in values])}
+                 for n, values in zip(curve.grid, curve.values)]
+        rows += [{"kind": "toy_ranking", "replicate": r, "variant": variant, "rank": i, "layer": l, "index": h,
+                  "score": round(float(found["scores"][l, h]), 6)} for i, (l, h) in enumerate(found["order"], 1)]
+    return rows
 
 
 def _loaded(template, state):
