@@ -132,3 +132,18 @@ def test_time_left_scales_the_measured_shares_by_this_machines_pace():
     assert time_left(names, slow, "demo") == pytest.approx(2 * (e["quantize"] + e["filler"]))
     reused = [Outcome("knockout", "m", "ok", seconds=0.1, resumed=True)]  # a reused run says nothing of the pace
     assert time_left(names, reused, "demo") == pytest.approx(e["quantize"] + e["filler"])
+
+
+def test_the_reports_first_table_gives_each_verdict_in_one_line():
+    """The line per study: the claim that decided the verdict with its interval, or the gate that kept it open."""
+    from lmlab.report import headline
+
+    claim = dict(name="edges kept", group="", estimate=0.021, low=0.015, high=0.03, unit="%", scale=100,
+                 bar=dict(direction="<=", value=0.05), decision="yes", reported=False)
+    other = dict(claim, name="exact match", estimate=-0.5, low=-0.9, high=-0.1, scale=1, unit=" pts",
+                 bar=dict(direction=">=", value=-2.0), decision="no")
+    assert headline("reproduced", {"claims": [claim, other]}) == "edges kept: +2.10% [+1.50, +3.00] (bar <= +5%)"
+    assert headline("not reproduced", {"claims": [claim, other]}).startswith("exact match: -0.50 pts [-0.90, -0.10]")
+    gate = dict(name="post-training converged", passed=False, blocks="all", why="a long story")
+    assert headline("inconclusive", {"claims": [claim], "gates": [gate]}) == "post-training converged: failed"
+    assert headline("inconclusive", {"claims": [], "gates": []}) == ""

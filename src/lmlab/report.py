@@ -1,6 +1,7 @@
 """`lmlab report RUN_DIR...`: one self-contained HTML file (figures inlined, no network needed).
 
-At the top, a table of the verdicts (per model, and overall for a several-model run). Then, per study:
+At the top, a table of one line per study (and per model of a several-model run): its verdict, the claim that decided
+it with its 95% interval (or the gate that kept it open), and its run time. Then, per study:
 the paper's figure as described (seed) next to ours, the verdict with its numbers, the key rows, the
 model, data and configuration, and the run time. A study recorded as failed by `lmlab reproduce` is
 shown with its one-line reason. The page comes from a jinja2 template with autoescaping on.
@@ -69,9 +70,11 @@ def _section(run: Path) -> dict:
                     summary=str(exc), seconds=None, complete=False, folder=str(run), rows=[])
     figure = base64.b64encode((run / "figure.png").read_bytes()).decode() if (run / "figure.png").exists() else ""
     key = result.summary()
-    rows = [dict(model=m, status=v.status, summary=v.summary) for m, v in result.verdicts.items()]
+    rows = [dict(model=m, status=v.status, summary=v.summary, headline=headline(v.status, v.evidence))
+            for m, v in result.verdicts.items()]
     return dict(anchor=run.name, study=study, title=spec.title if spec else study, model=", ".join(result.models),
                 status=result.verdict.status, summary=result.verdict.summary, seconds=result.seconds, complete=True,
+                headline=headline(result.verdict.status, result.verdict.evidence),
                 paper=spec.paper if spec else "", seed_file=spec.seed_file if spec else "",
                 seed_summary=spec.seed_summary if spec else "", claim=result.verdict.claim, figure=figure,
                 key_html=key.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}"),
@@ -85,6 +88,30 @@ def _section(run: Path) -> dict:
 
 
 DECISION_COLORS = {"yes": "#2e7d32", "no": "#c62828", "open": "#b58900"}
+
+
+def headline(status: str, evidence: dict) -> str:
+    """The one line that decided a verdict: for "not reproduced" the first claim that failed, for "reproduced" the
+    first decisive claim, for "inconclusive" the first failed gate that kept it open, else the first open claim;
+    as "name: estimate [low, high] (bar)". "" for a verdict without claims (the study's summary says why)."""
+    claims = [c for c in evidence.get("claims", []) if not c.get("reported")]
+    failed = [g for g in evidence.get("gates", []) if not g.get("passed")]
+    if failed and (status == "inconclusive" or not claims):
+        gate = next((g for g in failed if g.get("blocks") == "all"), failed[0])
+        return f"{gate['name']}: failed"
+    wanted = {"not reproduced": "no", "reproduced": "yes"}.get(status, "open")
+    claim = next((c for c in claims if c.get("decision") == wanted), claims[0] if claims else None)
+    if claim is None:
+        return ""
+    scale, unit = float(claim.get("scale", 1.0) or 1.0), claim.get("unit", "")
+
+    def num(x):
+        return "nan" if x is None or x != x else f"{scale * float(x):+.{2 if abs(scale * float(x)) < 10 else 1}f}"
+
+    bar = claim.get("bar", {})
+    name = claim["name"] + (f" ({claim['group']})" if claim.get("group") else "")
+    return (f"{name}: {num(claim.get('estimate'))}{unit} [{num(claim.get('low'))}, {num(claim.get('high'))}] "
+            f"(bar {bar.get('direction', '')} {scale * float(bar.get('value', 0)):+g}{unit})")
 
 
 def forest_png(claims: list[dict]) -> str:
