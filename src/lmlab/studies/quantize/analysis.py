@@ -17,6 +17,7 @@ PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in p
 C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
 LEARNED_MARGIN = 5.0  # a student within this many points of the majority-class predictor has not learned
 STILL_LEARNING = 0.10  # a student whose KD loss still fell this share over its last quarter had not converged
+TEACHER_MARGIN = 10.0  # a teacher must clear the majority class by more: every student is measured against it
 
 
 def learned_tasks(scores: pd.DataFrame, min_teacher: float = MIN_TEACHER) -> tuple[list[str], list[str]]:
@@ -80,7 +81,8 @@ def claims_and_gates(result, tasks: list[str]):
     claims, missing = _claims(cells, sampler, tasks)
     scores = result.table("score")
     students = scores[(scores.bits < 32) & scores.task.isin(tasks)]
-    gates = [replicates_gate(k), _learned_gate(students, cells), _converged_gate(students)]
+    gates = [replicates_gate(k), _teachers_gate(scores[(scores.bits == 32) & scores.task.isin(tasks)], cells),
+             _learned_gate(students, cells), _converged_gate(students)]
     if missing:
         gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
                           remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))
@@ -124,15 +126,36 @@ def _claims(cells, sampler, tasks: list[str]) -> tuple[list, list[str]]:
     return claims, missing
 
 
+def _floor(row, cells) -> float:
+    """The majority-class predictor's score on the row's task (chance, 50, on the decoder's circuit tasks, which
+    record 1 = right for every example: a choice between the answer and one distractor)."""
+    labels = cells.labels[row.task]
+    return (100 * metric_value(row.metric, labels, np.full(len(labels), _majority(labels)))
+            if len(np.unique(labels)) > 1 else 50.0)
+
+
+def _teachers_gate(teachers: pd.DataFrame, cells) -> Gate:
+    """Every teacher learned its task (at least TEACHER_MARGIN points above the majority class) and converged (its
+    fine-tuning loss no longer falling by STILL_LEARNING over the last quarter): a student close to a teacher that
+    has not learned says nothing of the method, so a failure blocks every decision."""
+    bad = []
+    for row in teachers.itertuples():
+        floor = _floor(row, cells)
+        if row.score < floor + TEACHER_MARGIN:
+            bad.append(f"{row.task}: the teacher scored {row.score:.1f} vs {floor:.1f} predicting the majority class")
+        elif still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING):
+            bad.append(f"{row.task}: the teacher's loss still fell {row.loss_q3:.3g} -> {row.loss_q4:.3g} over its "
+                       "last quarter")
+    return Gate("teachers learned and converged", not bad, why="; ".join(bad) or
+                "every teacher above the majority class, its fine-tuning loss settled",
+                remedy="more --teacher-epochs (or a larger --n-train): the teacher is what every student distils")
+
+
 def _learned_gate(students: pd.DataFrame, cells) -> Gate:
-    """Every student at least LEARNED_MARGIN points above its task's majority-class predictor (chance, 50, on the
-    decoder's circuit tasks, which record 1 = right for every example: a choice between the answer and one
-    distractor)."""
+    """Every student at least LEARNED_MARGIN points above its task's majority-class predictor."""
     unlearned = []
     for row in students.itertuples():
-        labels = cells.labels[row.task]
-        floor = (100 * metric_value(row.metric, labels, np.full(len(labels), _majority(labels)))
-                 if len(np.unique(labels)) > 1 else 50.0)
+        floor = _floor(row, cells)
         if row.score < floor + LEARNED_MARGIN:
             unlearned.append(f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate "
                              f"{int(row.replicate) if pd.notna(getattr(row, 'replicate', np.nan)) else 0}: "

@@ -123,16 +123,29 @@ def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCac
     return TeacherCache(teacher, task.train, collate, batch_size=64, scores=config.kd_attention > 0)
 
 
+TEACHER_FIT = "training.json"  # beside a fine-tuned teacher: its loss over the last two quarters of its steps
+
+
+def loss_quarters(losses: list[float]) -> dict:
+    """A training's mean loss over the third and the last quarter of its steps ({} under four steps)."""
+    q = len(losses) // 4
+    if not q:
+        return {}
+    return {"loss_q3": float(np.mean(losses[-2 * q:-q])), "loss_q4": float(np.mean(losses[-q:]))}
+
+
 def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None,
-             replicate: int | None = None, seed: int | None = None, tokenizer=None) -> list[dict]:
-    """One configuration of one task: the teacher's own score, or one quantized student (replicate `replicate`,
-    seeded `seed`) trained with KD."""
+             replicate: int | None = None, seed: int | None = None, tokenizer=None,
+             teacher_info: dict | None = None) -> list[dict]:
+    """One configuration of one task: the teacher's own score (with `teacher_info`, its fine-tuning's loss
+    quarters), or one quantized student (replicate `replicate`, seeded `seed`) trained with KD."""
     labels = np.array([e.label for e in task.test])
     info: dict = {}
     seed = config.seed if seed is None else seed
     if bits == 32:
         model = teacher
         steps = 0
+        info.update(teacher_info or {})
     else:
         seed_unit(seed, task.name, key)
         model = copy.deepcopy(teacher)
@@ -155,10 +168,7 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache,
                                                                     **weights)[0], tc, work, on_step=best)
         steps = tc.steps
-        q = len(trained.losses) // 4  # the KD loss's last two quarters: the convergence gate reads them
-        if q:
-            info["loss_q3"] = float(np.mean(trained.losses[-2 * q:-q]))
-            info["loss_q4"] = float(np.mean(trained.losses[-q:]))
+        info.update(loss_quarters(trained.losses))  # the KD loss's last two quarters: the convergence gate reads them
         if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
             info["best_dev_step"], info["best_dev"] = best.restore()
         if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights

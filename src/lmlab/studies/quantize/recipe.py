@@ -27,6 +27,7 @@ without saying which).
 from __future__ import annotations
 
 import copy
+import json
 import random
 import shutil
 from pathlib import Path
@@ -37,13 +38,14 @@ from lmlab import parallel
 from lmlab.data.formats import GLUE, read_glue
 from lmlab.data.generated.nlu import NLUTask, generate_task
 from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
 from lmlab.interventions.quant import check_bits
 from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.studies.quantize.decoder import run_decoder
-from lmlab.studies.quantize.measure import (collate_for, run_unit, seed_unit, steps_per_epoch, teacher_cache,
-                                            train_config)
+from lmlab.studies.quantize.measure import (TEACHER_FIT, collate_for, loss_quarters, run_unit, seed_unit,
+                                            steps_per_epoch, teacher_cache, train_config)
 from lmlab.train import train
 
 
@@ -68,6 +70,31 @@ def load_task(name: str, config: Config) -> NLUTask:
     return generate_task(name, config.size("n_train"), config.size("n_eval"), config.seed)
 
 
+def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | None, collate):
+    """The task's teacher, fine-tuned (or read back from `teachers/<task>`) and frozen, and its fine-tuning's loss
+    over the last two quarters of its steps (the verdict's "teachers learned and converged" gate reads them)."""
+    teacher_dir = run_dir.path / "teachers" / task.name
+    teacher = (classifier_from(lm, task.num_labels, config.seed) if lm is not None else
+               config.load(train=True, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
+    if (teacher_dir / "model.safetensors").exists():
+        teacher = type(teacher).from_pretrained(teacher_dir)
+    else:
+        seed_unit(config.seed, task.name, "teacher")
+        work = run_dir.path / "work" / f"teacher-{task.name}"
+        trained = train(teacher, task.train, collate, lambda m, b: m(**b).loss,
+                        train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
+                                     f"teacher {task.name}"), work)
+        if parallel.is_main():  # (every process holds the same weights after data-parallel training)
+            teacher.save_pretrained(teacher_dir, safe_serialization=True)
+            atomic_write(teacher_dir / TEACHER_FIT, json.dumps(loss_quarters(trained.losses)))
+            shutil.rmtree(work, ignore_errors=True)
+    fit = teacher_dir / TEACHER_FIT
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher, (json.loads(fit.read_text()) if fit.is_file() else {})
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     for b in config.size("bits"):
         check_bits(b)
@@ -87,22 +114,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     parallel.sync()  # every process has read the same units as done before any records one
     for task in tasks:
         collate = collate_for(base.tokenizer, task, config.max_length)
-        teacher_dir = run_dir.path / "teachers" / task.name
-        teacher = (classifier_from(lm, task.num_labels, config.seed) if lm is not None else
-                   config.load(train=True, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
-        if (teacher_dir / "model.safetensors").exists():
-            teacher = type(teacher).from_pretrained(teacher_dir).eval()
-        else:
-            seed_unit(config.seed, task.name, "teacher")
-            train(teacher, task.train, collate, lambda m, b: m(**b).loss,
-                  train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
-                                f"teacher {task.name}"), run_dir.path / "work" / f"teacher-{task.name}")
-            if parallel.is_main():  # (every process holds the same weights after data-parallel training)
-                teacher.save_pretrained(teacher_dir, safe_serialization=True)
-                shutil.rmtree(run_dir.path / "work" / f"teacher-{task.name}", ignore_errors=True)
-        teacher.eval()
-        for p in teacher.parameters():
-            p.requires_grad_(False)
+        teacher, teacher_info = _teacher(config, run_dir, task, lm, collate)
         cache = None
         # the teacher is one per task (the claim is student vs its teacher); every student cell runs once per
         # replicate, each from its own seed (dropout masks, batch order)
@@ -116,7 +128,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                     cache = teacher_cache(config, task, teacher, collate)
                 done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
                                           replicate=replicate, seed=None if replicate is None else seeds[replicate],
-                                          tokenizer=base.tokenizer)
+                                          tokenizer=base.tokenizer, teacher_info=teacher_info)
                 if parallel.is_main():  # the others trained and scored with it; rank 0 records
                     run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]
