@@ -67,7 +67,7 @@ bench: setup
 	$(LMLAB) bench --out $(OUT)/bench
 
 # On a GPU machine (its own Python and torch, no package index): the suite, every study on cuda at sizes of minutes,
-# the replicates benchmark on the GPU, one summary file (docs/gpu.md). Its missing packages come from .whl/, which
+# the replicates and generation benchmarks on the GPU, one summary file (docs/gpu.md). Its missing packages come from .whl/, which
 # `make gpu-wheels` fills here (the versions of constraints.txt, for that machine's Python 3.12).
 gpu-check:
 	PYTHONPATH=src python3 -m lmlab.gpucheck $(if $(OUT_GPU),--out $(OUT_GPU))

@@ -193,3 +193,15 @@ def test_the_replicates_benchmark_runs_on_the_device_it_is_given():
     with emulated_gpu():
         rows = replicates_bench(steps=3, device=str(DEVICE))
     assert len(rows) == 6 and all(r["value"] > 0 and f"on {DEVICE}" in r["setup"] for r in rows)
+
+
+def test_the_generation_benchmark_runs_on_the_device_it_is_given():
+    """`lmlab bench --only generation --device cuda` (S3's throughput on a GPU): both loops on the device, the
+    bandwidth measured there, the two agreeing on the greedy tokens of a tiny model."""
+    from lmlab.benchmarks.generation import generation_bench
+
+    with emulated_gpu():
+        rows = generation_bench(model="tiny-llama", repeats=1, device=str(DEVICE))
+    assert {r["case"].split(":")[0] for r in rows} == {"S1, batch 1", "S1, batch 16", "S3, batch 1", "S3, batch 64"}
+    assert all(r["value"] > 0 and f"on {DEVICE}" in r["setup"] and "tokens agreeing 100.0%" in r["setup"]
+               for r in rows)

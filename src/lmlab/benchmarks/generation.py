@@ -6,7 +6,10 @@ an end-of-sequence token, so both do the same work), at batch 1 and at the study
 the best of the repeats is kept, and the share of generated tokens on which the two agree is printed (greedy on
 the same model: float order may split a near-tie). The bound: decoding reads every weight once a step, so at
 batch 1 no loop beats (memory bandwidth / weight bytes) tokens a second; the bandwidth is measured here (a sum
-over a 1 GiB tensor), and the distance to the bound printed.
+over a 1 GiB tensor on the device), and the share of the bound printed (at batch b the bound is b times that).
+
+`--device cuda`: the model in bf16 on the GPU, both loops at batch 1, the study's batch and GPU_BATCH (S3's
+quick profile generates thousands of problems there), the GPU's queue drained before each clock reading.
 """
 
 from __future__ import annotations
@@ -14,14 +17,30 @@ from __future__ import annotations
 from lmlab.benchmarks.registry import alternate, benchmark
 
 
-def _bandwidth() -> float:
-    """Bytes a second read by a sum over a 1 GiB float32 tensor (best of 5)."""
+GPU_BATCH = 128  # the large batch a GPU run adds
+
+
+def _synced(fn, device: str):
+    """`fn`, returning only once the device has finished its work (a GPU runs ahead of the Python that queues)."""
     import torch
 
-    x = torch.ones(2 ** 28)
+    def run():
+        out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        return out
+    return run
+
+
+def _bandwidth(device: str = "cpu") -> float:
+    """Bytes a second read by a sum over a 1 GiB float32 tensor on `device` (best of 5)."""
+    import torch
+
+    x = torch.ones(2 ** 28, device=device)
     x.sum()
-    best = alternate({"sum": x.sum}, 5)[0]["sum"]
-    return x.numel() * 4 / best
+    best = alternate({"sum": _synced(x.sum, device)}, 5)[0]["sum"]
+    del x
+    return 2 ** 30 / best
 
 
 def _prompts(lm, which: str, n: int) -> list[list[int]]:
@@ -38,7 +57,7 @@ def _prompts(lm, which: str, n: int) -> list[list[int]]:
 
 
 @benchmark("generation")
-def generation_bench(model: str = "smollm2-135m", repeats: int = 2, **_) -> list[dict]:
+def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str = "cpu", **_) -> list[dict]:
     import torch
 
     from lmlab.generation import _generate
@@ -46,17 +65,19 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, **_) -> list
     from lmlab.studies.filler.config import Config as S3Config
     from lmlab.studies.knockout.config import Config as S1Config
 
-    lm = load_model(model)
-    plain = load_model(model).model  # generate on a model of its own: sdpa attention, nothing of lmlab's
+    gpu = device.startswith("cuda")
+    dtype = torch.bfloat16 if gpu else None
+    lm = load_model(model, dtype=dtype, device=device)
+    plain = load_model(model, dtype=dtype, device=device).model  # generate on a model of its own: sdpa attention
     plain.set_attn_implementation("sdpa")
     weight_bytes = sum(p.numel() * p.element_size() for p in plain.parameters())
-    bound = _bandwidth() / weight_bytes  # steps a second when every step reads every weight once
+    bound = _bandwidth(device) / weight_bytes  # steps a second when every step reads every weight once
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     jobs = [("S1", S1Config.model_fields["batch_size"].default, S1Config.model_fields["max_new_tokens"].default),
             ("S3", S3Config.model_fields["batch_size"].default, 64)]
     rows = []
     for study, study_batch, new in jobs:
-        for batch in sorted({1, study_batch}):
+        for batch in sorted({1, study_batch} | ({GPU_BATCH} if gpu else set())):
             prompts = _prompts(lm, study, max(batch, 4) if batch == 1 else batch)
             ours_out: list = []
             hf_out: list = []
@@ -67,19 +88,20 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, **_) -> list
             def hf():
                 hf_out.clear()
                 for start in range(0, len(prompts), batch):
-                    enc = lm.pad_batch(prompts[start:start + batch])
+                    enc = lm.pad_batch(prompts[start:start + batch])  # (on the model's device)
                     enc.pop("position_ids", None)  # generate derives them from the mask
                     with torch.no_grad():
                         out = plain.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                              pad_token_id=pad, eos_token_id=None)
                     hf_out.extend(out[:, enc["input_ids"].shape[1]:].tolist())
-            times, _ = alternate({"lmlab": ours, "generate": hf}, repeats)
+            times, _ = alternate({"lmlab": _synced(ours, device), "generate": _synced(hf, device)}, repeats)
             tokens = len(prompts) * new
             same = sum(a == b for x, y in zip(ours_out, hf_out) for a, b in zip(x, y)) / tokens
             rate = {k: tokens / t for k, t in times.items()}
             setup = (f"{model}, {study} prompts (~{sum(map(len, prompts)) // len(prompts)} tokens), {len(prompts)} "
                      f"prompts x {new} new tokens, batch {batch}, best of {repeats}; tokens agreeing {same:.1%}; "
-                     f"bandwidth bound at batch {batch}: {bound * batch:.0f} tokens/s")
+                     f"bandwidth bound at batch {batch}: {bound * batch:.0f} tokens/s; on {device}"
+                     + (" (bf16)" if gpu else ""))
             for name in ("generate", "lmlab"):
                 rows.append(dict(benchmark="generation", case=f"{study}, batch {batch}: {name}",
                                  value=round(rate[name], 1), unit="tokens/s",
