@@ -545,10 +545,11 @@ def test_heads_needed_ignores_an_early_spike():
 
 
 def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, heads=(8, 3), spread=0.0, n_seq=200,
-              n_prompts=40, flat=False):
+              n_prompts=40, flat=False, tasks=None, falling=False):
     """Toy tables of k replicates: per sequence exact match and kept edges, a GECO trace, and explained-effect
     curves whose heads-needed at 0.9 is heads[0] (dense) and heads[1] (sparse); `spread`: replicate r's kept share
-    is kept + r * spread."""
+    is kept + r * spread. `tasks` {name: heads}: a curve per toy task (the record's task column); `falling`: the
+    kept edges of the GECO trace still falling 30% over its last quarter."""
     rng = np.random.default_rng(0)
     rows = []
     for r in range(k):
@@ -562,15 +563,16 @@ def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, he
                       sparse_em=float(rng.random() < sparse_em), kept=float(np.clip(kr + rng.normal(0, 0.003), 0, 1)))
                  for i in range(n_seq)]
         rows += [dict(kind="toy_geco", replicate=r, step=i + 1, ce=0.03, tau=0.04, ema=-0.01, multiplier=1.0,
-                      kept_edges=kr) for i in range(40)]
-        for variant, need in (("dense", heads[0]), ("sparse", heads[1])):
-            for n in range(17):
-                base = 0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)
-                values = (base + rng.normal(0, 0.02, n_prompts)).round(4)
-                if flat and r == 0 and variant == "sparse":  # the same metric whatever is patched: no effect
-                    values = np.full(n_prompts, 0.25)
-                rows.append(dict(kind="toy_per_prompt", replicate=r, variant=variant, n_heads=n,
-                                 values=json.dumps(values.tolist())))
+                      kept_edges=kr * (1.6 - 0.02 * i if falling else 1.0)) for i in range(40)]
+        for task, task_heads in (tasks or {None: heads}).items():
+            for variant, need in (("dense", task_heads[0]), ("sparse", task_heads[1])):
+                for n in range(17):
+                    base = 0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)
+                    values = (base + rng.normal(0, 0.02, n_prompts)).round(4)
+                    if flat and r == 0 and variant == "sparse":  # the same metric whatever is patched: no effect
+                        values = np.full(n_prompts, 0.25)
+                    rows.append(dict(kind="toy_per_prompt", replicate=r, variant=variant, n_heads=n,
+                                     values=json.dumps(values.tolist()), **({"task": task} if task else {})))
     return rows
 
 
@@ -598,6 +600,35 @@ def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
     assert split.status == "inconclusive" and "the replicates disagree" in split.summary
     assert judged(k=1).status == "inconclusive"
     assert "64 prompt pairs" in good.summary  # what the model's half would take
+
+
+def test_the_toys_multiplier_is_the_mean_over_its_tasks_and_each_task_is_reported():
+    """Several toy tasks (the tens digit, the carry into it): each task's multiplier is reported, their mean decides;
+    a task whose dense circuit is one head cannot shrink, and the mean says so by falling."""
+    from lmlab.studies.result import from_rows
+    from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
+
+    both = s4_verdict(from_rows("sparse-circuits", _toy_rows(tasks={"tens": (5, 2), "carry": (11, 4)}), "toy"))
+    mults = {c["group"]: c for c in both.evidence["claims"] if "multiplier" in c["name"]}
+    assert set(mults) == {"toy: tens", "toy: carry", "toy: tens, carry"}
+    assert mults["toy: tens"]["reported"] and mults["toy: carry"]["reported"]
+    assert not mults["toy: tens, carry"]["reported"] and mults["toy: tens, carry"]["decision"] == "yes"
+    assert 2 ** mults["toy: tens, carry"]["estimate"] == pytest.approx(np.sqrt(5 / 2 * 11 / 4), rel=0.05)
+    same = s4_verdict(from_rows("sparse-circuits", _toy_rows(tasks={"tens": (5, 5), "carry": (11, 11)}), "toy"))
+    mean = next(c for c in same.evidence["claims"] if c.get("group") == "toy: tens, carry")
+    assert mean["estimate"] == pytest.approx(0.0, abs=1e-9) and same.status != "reproduced"
+
+
+def test_the_toys_convergence_gate_reads_the_kept_edges_over_the_last_quarter():
+    """A post-training whose constraint holds but whose kept edges still fall (30% over the last quarter here) has not
+    converged: the toy's verdict waits, and says which replicate and how far the edges fell."""
+    from lmlab.studies.result import from_rows
+    from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
+
+    still = s4_verdict(from_rows("sparse-circuits", _toy_rows(falling=True), "toy"))
+    assert still.status == "inconclusive"
+    assert "sparse post-training converged: FAILED" in still.summary and "edges kept still fell" in still.summary
+    assert s4_verdict(from_rows("sparse-circuits", _toy_rows(), "toy")).status == "reproduced"
 
 
 def test_a_curve_with_no_effect_to_explain_gives_no_number_and_an_inconclusive_verdict_saying_why():

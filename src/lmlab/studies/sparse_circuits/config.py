@@ -10,6 +10,18 @@ from lmlab.studies.base import StudyConfig
 MIN_PROMPTS = 64  # the bar for a multiplier verdict with power (12-16 pairs give intervals like [0.5, 3.7])
 
 
+# The toy's circuit tasks, each clean prompt `<bos> a b + c d = ...` cut before the digit it asks for, and its
+# corrupted twin changing one operand digit so that this digit changes (metric: its logit minus the corrupted
+# prompt's digit's, at the last position). Measured on a dense toy (4 layers x 64, 600 steps, 97.7% exact match; the
+# heads of 16 needed for 0.9 of the effect): "ones" 1, "tens" 5, "carry" 11. A curve that saturates at one head
+# cannot show a circuit shrinking: the tens and the carry tasks let the multiplier move.
+TOY_TASKS = {
+    "ones": "the sum's ones digit g, the first operand's ones digit b changed",
+    "tens": "the sum's tens digit f, the second operand's tens digit c changed (no carry changes)",
+    "carry": "the sum's tens digit f, the first operand's ones digit b changed so the carry into the tens flips",
+}
+
+
 class Config(StudyConfig):
     device_map_refusal = ("the sparse-circuits study post-trains the model unless --sparse-model names an earlier run's "
                           "sparse model, and post-training runs on one device per process (docs/scaling.md)")
@@ -44,6 +56,8 @@ class Config(StudyConfig):
     n_eval_text: int | None = Field(None, ge=1, description="held-out sampled sequences for sparsity and CE")
     eval_tokens: int | None = Field(None, ge=0, description="tokens per held-out sequence (0: the model's context "
                                                       "length)")
+    toy_tasks: list[str] = Field(default_factory=lambda: ["tens", "carry"], description="toy: circuit tasks ("
+                                 + "; ".join(f"{k}: {v}" for k, v in TOY_TASKS.items()) + ")")
     toy_steps: int | None = Field(None, ge=1, description="toy: dense training steps")
     toy_sparse_steps: int | None = Field(None, ge=1, description="toy: sparse post-training steps")
     toy_width: int | None = Field(None, ge=8, description="toy: d_model")
@@ -60,6 +74,10 @@ class Config(StudyConfig):
         super().check_inputs(models)
         from lmlab.errors import LmlabError
 
+        bad = [t for t in self.toy_tasks if t not in TOY_TASKS]
+        if bad or not self.toy_tasks:
+            what = f"unknown toy circuit task '{bad[0]}'" if bad else "--toy-tasks names no task"
+            raise LmlabError(f"{what}; known: {', '.join(TOY_TASKS)}")
         for name in self.tasks:
             if name not in TASKS:
                 raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")

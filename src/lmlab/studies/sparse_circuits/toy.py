@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from lmlab.models.batch import module_device
+from lmlab.studies.sparse_circuits.config import TOY_TASKS
 from lmlab.train.ensemble import per_replicate_ce, replicas, rows
 
 VOCAB = [str(d) for d in range(10)] + ["+", "=", "<bos>", "<pad>"]
@@ -154,17 +155,40 @@ def sparse_edges(model, seqs: list[list[int]]) -> dict:
             "fallback": (fallback / queries).numpy()}
 
 
-def circuit_task(pairs: list[tuple[int, int]], n_prompts: int, seed: int = 0):
-    """The toy's circuit task: clean `<bos> a b + c d = e f`, the answer the ones digit g; the corrupted prompt
-    changes b (and is its own sum, e f recomputed), so g changes; metric: logit of g minus logit of the corrupted
-    sum's ones digit, at the last position. Clean problems are drawn from `pairs` (the test pairs)."""
+def circuit_task(pairs: list[tuple[int, int]], n_prompts: int, seed: int = 0, kind: str = "ones"):
+    """The toy's circuit task `kind` (TOY_TASKS) on up to `n_prompts` clean problems drawn from `pairs` (the test
+    pairs): a CircuitTask whose prompts end where the asked digit comes next."""
     from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
+    from lmlab.errors import LmlabError
 
-    rng = random.Random(f"toy-circuit|{seed}")
+    if kind not in TOY_TASKS:
+        raise LmlabError(f"unknown toy circuit task '{kind}'; known: {', '.join(TOY_TASKS)}")
+    rng = random.Random(f"toy-circuit|{seed}" if kind == "ones" else f"toy-circuit|{kind}|{seed}")
+    cut = {"ones": 9, "tens": 8, "carry": 8}[kind]  # <bos> a b + c d = e | f | g: the asked digit's index
     prompts = []
-    for x, y in rng.sample(pairs, min(n_prompts, len(pairs))):
-        x2 = x - x % 10 + rng.choice([d for d in range(10) if d != x % 10])
-        g, g2 = (x + y) % 10, (x2 + y) % 10
-        prompts.append(CircuitPrompt(tuple(encode(x, y)[:-1]), tuple(encode(x2, y)[:-1]), f"{x:02d}+{y:02d}=",
-                                     f"{x2:02d}+{y:02d}=", answer=TOK[str(g)], distractor=TOK[str(g2)]))
-    return CircuitTask("addition", "logit_diff", prompts)
+    for x, y in _clean_problems(pairs, n_prompts, rng, kind):
+        x2, y2 = _corrupted(x, y, rng, kind)
+        clean, bad = encode(x, y), encode(x2, y2)
+        prompts.append(CircuitPrompt(tuple(clean[:cut]), tuple(bad[:cut]), f"{x:02d}+{y:02d}=",
+                                     f"{x2:02d}+{y2:02d}=", answer=clean[cut], distractor=bad[cut]))
+    return CircuitTask("addition" if kind == "ones" else f"addition-{kind}", "logit_diff", prompts)
+
+
+def _clean_problems(pairs, n: int, rng: random.Random, kind: str) -> list[tuple[int, int]]:
+    """The clean problems: any pair for "ones"; for "tens" those whose sum's hundreds digit survives the change of c
+    (a + c + carry < 9); for "carry" those with a carry into the tens (b + d >= 10) and no overflow either way."""
+    if kind == "tens":
+        pairs = [(x, y) for x, y in pairs if x // 10 + y // 10 + (x % 10 + y % 10 >= 10) < 9]
+    elif kind == "carry":
+        pairs = [(x, y) for x, y in pairs if x % 10 + y % 10 >= 10 and x // 10 + y // 10 < 9]
+    return rng.sample(pairs, min(n, len(pairs)))
+
+
+def _corrupted(x: int, y: int, rng: random.Random, kind: str) -> tuple[int, int]:
+    if kind == "ones":
+        return x - x % 10 + rng.choice([d for d in range(10) if d != x % 10]), y
+    if kind == "carry":  # b such that b + d < 10: the carry into the tens goes, f falls by one
+        return x - x % 10 + rng.choice([b for b in range(10) if b + y % 10 < 10]), y
+    carry = x % 10 + y % 10 >= 10  # "tens": another c that keeps the sum under 100 * (its hundreds digit + 1)
+    options = [c for c in range(10) if c != y // 10 and x // 10 + c + carry < 10]
+    return x, y % 10 + 10 * rng.choice(options)

@@ -5,7 +5,9 @@ Claims (lmlab.claims; each an estimate over the k replicates with an interval ov
   sequence (items: the 200 test sequences);
 - unchanged loss: exact match, sparse minus dense, >= -2 points (items: the same sequences, paired);
 - fewer heads: log2 of the multiplier (heads the dense toy needs for 0.9 explained effect / heads the sparse
-  toy needs) >= 0 with the interval clear of 0 (items: the circuit task's prompt pairs).
+  toy needs), its mean over the toy's circuit tasks (config.TOY_TASKS: by default the sum's tens digit and the carry
+  into it, whose dense circuits need several heads) >= 0 with the interval clear of 0; each task's own is reported
+  (items: each task's prompt pairs).
 Gates (each blocks every decision): the dense toys learned addition (exact match >= 90% each), every sparse
 post-training converged (its constraint's moving average within the bound at the end, and its kept edges no
 longer falling by more than 10% over the last quarter: a share still falling has not settled, whatever its
@@ -15,6 +17,7 @@ level), and more than one replicate.
 from __future__ import annotations
 
 import json
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -22,6 +25,7 @@ import pandas as pd
 from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
+from lmlab.studies.sparse_circuits.config import TOY_TASKS
 
 EDGES_LIMIT = 0.05  # "a few per cent of edges or fewer"
 TOY_MATCH_DROP = 0.02  # "unchanged loss" on the toy: exact match no more than 2 points below the dense model's
@@ -68,16 +72,46 @@ def replicates_of(table: pd.DataFrame) -> list[int]:
     return sorted(int(r) for r in table["replicate"].unique()) if "replicate" in table else [0]
 
 
-def curves(result) -> dict[tuple[int, str], circuits.EffectCurve]:
-    """(replicate, variant) -> the explained-effect curve with its per-prompt values."""
+def curves(result) -> dict[tuple[str, int, str], circuits.EffectCurve]:
+    """(toy task, replicate, variant) -> the explained-effect curve with its per-prompt values (a record from before
+    the toy had several tasks holds the ones digit's)."""
     pp = result.table("toy_per_prompt")
+    if len(pp):
+        pp = pp.assign(task=pp["task"].fillna("ones") if "task" in pp else "ones")
     out = {}
-    for (r, variant), part in pp.groupby(["replicate", "variant"]) if len(pp) else ():
+    for (task, r, variant), part in pp.groupby(["task", "replicate", "variant"]) if len(pp) else ():
         part = part.sort_values("n_heads")
         values = np.array([json.loads(v) for v in part["values"]])
-        out[(int(r), str(variant))] = circuits.EffectCurve([int(n) for n in part["n_heads"]], values, values[-1],
-                                                           values[0])
+        out[(str(task), int(r), str(variant))] = circuits.EffectCurve([int(n) for n in part["n_heads"]], values,
+                                                                      values[-1], values[0])
     return out
+
+
+def _multiplier_claims(found: dict, reps: list[int], seed: int) -> list:
+    """log2 (dense heads / sparse heads at THRESHOLD) per toy task (reported) and over the tasks (decisive),
+    resampled over each task's prompt pairs and the replicates."""
+    tasks = sorted({t for t, _, _ in found}, key=list(TOY_TASKS).index)
+    if not tasks or not all((t, r, v) in found for t in tasks for r in reps for v in ("dense", "sparse")):
+        return []
+    n_prompts = min(found[(t, reps[0], "dense")].values.shape[1] for t in tasks)
+
+    def log_multiplier(task: str):
+        def stat(i: int, idx: np.ndarray) -> float:
+            total = found[(task, reps[i], "dense")].grid[-1]
+            d = found[(task, reps[i], "dense")].heads_needed(THRESHOLD, idx)
+            s = found[(task, reps[i], "sparse")].heads_needed(THRESHOLD, idx)
+            return float(np.log2(max(total if d is None else d, 1) / max(total if s is None else s, 1)))
+        return stat
+
+    prompts = Resampler(n_prompts, len(reps), n_boot=400, seed=seed)
+    stats = {t: log_multiplier(t) for t in tasks}
+    name = "log2 multiplier (dense heads / sparse heads at 0.9)"
+    claims = [prompts.claim(name, stats[t], Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group=f"toy: {t}",
+                            reported=True) for t in tasks] if len(tasks) > 1 else []
+    claims.append(prompts.claim(name if len(tasks) == 1 else f"mean {name} over the tasks",
+                                lambda i, idx: float(np.mean([stats[t](i, idx) for t in tasks])),
+                                Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group="toy: " + ", ".join(tasks)))
+    return claims
 
 
 def _matrix(seq: pd.DataFrame, column: str) -> np.ndarray:
@@ -99,21 +133,11 @@ def toy_claims(result):
     match = items.mean_claim("exact match, sparse - dense", _matrix(seq, "sparse_em") - _matrix(seq, "dense_em"),
                              Bar(">=", -TOY_MATCH_DROP), unit=" pts", scale=100, n_unit="test sequences",
                              group="addition toy")
-    claims = [kept, match]
     found = curves(result)
-    lacking = [f"replicate {r}, {v}: {NO_EFFECT}" for (r, v), c in sorted(found.items()) if not c.has_effect()]
-    if all((r, v) in found for r in reps for v in ("dense", "sparse")) and not lacking:
-        n_prompts = found[(reps[0], "dense")].values.shape[1]
-        total = found[(reps[0], "dense")].grid[-1]
-
-        def log_multiplier(i: int, idx: np.ndarray) -> float:
-            d = found[(reps[i], "dense")].heads_needed(THRESHOLD, idx)
-            s = found[(reps[i], "sparse")].heads_needed(THRESHOLD, idx)
-            return float(np.log2(max(total if d is None else d, 1) / max(total if s is None else s, 1)))
-
-        prompts = Resampler(n_prompts, k, n_boot=400, seed=seed)
-        claims.append(prompts.claim("log2 multiplier (dense heads / sparse heads at 0.9)", log_multiplier,
-                                    Bar(">=", 0.0, null=0.0), n_unit="prompt pairs", group="addition toy"))
+    several = len({t for t, _, _ in found}) > 1
+    lacking = [f"replicate {r}, {v}{f', {t}' if several else ''}: {NO_EFFECT}" for (t, r, v), c in sorted(found.items())
+               if not c.has_effect()]
+    claims = [kept, match] + (_multiplier_claims(found, reps, seed) if not lacking else [])
     gates = [
         Gate("dense toys learned addition", bool((dense["value"] >= TOY_LEARNED).all()),
              why="exact match " + ", ".join(f"{100 * v:.1f}%" for v in dense["value"]) + f" (needs {100 * TOY_LEARNED:.0f}% each)",
@@ -158,15 +182,10 @@ def toy_verdict(result, claim: str, seconds: float = 0.0) -> Verdict:
                    evidence={"part": "toy", **numbers, **evidence(claims, gates)})
 
 
-def toy_seed_figure(result, fig=None):
-    """The seed's figure at toy scale: explained effect vs heads kept, dense vs sparse (each replicate a thin line,
-    their mean bold with the band over replicates), the multiplier with its interval; and edges kept and exact
-    match per replicate."""
-    found = curves(result)
-    toy = result.table("toy")
-    fig, (left, right) = canvas(fig, (11, 4.0), 1, 2, gridspec_kw={"width_ratios": [1.5, 1]})
+def _effect_panel(left, task: str, found: dict, claims: list, n_tasks: int) -> None:
+    """One toy task's panel: the dense and sparse curves over replicates and the task's multiplier."""
     for variant, color, label in (("dense", "tab:blue", "Dense toy"), ("sparse", "tab:orange", "Sparse toy")):
-        lines = [found[key] for key in sorted(found) if key[1] == variant]
+        lines = [found[key] for key in sorted(found) if key[0] == task and key[2] == variant]
         if not lines:
             continue
         grid = lines[0].grid
@@ -177,15 +196,30 @@ def toy_seed_figure(result, fig=None):
         left.fill_between(grid, ee.min(0), ee.max(0), color=color, alpha=0.15, linewidth=0)
     left.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=1)
     left.set(xlabel="Number of Heads Kept", ylabel="Explained Effect", ylim=(-0.1, 1.15),
-             title="Addition toy: the ones digit\n(corrupted: the first operand's ones digit)")
-    left.title.set_fontsize(10)
+             title=f"Addition toy: {task}\n" + textwrap.fill(f"({TOY_TASKS.get(task, '')})", 48 if n_tasks > 1 else 90))
+    left.title.set_fontsize(9)
     left.legend(loc="lower right", fontsize=8)
-    claims, _, _ = toy_claims(result)
-    mult = next((c for c in claims if c.name.startswith("log2 multiplier")), None)
+    mult = next((c for c in claims if c.name.endswith("at 0.9)") and (n_tasks == 1 or c.group == f"toy: {task}")),
+                None)
     if mult is not None:
         lo, hi = mult.interval()
         left.text(0.97, 0.45, f"multiplier {2 ** mult.estimate:.1f}x\n[{2 ** lo:.1f}, {2 ** hi:.1f}]",
                   transform=left.transAxes, ha="right", va="top", fontsize=11, fontweight="bold")
+
+
+def toy_seed_figure(result, fig=None):
+    """The seed's figure at toy scale: per toy task, explained effect vs heads kept, dense vs sparse (each replicate a
+    thin line, their mean bold with the band over replicates) and the task's multiplier with its interval; and edges
+    kept and exact match per replicate."""
+    found = curves(result)
+    toy = result.table("toy")
+    tasks = sorted({t for t, _, _ in found}, key=list(TOY_TASKS).index) or ["ones"]
+    fig, axes = canvas(fig, (4.2 * len(tasks) + 4.4, 4.0), 1, len(tasks) + 1,
+                       gridspec_kw={"width_ratios": [1.5] * len(tasks) + [1]})
+    claims, _, _ = toy_claims(result)
+    for task, left in zip(tasks, axes[:-1]):
+        _effect_panel(left, task, found, claims, len(tasks))
+    right = axes[-1]
     sparse = toy[toy["variant"] == "sparse"].sort_values("replicate")
     dense = toy[toy["variant"] == "dense"].sort_values("replicate")
     x = np.arange(len(sparse))

@@ -96,7 +96,7 @@ def run_toy(config: Config, run_dir: RunDir) -> None:
         sparse = toy.evaluate(model, data.test)
     measured = {"dense": toy.evaluate(stack([_loaded(template, s) for s in dense_states]), data.test),
                 "sparse": sparse, "edges": toy.sparse_edges(model, data.test)}
-    task = toy.circuit_task(data.test_pairs, TOY_PROMPTS, config.seed)
+    tasks = [toy.circuit_task(data.test_pairs, TOY_PROMPTS, config.seed, kind) for kind in config.toy_tasks]
     rows, usage = [], {}
     for r, seed in enumerate(seeds):
         rows += _replicate_rows(r, seed, measured, record, len(seeds))
@@ -105,7 +105,8 @@ def run_toy(config: Config, run_dir: RunDir) -> None:
         sparse_lm = toy.build_toy(seed=seed, d_model=width, device=device)
         sparse_lm.model.load_state_dict(unstack(model)[r])
         install(sparse_lm, SparseAttention(sample=False))
-        rows += _circuit_rows(r, {"dense": dense_lm, "sparse": sparse_lm}, task, config)
+        for kind, task in zip(config.toy_tasks, tasks):
+            rows += _circuit_rows(r, {"dense": dense_lm, "sparse": sparse_lm}, kind, task, config)
         if r == 0:  # the edge drawing shows the first replicate
             usage = {"dense": toy.edge_usage(dense_lm.model, data.test[:200]),
                      "sparse": toy.edge_usage(sparse_lm.model, data.test[:200])}
@@ -140,20 +141,21 @@ def _replicate_rows(r: int, seed: int, measured: dict, record: dict, k: int) -> 
     return rows
 
 
-def _circuit_rows(r: int, models: dict, task, config: Config) -> list[dict]:
-    """Replicate r's circuits in each variant: the task's clean and corrupted metric, the explained-effect curve per
-    prompt, and the heads' ranking."""
+def _circuit_rows(r: int, models: dict, kind: str, task, config: Config) -> list[dict]:
+    """Replicate r's circuits for the toy task `kind` in each variant: the task's clean and corrupted metric, the
+    explained-effect curve per prompt, and the heads' ranking."""
     rows = []
     for variant, lm in models.items():
         found = _discover(lm, task, config)
         curve = found["curve"]
-        rows.append({"kind": "toy_task", "replicate": r, "variant": variant,
-                     "clean_metric": float(curve.clean.mean()), "accuracy": float((curve.clean > 0).mean()),
-                     "corrupted_metric": float(curve.none.mean()), "total_heads": len(found["order"])})
-        rows += [{"kind": "toy_per_prompt", "replicate": r, "variant": variant, "n_heads": n,
+        common = {"replicate": r, "variant": variant, "task": kind}
+        rows.append({"kind": "toy_task", **common, "clean_metric": float(curve.clean.mean()),
+                     "accuracy": float((curve.clean > 0).mean()), "corrupted_metric": float(curve.none.mean()),
+                     "total_heads": len(found["order"])})
+        rows += [{"kind": "toy_per_prompt", **common, "n_heads": n,
                   "values": json.dumps([round(float(v), 6) for v in values])}
                  for n, values in zip(curve.grid, curve.values)]
-        rows += [{"kind": "toy_ranking", "replicate": r, "variant": variant, "rank": i, "layer": l, "index": h,
+        rows += [{"kind": "toy_ranking", **common, "rank": i, "layer": l, "index": h,
                   "score": round(float(found["scores"][l, h]), 6)} for i, (l, h) in enumerate(found["order"], 1)]
     return rows
 
