@@ -3,6 +3,7 @@
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -46,12 +47,21 @@ needs_export_extra = pytest.mark.skipif(importlib.util.find_spec("compressed_ten
                                         reason="the export extra (compressed-tensors) is not installed")
 
 
+# The switches that choose the CPU's kernels: the loading process computes with the test process's kernels, as a
+# user's would on one machine. Across kernels (the test under ATEN_CPU_CAPABILITY=default, its child under AVX2) an
+# activation a rounding away from an int8 step's midpoint lands on the other step and moves a logit by ~1e-3.
+KERNEL_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
+                   "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def _load_elsewhere(jobs: dict, tmp_path) -> dict:
     """{name: (folder, kind, inputs.safetensors)} -> logits computed in a fresh Python process without lmlab."""
     result = tmp_path / "loaded.safetensors"
+    kernels = {k: v for k, v in os.environ.items() if k in KERNEL_SWITCHES}
     proc = subprocess.run([sys.executable, "-c", LOADER, json.dumps({k: [str(a) for a in v] for k, v in jobs.items()}),
                            str(result)], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+                               **kernels})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "compressed_tensors" in proc.stdout  # transformers went through compressed-tensors
     return load_file(str(result))
