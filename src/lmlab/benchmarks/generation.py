@@ -14,20 +14,17 @@ quick profile generates thousands of problems there), the GPU's queue drained be
 
 from __future__ import annotations
 
-from lmlab.benchmarks.registry import alternate, benchmark
+from lmlab.benchmarks.registry import alternate, benchmark, drain
 
 
 GPU_BATCH = 128  # the large batch a GPU run adds
 
 
 def _synced(fn, device: str):
-    """`fn`, returning only once the device has finished its work (a GPU runs ahead of the Python that queues)."""
-    import torch
-
+    """`fn`, returning only once the device has finished its work."""
     def run():
         out = fn()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
+        drain(device)
         return out
     return run
 

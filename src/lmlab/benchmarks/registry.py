@@ -14,6 +14,15 @@ def benchmark(name: str):
     return wrap
 
 
+def drain(device: str) -> None:
+    """Wait until `device` has finished the work queued on it (a GPU runs ahead of the Python that queues; a clock
+    read before this times the queueing)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 def alternate(cases: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, float], dict[str, object]]:
     """Run each case `repeats` times, the order rotating from one repeat to the next (a drift in the machine's
     speed falls on every case alike): each case's best wall time in seconds, and its last result."""

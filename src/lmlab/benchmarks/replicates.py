@@ -13,26 +13,20 @@ import copy
 import statistics
 import time
 
-from lmlab.benchmarks.registry import benchmark
+from lmlab.benchmarks.registry import benchmark, drain
 
 
 def _time_cases(cases: dict, steps: int, device: str = "cpu") -> dict[str, float]:
     """{case: step function}: median seconds per step of each, interleaved (a GPU's queue drained around each)."""
-    import torch
-
-    def wait():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
     names = list(cases)
     times = {n: [] for n in names}
     for i in range(steps):
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
-            wait()
+            drain(device)
             t0 = time.perf_counter()
             cases[name]()
-            wait()
+            drain(device)
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
     return {n: statistics.median(t) for n, t in times.items()}
