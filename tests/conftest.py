@@ -10,8 +10,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from lmlab.models import load_model  # noqa: E402
 
 from helpers import tolerance  # noqa: E402
-import emulated_gpu  # noqa: E402,F401  (the emulated device registers before any backward pass: torch's autograd
-# engine sizes its per-device queues at its first backward)
+# The emulated GPU (tests/emulated_gpu.py) registers before any backward pass (torch's autograd engine sizes its
+# per-device queues at its first backward), and only where there is no real GPU: beside CUDA a second accelerator
+# backend becomes torch's accelerator, so CUDA's backward passes fail an assertion on their streams and factories
+# follow the emulated device (seen on an H100, torch 2.11).
+if not torch.cuda.is_available():
+    import emulated_gpu  # noqa: E402,F401
 
 # Under pytest-xdist (`-n 2`, the Makefile's test command) each worker computes on one thread: the cores are
 # shared out between the workers instead of between torch's threads, which keeps both busy through the suite's
@@ -82,6 +86,8 @@ def _emulated_gpu_for_its_tests(request):
     """A test on the emulated GPU runs inside it (lmlab's `auto` device and accelerate's device are the emulated
     one)."""
     if "device" in request.fixturenames and request.getfixturevalue("device").name == "fakegpu":
+        import emulated_gpu
+
         with emulated_gpu.emulated_gpu():
             yield
     else:

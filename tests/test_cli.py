@@ -199,7 +199,8 @@ def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
                 "a .gguf that is not GGUF": "is not a GGUF file (it does not start with the GGUF magic bytes)",
                 "--max-memory not a size": "--max-memory: 'cpu=lots' is not a size",
                 "--offload on a file": "bad.jsonl: a file is there, not a folder",
-                "--jobs below 1": "Invalid value for '--jobs': Input should be greater than or equal to 1",
+                "--jobs below 1": ("Invalid value for '--jobs': Input should be greater than or equal to 1",  # typer 0.29
+                                   "Invalid value for '--jobs': -1 is not in the range x>=1"),  # older typer (click's)
                 "--out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
                 "reproduce --out that cannot be made": "bad.jsonl is a file, so the folder cannot be made",
                 "unknown tracker": "unknown tracker 'tensorbored' for --log-with",
@@ -218,7 +219,8 @@ def test_inputs_that_need_no_model_fail_before_torch_loads(tmp_path):
         done = subprocess.run([sys.executable, "-c", probe, *with_out(args, tmp_path)], capture_output=True, text=True)
         assert done.stdout.strip().splitlines()[-1] == "EXIT 2 False False", (case, done.stdout, done.stderr)
         lines = [l for l in done.stderr.splitlines() if l.strip()]
-        assert len(lines) == 1 and lines[0].startswith("error:") and expected[case] in lines[0], (case, lines)
+        said = expected[case] if isinstance(expected[case], tuple) else (expected[case],)
+        assert len(lines) == 1 and lines[0].startswith("error:") and any(e in lines[0] for e in said), (case, lines)
     assert not (tmp_path / "runs").exists()
 
 

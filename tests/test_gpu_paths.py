@@ -13,13 +13,13 @@ Each lmlab bug the first GPU run met has its regression test here, named after i
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import PROMPTS
-from emulated_gpu import DEVICE, emulated_gpu
 from lmlab.models import load_model
 from lmlab.studies import get_study, run_study
 
@@ -35,6 +35,21 @@ STUDIES = {
     "latent": dict(model="scratch", rates=[4], n_train=96, n_test=4, steps=3, vq_steps=21, seeds=2, d_model=32,
                    n_layers=2, batch_size=16),  # 21 VQ steps: one dead-code restart (every 20) under autocast
 }
+
+
+# Where a real GPU is present the emulated one is not registered (a second accelerator backend in the process
+# breaks torch's autograd streams on CUDA, conftest.py): the regression tests run on the GPU itself, and the checks
+# of the emulator alone skip.
+REAL_GPU = torch.cuda.is_available()
+if REAL_GPU:
+    DEVICE = torch.device("cuda:0")
+
+    def emulated_gpu():
+        return contextlib.nullcontext(DEVICE)
+else:
+    from emulated_gpu import DEVICE, emulated_gpu
+emulator_only = pytest.mark.skipif(REAL_GPU, reason="a real GPU is here: the emulated GPU stands in for one where "
+                                   "there is none (the device-fixture tests and `make gpu-check` run on this one)")
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +74,7 @@ def test_every_study_completes_in_bf16_on_the_cpu(study, tmp_path):
     assert result.info.get("environment", {}).get("device", "cpu") == "cpu"
 
 
+@emulator_only
 @pytest.mark.parametrize("study", list(STUDIES))
 def test_every_study_completes_on_the_emulated_gpu(study, tmp_path):
     with emulated_gpu():  # --device auto resolves to it; accelerate trains on it
@@ -78,6 +94,7 @@ def _cases():
     return CASES
 
 
+@emulator_only
 @pytest.mark.parametrize("case", list(_cases()))
 def test_every_intervention_gives_the_cpu_numbers_on_the_emulated_gpu(host_and_device, case):
     from test_dispatch import _run as run_case
@@ -93,6 +110,7 @@ def test_every_intervention_gives_the_cpu_numbers_on_the_emulated_gpu(host_and_d
                 torch.testing.assert_close(cb.stacked(point).cpu(), ca.stacked(point), atol=1e-5, rtol=1e-5)
 
 
+@emulator_only
 def test_the_emulated_gpu_refuses_what_cuda_refuses():
     """The emulator's own check: CUDA's refusals, and what CUDA allows (a copy between devices, host indices,
     a host scalar)."""
@@ -158,7 +176,7 @@ def test_kd_loss_takes_a_batch_collated_on_the_host():
         teacher.tokenizer.padding_side = "right"
         batch = dict(teacher.tokenizer(["the capital of France", "Paris"], return_tensors="pt", padding=True))
         loss, parts = kd_loss(student.model, teacher.model, batch)
-        assert loss.device == DEVICE and all(v > 0 for v in parts.values())
+        assert loss.device.type == DEVICE.type and all(v > 0 for v in parts.values())
 
 
 # --- the generator rule -----------------------------------------------------------------------------------
@@ -192,9 +210,10 @@ def test_the_replicates_benchmark_runs_on_the_device_it_is_given():
 
     with emulated_gpu():
         rows = replicates_bench(steps=3, device=str(DEVICE))
-    assert len(rows) == 6 and all(r["value"] > 0 and f"on {DEVICE}" in r["setup"] for r in rows)
+    assert len(rows) == 6 and all(r["value"] > 0 and f"on {DEVICE.type}" in r["setup"] for r in rows)
 
 
+@emulator_only  # (on a GPU it runs larger batches too: `make gpu-check` runs it there)
 def test_the_generation_benchmark_runs_on_the_device_it_is_given():
     """`lmlab bench --only generation --device cuda` (S3's throughput on a GPU): both loops on the device, the
     bandwidth measured there, the two agreeing on the greedy tokens of a tiny model."""

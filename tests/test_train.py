@@ -185,8 +185,9 @@ def test_the_loops_parts_each_do_their_one_thing(tmp_path):
 
     from lmlab.train.loop import TrainResult, _record, _resume, _set_up, _take_step
 
-    lm = load_model("tiny-llama", device="cpu")
-    data, cfg = _data(lm), TrainConfig(steps=4, batch_size=4, checkpoint_every=2, progress=False)
+    lm = load_model("tiny-llama", device="cpu")  # (the parts alone, on the CPU: `train` moves the model, they do not)
+    data = _data(lm)
+    cfg = TrainConfig(steps=4, batch_size=4, checkpoint_every=2, progress=False, cpu=True)
     with pytest.raises(LmlabError, match="the training set is empty"):
         _set_up(lm.model, [], cfg, None, tmp_path)
     with pytest.raises(LmlabError, match="holds 1 replicate.* names 2 seed"):

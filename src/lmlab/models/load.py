@@ -159,7 +159,8 @@ def _finish(model, tokenizer, name, source, device, dtype, t0, placement: Placem
     else:  # built or loaded in memory: dispatched now
         model = dispatch(model.to(dtype=dtype), placement, dtype).eval()
     if placement is not None:
-        meta["device_map"] = {k: str(v) for k, v in model.hf_device_map.items()}
+        # as a --device-map file says it (a GPU's index stays a number, so the recorded map loads the same way)
+        meta["device_map"] = {k: v if isinstance(v, int) else str(v) for k, v in model.hf_device_map.items()}
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name=name, source=source,
