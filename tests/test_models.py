@@ -101,6 +101,23 @@ def test_a_saved_model_directory_loads_back(tmp_path):
     assert list((tmp_path / "m").glob("*.safetensors"))
 
 
+def test_a_new_head_on_a_saved_model_is_drawn_from_the_seed(tmp_path):
+    """A pretrained encoder given a classifier head (S2's teachers): the head's weights come from `seed`, not from
+    the process's random stream (torch seeds that differently in every process, so two runs of one seed had two
+    teachers), and the caller's stream is left as it was."""
+    lm = load_model("tiny-bert", head="base")
+    lm.model.save_pretrained(tmp_path / "m")
+    lm.tokenizer.save_pretrained(tmp_path / "m")
+    heads = []
+    for seed, stream in ((0, 1), (0, 2), (1, 1)):
+        torch.manual_seed(stream)
+        before = torch.get_rng_state()
+        loaded = load_model(str(tmp_path / "m"), head="classifier", num_labels=3, seed=seed)
+        assert torch.equal(torch.get_rng_state(), before)
+        heads.append(loaded.model.classifier.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
+
+
 @pytest.mark.embedded
 def test_embedded_smollm_loads_from_cache_and_knows_paris(embedded_smollm):
     lm = embedded_smollm

@@ -210,7 +210,10 @@ def load_model(spec: str, *, dtype: torch.dtype | str | None = None, device: str
     `max_memory` and `offload` spread a model over devices and disk (models/placement.py); `device` is then
     unused."""
     placement = Placement.parse(device_map, max_memory, offload)
-    with torch.device("cpu"):  # weights are built (or read) on the CPU, whatever the default device, then moved
+    # weights are built (or read) on the CPU, whatever the default device, then moved; what a load draws (a new
+    # classifier head on a pretrained model) comes from `seed`, and the caller's random stream is left as it was
+    with torch.device("cpu"), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         return _load_model(spec, dtype=dtype, device=device, head=head, num_labels=num_labels,
                            trust_remote_code=trust_remote_code, seed=seed, scratch=scratch, tokenizer=tokenizer,
                            placement=placement)
