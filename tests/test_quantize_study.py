@@ -12,6 +12,7 @@ from lmlab.studies import quantize as s2
 import lmlab.studies.quantize.recipe  # noqa: F401  (s2.recipe, patched below, whatever ran before)
 from lmlab.studies import run_study
 from lmlab.evaluation import metric_value
+from lmlab.models import load_model
 from lmlab.studies.quantize.analysis import verdict
 from lmlab.studies.result import from_rows
 from lmlab.train.kd import kd_loss
@@ -328,18 +329,45 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
 
 def test_a_teacher_that_has_not_learned_or_converged_decides_nothing():
     """The teacher's own gate: within TEACHER_MARGIN of the majority class (seed 1 of the demo: 72.2 against 67), or
-    its fine-tuning loss still falling over the last quarter, and no claim decides, whatever the students show."""
+    its dev score still rising over its last epoch (its loss still falling where it has no dev curve), and no claim
+    decides, whatever the students show."""
     table = _table(GOOD, n=1000)
     teacher = (table.kind == "score") & (table.bits == 32)
     table.loc[table.kind == "score", ["loss_q3", "loss_q4"]] = [0.30, 0.29]
     assert verdict(from_rows("quantize", table)).status == "reproduced"
-    table.loc[teacher, ["loss_q3", "loss_q4"]] = [0.30, 0.20]
+    table.loc[teacher, ["loss_q3", "loss_q4"]] = [0.30, 0.20]  # no dev curve: the loss decides
     still = verdict(from_rows("quantize", table))
     assert still.status == "inconclusive" and "teachers learned and converged: FAILED" in still.summary
     assert "the teacher's loss still fell 0.3 -> 0.2" in still.summary
+    table.loc[teacher, ["loss_q3", "loss_q4", "dev_rise"]] = [0.13, 0.038, 0.4]  # a fitted teacher's loss falls on
+    assert verdict(from_rows("quantize", table)).status == "reproduced"  # while its dev score has settled
+    table.loc[teacher, "dev_rise"] = 2.5
+    rising = verdict(from_rows("quantize", table))
+    assert rising.status == "inconclusive" and "the teacher's dev score still rose 2.5 points" in rising.summary
     weak = verdict(from_rows("quantize", _table({(32, "teacher"): 0.53, (2, "A"): 0.53, (2, "C"): 0.53,
                                                  (1, "A"): 0.52, (1, "C"): 0.53}, n=1000)))
     assert weak.status == "inconclusive" and "the teacher scored" in weak.summary
     near = verdict(from_rows("quantize", _table({(32, "teacher"): 0.58, (2, "A"): 0.58, (2, "C"): 0.58,
                                                  (1, "A"): 0.58, (1, "C"): 0.58}, n=1000)))
     assert "the teacher scored 58.0" in near.summary  # 8 points above the majority: enough for a student, not it
+
+
+def test_the_teachers_dev_curve_is_its_dev_score_each_epoch_and_survives_a_resume():
+    """DevCurve (the teacher gate's reading): at each epoch's end the dev score the metric gives for the model's
+    predictions, in points; its state restores the curve a resumed training continues."""
+    from lmlab.studies.quantize.measure import DevCurve, collate_for, predict
+
+    lm = load_model("tiny-bert", head="classifier", num_labels=3, device="cpu")
+    task = generate_task("fact-mnli", 24, 8, seed=0)
+    collate = collate_for(lm.tokenizer, task, 64)
+    curve = DevCurve(lm.model, collate, task, every=3)
+    for step in range(7):
+        curve(step, 0.0)
+    assert lm.model.training  # (scoring leaves the model training)
+    labels = np.array([e.label for e in task.dev])
+    expected = 100 * metric_value(task.metric, labels, predict(lm.model, collate, task.dev))
+    assert curve.scores == pytest.approx([expected, expected])
+    assert curve.reading() == pytest.approx({"dev_last": expected, "dev_rise": 0.0})
+    again = DevCurve(lm.model, collate, task, every=3)
+    again.load_state_dict(curve.state_dict())
+    assert again.scores == curve.scores and DevCurve(lm.model, collate, task, 3).reading() == {}

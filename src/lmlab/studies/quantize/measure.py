@@ -115,6 +115,35 @@ class _BestDev:
         return self.best[1], 100 * self.best[0]
 
 
+class DevCurve:
+    """`on_step` hook and training state (so a resumed training keeps it): the model's dev score, in points, at the
+    end of every epoch. The teacher's gate reads whether it still rose over the last epoch."""
+
+    def __init__(self, model, collate, task: NLUTask, every: int):
+        self.model, self.collate, self.task, self.every = model, collate, task, every
+        self.labels = np.array([e.label for e in task.dev])
+        self.scores: list[float] = []
+
+    def __call__(self, step: int, loss: float) -> None:
+        if (step + 1) % self.every:
+            return
+        preds = predict_shared(self.model, self.collate, self.task.dev)
+        self.scores.append(100 * float(metric_value(self.task.metric, self.labels, preds)))
+        self.model.train()
+
+    def state_dict(self) -> dict:
+        return {"dev_scores": list(self.scores)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scores = list(state.get("dev_scores", []))
+
+    def reading(self) -> dict:
+        """The last epoch's dev score and its rise over the best epoch before it (none with one epoch)."""
+        if len(self.scores) < 2:
+            return {"dev_last": self.scores[-1]} if self.scores else {}
+        return {"dev_last": self.scores[-1], "dev_rise": self.scores[-1] - max(self.scores[:-1])}
+
+
 def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:
     """The teacher's outputs over the task's KD pool, computed once for every student (None: recompute them
     every step, `--no-teacher-cache`)."""

@@ -44,7 +44,7 @@ from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, Config
 from lmlab.studies.quantize.decoder import run_decoder
-from lmlab.studies.quantize.measure import (TEACHER_FIT, collate_for, loss_quarters, run_unit, seed_unit,
+from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, run_unit, seed_unit,
                                             steps_per_epoch, teacher_cache, train_config)
 from lmlab.train import train
 
@@ -71,8 +71,9 @@ def load_task(name: str, config: Config) -> NLUTask:
 
 
 def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | None, collate):
-    """The task's teacher, fine-tuned (or read back from `teachers/<task>`) and frozen, and its fine-tuning's loss
-    over the last two quarters of its steps (the verdict's "teachers learned and converged" gate reads them)."""
+    """The task's teacher, fine-tuned (or read back from `teachers/<task>`) and frozen, with what the verdict's
+    "teachers learned and converged" gate reads of its fine-tuning: its dev score at the last epoch and its rise
+    over the best epoch before, and its loss over the last two quarters of its steps."""
     teacher_dir = run_dir.path / "teachers" / task.name
     teacher = (classifier_from(lm, task.num_labels, config.seed) if lm is not None else
                config.load(train=True, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
@@ -81,12 +82,13 @@ def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | N
     else:
         seed_unit(config.seed, task.name, "teacher")
         work = run_dir.path / "work" / f"teacher-{task.name}"
+        curve = DevCurve(teacher, collate, task, steps_per_epoch(config, len(task.train)))
         trained = train(teacher, task.train, collate, lambda m, b: m(**b).loss,
                         train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
-                                     f"teacher {task.name}"), work)
+                                     f"teacher {task.name}"), work, on_step=curve, state=curve)
         if parallel.is_main():  # (every process holds the same weights after data-parallel training)
             teacher.save_pretrained(teacher_dir, safe_serialization=True)
-            atomic_write(teacher_dir / TEACHER_FIT, json.dumps(loss_quarters(trained.losses)))
+            atomic_write(teacher_dir / TEACHER_FIT, json.dumps({**loss_quarters(trained.losses), **curve.reading()}))
             shutil.rmtree(work, ignore_errors=True)
     fit = teacher_dir / TEACHER_FIT
     teacher.eval()
