@@ -8,8 +8,8 @@ The dense model is one (its discovery has no random draw); the sparse model is k
   of 0 (decisive: the paper's "on most tasks": its four multipliers 0.6x, 2.0x, 1.3x, 1.6x average +0.33 in log2);
 - edges kept <= 5% of the causal edges on held-out text (items: the held-out sequences);
 - held-out CE change <= the slack tau was given (items: the same sequences, paired).
-Gates: every post-training converged (its constraint's moving average within the bound at the end; its edges not
-still falling by more than 10% over the last quarter), the multiplier powered (>= 64 prompt pairs a task; blocks
+Gates: every post-training converged (its constraint held over the last quarter of the steps, as the toy's gate
+reads it; its edges not still falling by more than 10% over the last quarter), the multiplier powered (>= 64 prompt pairs a task; blocks
 "reproduced"), more than one replicate.
 """
 
@@ -24,7 +24,8 @@ from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
-from lmlab.studies.sparse_circuits.toy_analysis import EDGES_LIMIT, NO_EFFECT, band, edges_still_falling, no_effect_gate
+from lmlab.studies.sparse_circuits.toy_analysis import (EDGES_LIMIT, NO_EFFECT, band, constraint_held,
+                                                       edges_still_falling, no_effect_gate)
 
 PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
 PAPER_FRACTION = 0.004  # "reducing attention connectivity to about 0.4% of its edges" (arXiv 2512.05865 v2-v5)
@@ -158,13 +159,18 @@ def _held_out_claims(seq: pd.DataFrame, sparse: pd.DataFrame, seed: int) -> list
 
 
 def _post_training_gate(sparse: pd.DataFrame, geco: pd.DataFrame) -> Gate:
-    """Every replicate's constraint holds at the end and its edges stopped falling over the last quarter."""
+    """Every replicate's constraint held over the last quarter (toy_analysis.constraint_held) and its edges stopped
+    falling there."""
     unconverged = []
     for row in sparse.itertuples():
         r = int(getattr(row, "replicate", 0) if pd.notna(getattr(row, "replicate", np.nan)) else 0)
         part = geco[_rep(geco) == r] if len(geco) else geco
         falling, start, end = edges_still_falling(part) if len(part) else (False, np.nan, np.nan)
-        if not bool(row.converged):
+        held, violation = constraint_held(part, float(row.tau_slack)) if len(part) else (None, np.nan)
+        if held is False:
+            unconverged.append(f"replicate {r}: the constraint was violated over the last quarter of {int(row.steps)} "
+                               f"steps (CE {violation:+.3f} nats over tau on average, lambda {float(row.multiplier):.3g})")
+        elif held is None and not bool(row.converged):
             unconverged.append(f"replicate {r}: the constraint's moving average is still {float(row.final_ema):+.3f} "
                                f"nats over tau after {int(row.steps)} steps (lambda {float(row.multiplier):.3g})")
         elif falling:

@@ -9,9 +9,10 @@ Claims (lmlab.claims; each an estimate over the k replicates with an interval ov
   into it, whose dense circuits need several heads) >= 0 with the interval clear of 0; each task's own is reported
   (items: each task's prompt pairs).
 Gates (each blocks every decision): the dense toys learned addition (exact match >= 90% each), every sparse
-post-training converged (its constraint's moving average within the bound at the end, and its kept edges no
-longer falling by more than 10% over the last quarter: a share still falling has not settled, whatever its
-level), and more than one replicate.
+post-training converged (its constraint held over the last quarter of the steps: the CE's mean excess over its
+bound there at most a tenth of the slack, as `constraint_held` reads it; and its kept edges no longer falling by
+more than 10% over the last quarter: a share still falling has not settled, whatever its level), and more than one
+replicate.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ import pandas as pd
 from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
-from lmlab.studies.sparse_circuits.config import TOY_TASKS
+from lmlab.studies.sparse_circuits.config import TOY_TASKS, Config
 
 EDGES_LIMIT = 0.05  # "a few per cent of edges or fewer"
 TOY_MATCH_DROP = 0.02  # "unchanged loss" on the toy: exact match no more than 2 points below the dense model's
 TOY_LEARNED = 0.90  # the dense toy must have learned addition before its sparse version can say anything
+CONSTRAINT_TOLERANCE = 0.1  # of the slack: the last quarter's mean CE may exceed its bound by this much
 STILL_FALLING = 0.10  # edges kept fell by more than this (relative) over the last quarter of the steps
 THRESHOLD = 0.9  # explained effect the circuit must reach
 FULL_SPARSE_STEPS = 2000  # the full profile's post-training of the model (profiles.yaml)
@@ -44,6 +46,21 @@ def edges_still_falling(geco: pd.DataFrame) -> tuple[bool, float, float]:
     q, w = max(len(kept) // 4, 1), max(len(kept) // 20, 1)  # a short window damps the sampled gate's noise
     start, end = float(kept[len(kept) - q - w:len(kept) - q].mean()), float(kept[-w:].mean())
     return end < (1 - STILL_FALLING) * start, start, end
+
+
+def constraint_held(geco: pd.DataFrame, slack: float) -> tuple[bool | None, float]:
+    """(held, mean violation): the constraint read over the last quarter of the steps, CE minus its bound averaged
+    there, held if that is at most CONSTRAINT_TOLERANCE x the slack; (None, NaN) without a per-step trace.
+
+    GECO holds the CE at its bound once it has converged, so the moving average at the last step sits above or
+    below 0 by chance: read alone it called a converged replicate unconverged about half of the time (on an H100,
+    a full-size toy replicate ended at +0.027 nats while its last 750 steps averaged -0.019)."""
+    g = geco.dropna(subset=["ce", "tau"]).sort_values("step") if {"ce", "tau"} <= set(geco) else geco.iloc[:0]
+    if len(g) < 4:
+        return None, float("nan")
+    tail = g.iloc[len(g) - max(len(g) // 4, 1):]
+    violation = float((tail["ce"] - tail["tau"]).mean())
+    return violation <= CONSTRAINT_TOLERANCE * slack, violation
 
 
 NO_EFFECT = ("no effect to explain: the clean and the corrupted prompts give the same mean metric (a model that "
@@ -145,11 +162,16 @@ def toy_claims(result):
     ]
     geco = result.table("toy_geco")
     unconverged = []
+    slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
     for r in reps:
         row = sparse.loc[r]
         part = geco[geco["replicate"] == r] if "replicate" in geco else geco
         falling, start, end = edges_still_falling(part)
-        if not bool(row["converged"]):
+        held, violation = constraint_held(part, slack)
+        if held is False:
+            unconverged.append(f"replicate {r}: constraint violated over the last quarter (CE {violation:+.3f} nats "
+                               f"over its bound on average, {CONSTRAINT_TOLERANCE * slack:.3f} allowed)")
+        elif held is None and not bool(row["converged"]):
             unconverged.append(f"replicate {r}: constraint still violated (moving average {float(row['final_ema']):+.3f} nats)")
         elif falling:
             unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% "
