@@ -89,6 +89,14 @@ def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weig
                        checkpoint_every=every, **config.train_settings())
 
 
+def _dev_score(model, collate, task: NLUTask, labels: np.ndarray) -> float:
+    """The model's score on the task's dev set (its metric, a fraction), the model back in training mode after."""
+    with parametrize.cached():  # under a launch each process scores its share of the dev set
+        preds = predict_shared(model, collate, task.dev)
+    model.train()
+    return float(metric_value(task.metric, labels, preds))
+
+
 class _BestDev:
     """`on_step` hook: scores the student on the dev set every `every` steps and keeps its best weights
     (in memory; a resumed run restarts the search from its checkpoint, a DECISION for simplicity)."""
@@ -101,10 +109,7 @@ class _BestDev:
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every:
             return
-        with parametrize.cached():  # under a launch each process scores its share of the dev set
-            preds = predict_shared(self.model, self.collate, self.task.dev)
-        score = metric_value(self.task.metric, self.labels, preds)
-        self.model.train()
+        score = _dev_score(self.model, self.collate, self.task, self.labels)
         if self.best is None or score > self.best[0]:
             self.best = (score, step + 1, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
 
@@ -127,9 +132,7 @@ class DevCurve:
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every:
             return
-        preds = predict_shared(self.model, self.collate, self.task.dev)
-        self.scores.append(100 * float(metric_value(self.task.metric, self.labels, preds)))
-        self.model.train()
+        self.scores.append(100 * _dev_score(self.model, self.collate, self.task, self.labels))
 
     def state_dict(self) -> dict:
         return {"dev_scores": list(self.scores)}
