@@ -76,7 +76,11 @@ def test_a_full_disk_stops_the_run_in_one_sentence_and_it_resumes_once_there_is_
         _tables_equal(whole, again)
         assert whole.verdict.status == again.verdict.status
 
-REPRODUCE = ("import sys\nsys.path.insert(0, sys.argv[2])\nfrom test_reproduce import ONLY, SMALL, TINY\n"
+# A terminal's shell starts a command with Ctrl-C at its default; a command started in the background of a script
+# (as `bash .ci/run &` starts pytest) inherits SIGINT ignored, and so would the run below, finishing through the
+# test's Ctrl-C with exit 0. The first line gives it the terminal's Ctrl-C whatever started the tests.
+REPRODUCE = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+             "import sys\nsys.path.insert(0, sys.argv[2])\nfrom test_reproduce import ONLY, SMALL, TINY\n"
              "from lmlab.reproduce import reproduce\n"
              "reproduce(sys.argv[1], only=ONLY, models=TINY, overrides=SMALL, say=print, jobs=2)\n")
 
@@ -123,8 +127,8 @@ def test_reproduce_with_two_jobs_interrupted_then_run_again_finishes_with_the_sa
         os.killpg(proc.pid, signal.SIGINT)
     else:
         os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    said = proc.communicate(timeout=60)
+    assert proc.returncode != 0, ("the interrupted run finished", said[1][-2000:])
     gone, alive = psutil.wait_procs(children, timeout=20)
     assert not alive, [p.cmdline() for p in alive]  # no study left running without its parent
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
