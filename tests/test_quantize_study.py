@@ -371,3 +371,24 @@ def test_the_teachers_dev_curve_is_its_dev_score_each_epoch_and_survives_a_resum
     again = DevCurve(lm.model, collate, task, every=3)
     again.load_state_dict(curve.state_dict())
     assert again.scores == curve.scores and DevCurve(lm.model, collate, task, 3).reading() == {}
+
+
+def test_a_students_warm_up_is_one_epoch_at_most_a_third_of_budget_a_so_budget_a_decays():
+    """The paper's Budget-A (3 epochs, a sixth of DeepSpeed's 18-epoch Budget-C) warms up for one epoch, a third of
+    it; a 1-epoch Budget-A warms up for a third of its epoch, then decays to the end, as Budget-C does from the same
+    warm-up (before, it warmed up all along and ended at its peak rate)."""
+    from lmlab.studies.quantize.config import Config, student_warmup
+    from lmlab.studies.quantize.measure import steps_per_epoch, train_config
+    from lmlab.train.loop import lr_factor
+
+    assert student_warmup(62, 3) == 62 and student_warmup(62, 1) == 21 and student_warmup(1, 1) == 1
+    config = Config(model="tiny-bert", profile="quick")
+    per_epoch = steps_per_epoch(config, 2000)
+    warmup = student_warmup(per_epoch, 1)
+    for budget_epochs in (1, 6):
+        tc = train_config(config, budget_epochs, 2000, 2e-4, "a student", warmup=warmup)
+        factors = [lr_factor(step, tc) for step in range(tc.steps)]
+        assert tc.warmup_steps == warmup and max(factors) == pytest.approx(1.0)
+        assert int(np.argmax(factors)) == warmup - 1  # the peak at the warm-up's end, then a linear decay
+        assert factors[-1] < 1.5 / (tc.steps - warmup) and all(np.diff(factors[warmup:]) < 0)
+    assert train_config(config, 4, 2000, 2e-4, "the teacher").warmup_steps == per_epoch  # the teacher: one epoch

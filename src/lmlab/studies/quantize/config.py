@@ -13,6 +13,14 @@ MULTIPLIER = {"A": 1, "B": 3, "C": 6}
 BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a test keeps the two equal)
 
 
+def student_warmup(per_epoch: int, epochs_a: int) -> int:
+    """A student's warm-up steps, the same for every budget: one epoch, as DeepSpeed's XTC example warms up its
+    18-epoch (Budget-C) runs, which makes the paper's Budget-A (C / 6 = 3 epochs) one third warm-up; at most that
+    third of Budget-A here, so that a shorter Budget-A (1 epoch in the demo and quick profiles) still decays after
+    its warm-up instead of ending at its peak rate having warmed up all along."""
+    return max(1, min(per_epoch, -(-epochs_a * per_epoch // 3)))
+
+
 class Config(StudyConfig):
     device_map_refusal = ("the quantize study trains a teacher and quantized students (KD) on one device per "
                           "process (docs/scaling.md)")

@@ -37,7 +37,7 @@ from lmlab.interventions.quant import quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
 from lmlab.runs import RunDir
-from lmlab.studies.quantize.config import MULTIPLIER
+from lmlab.studies.quantize.config import MULTIPLIER, student_warmup
 from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
@@ -143,7 +143,8 @@ def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: i
     quantize_model(model, bits)
     steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
     tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
-                     warmup_steps=per_epoch, seed=seed, description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
+                     warmup_steps=student_warmup(per_epoch, _size(config, "epochs_a")), seed=seed,
+                     description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
                      **config.train_settings())
     weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
     work = run_dir.path / "work" / key

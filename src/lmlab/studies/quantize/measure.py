@@ -18,7 +18,7 @@ from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
-from lmlab.studies.quantize.config import MULTIPLIER, Config
+from lmlab.studies.quantize.config import MULTIPLIER, Config, student_warmup
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
 
@@ -78,13 +78,15 @@ def steps_per_epoch(config: Config, n: int) -> int:
 
 
 def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weight_decay: float = 0.0,
-                 seed: int | None = None) -> TrainConfig:
+                 seed: int | None = None, warmup: int | None = None) -> TrainConfig:
     """A checkpoint at the end of an epoch, but not more often than every CHECKPOINT_STEPS steps: the demo's
-    10-step epochs made a checkpoint every 9 s, 6% of the training time, where resuming loses little."""
+    10-step epochs made a checkpoint every 9 s, 6% of the training time, where resuming loses little. `warmup`: the
+    linear schedule's warm-up steps (one epoch unless given)."""
     per_epoch = steps_per_epoch(config, n)
     every = per_epoch * max(1, -(-CHECKPOINT_STEPS // per_epoch))
     return TrainConfig(steps=epochs * per_epoch, batch_size=config.size("batch_size"), lr=lr, schedule="linear",
-                       warmup_steps=per_epoch, seed=config.seed if seed is None else seed, weight_decay=weight_decay,
+                       warmup_steps=per_epoch if warmup is None else warmup,
+                       seed=config.seed if seed is None else seed, weight_decay=weight_decay,
                        description=desc,
                        checkpoint_every=every, **config.train_settings())
 
@@ -192,7 +194,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
         tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
                           config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}"
                           + (f", replicate {replicate}" if replicate is not None else ""),
-                          weight_decay=config.size("weight_decay"), seed=seed)
+                          weight_decay=config.size("weight_decay"), seed=seed,
+                          warmup=student_warmup(steps_per_epoch(config, len(task.train)), config.size("epochs_a")))
         work = run_dir.path / "work" / f"{task.name}-{key}"
         weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
         best = _BestDev(model, collate, task, steps_per_epoch(config, len(task.train))) if config.size("best_dev") else None
