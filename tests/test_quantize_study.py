@@ -157,6 +157,10 @@ def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, mo
     sizes = scores[scores.bits < 32]
     assert ((sizes.fp32_bytes / sizes.packed_bytes) > 13).all()
     assert len(list((whole.path / "packed").glob("*.safetensors"))) == 16
+    # the students' dev curves, at the budget the claims and the convergence gate read (C): its 12 steps scored
+    # after 9 and 12, the rise recorded; Budget-A, which the gate does not read, is not scored on dev
+    c, a = sizes[sizes.budget == "C"], sizes[sizes.budget == "A"]
+    assert c.dev_rise.notna().all() and c.dev_last.notna().all() and a[["dev_rise", "dev_last"]].isna().all().all()
     # killed in the second replicate of a cell: the finished replicates are kept, the rest resumes
     _assert_killed_run_resumes(monkeypatch, s2.recipe, "run_unit", 6, config, tmp_path / "b", scores)
 
@@ -218,8 +222,20 @@ def test_two_bit_close_is_decided_on_the_interval():
     table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.40]
     still = verdict(from_rows("quantize", table))
     assert _decisions(still)["teacher - 2-bit Budget-C"] == "no" and still.status == "inconclusive"
-    assert "students converged: FAILED" in still.summary and "replicate 1: 0.5 -> 0.4" in still.summary
+    assert "students converged: FAILED" in still.summary and "replicate 1: KD loss 0.5 -> 0.4" in still.summary
     table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.48]
+    assert verdict(from_rows("quantize", table)).status == "not reproduced"
+    # with a dev curve the gate reads the dev score: a loss still falling 20% under a decaying rate, the dev score
+    # settled (+0.4 points over the last quarter), converged; the dev score still rising 1.5 points, still learning
+    table.loc[table.kind == "score", ["loss_q3", "loss_q4", "dev_rise"]] = [0.50, 0.40, 0.4]
+    assert verdict(from_rows("quantize", table)).status == "not reproduced"
+    table.loc[falling, "dev_rise"] = 1.5
+    rising = verdict(from_rows("quantize", table))
+    assert rising.status == "inconclusive" and "replicate 1: dev score +1.5 points" in rising.summary
+    # Budget-A's students still learning do not block: the short budget is under-trained by design, and no claim's
+    # "no" would turn with more of it (the quick profile's 1-bit A students rose 5.6-11.6 points over their last quarter)
+    table.loc[falling, "dev_rise"] = 0.4
+    table.loc[(table.kind == "score") & (table.budget == "A"), "dev_rise"] = 8.0
     assert verdict(from_rows("quantize", table)).status == "not reproduced"
 
 
@@ -371,6 +387,12 @@ def test_the_teachers_dev_curve_is_its_dev_score_each_epoch_and_survives_a_resum
     again = DevCurve(lm.model, collate, task, every=3)
     again.load_state_dict(curve.state_dict())
     assert again.scores == curve.scores and DevCurve(lm.model, collate, task, 3).reading() == {}
+    # a student's curve: after the given step counts only, on the first `limit` dev examples
+    part = DevCurve(lm.model, collate, task, at=(2, 5), limit=5)
+    for step in range(7):
+        part(step, 0.0)
+    first = 100 * metric_value(task.metric, labels[:5], predict(lm.model, collate, task.dev[:5]))
+    assert part.scores == pytest.approx([first, first]) and len(part.dev) == 5
 
 
 def test_a_students_warm_up_is_one_epoch_at_most_a_third_of_budget_a_so_budget_a_decays():

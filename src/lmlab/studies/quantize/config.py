@@ -13,6 +13,13 @@ MULTIPLIER = {"A": 1, "B": 3, "C": 6}
 BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a test keeps the two equal)
 
 
+def claims_budget(budgets) -> str | None:
+    """The budget the verdict's claims read students at, and whose convergence its gate reads: C where it ran, else
+    the longest that did (None: no student)."""
+    budgets = sorted(set(budgets), key=lambda b: MULTIPLIER.get(b, 0))
+    return "C" if "C" in budgets else (budgets[-1] if budgets else None)
+
+
 def student_warmup(per_epoch: int, epochs_a: int) -> int:
     """A student's warm-up steps, the same for every budget: one epoch, as DeepSpeed's XTC example warms up its
     18-epoch (Budget-C) runs, which makes the paper's Budget-A (C / 6 = 3 epochs) one third warm-up; at most that

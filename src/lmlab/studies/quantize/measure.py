@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import shutil
 import zlib
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
-from lmlab.studies.quantize.config import MULTIPLIER, Config, student_warmup
+from lmlab.studies.quantize.config import MULTIPLIER, Config, claims_budget, student_warmup
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
 
@@ -91,12 +92,12 @@ def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weig
                        checkpoint_every=every, **config.train_settings())
 
 
-def _dev_score(model, collate, task: NLUTask, labels: np.ndarray) -> float:
-    """The model's score on the task's dev set (its metric, a fraction), the model back in training mode after."""
+def _dev_score(model, collate, metric: str, dev, labels: np.ndarray) -> float:
+    """The model's score on dev examples (`metric`, a fraction), the model back in training mode after."""
     with parametrize.cached():  # under a launch each process scores its share of the dev set
-        preds = predict_shared(model, collate, task.dev)
+        preds = predict_shared(model, collate, dev)
     model.train()
-    return float(metric_value(task.metric, labels, preds))
+    return float(metric_value(metric, labels, preds))
 
 
 class _BestDev:
@@ -111,7 +112,7 @@ class _BestDev:
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every:
             return
-        score = _dev_score(self.model, self.collate, self.task, self.labels)
+        score = _dev_score(self.model, self.collate, self.task.metric, self.task.dev, self.labels)
         if self.best is None or score > self.best[0]:
             self.best = (score, step + 1, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
 
@@ -123,18 +124,21 @@ class _BestDev:
 
 
 class DevCurve:
-    """`on_step` hook and training state (so a resumed training keeps it): the model's dev score, in points, at the
-    end of every epoch. The teacher's gate reads whether it still rose over the last epoch."""
+    """`on_step` hook and training state (so a resumed training keeps it): the model's dev score, in points, after
+    every `every` steps (the teacher: each epoch's end) and after each step count in `at` (a student: the start of
+    its last quarter and its end), on the first `limit` dev examples. The gates read whether it still rose at the
+    end: the teacher's over its last epoch, a student's over its last quarter."""
 
-    def __init__(self, model, collate, task: NLUTask, every: int):
-        self.model, self.collate, self.task, self.every = model, collate, task, every
-        self.labels = np.array([e.label for e in task.dev])
+    def __init__(self, model, collate, task: NLUTask, every: int = 0, at: Iterable[int] = (), limit: int | None = None):
+        self.model, self.collate, self.every, self.at = model, collate, every, set(at)
+        self.metric, self.dev = task.metric, tuple(task.dev[:limit])
+        self.labels = np.array([e.label for e in self.dev])
         self.scores: list[float] = []
 
     def __call__(self, step: int, loss: float) -> None:
-        if (step + 1) % self.every:
-            return
-        self.scores.append(100 * _dev_score(self.model, self.collate, self.task, self.labels))
+        n = step + 1
+        if (self.every and n % self.every == 0) or n in self.at:
+            self.scores.append(100 * _dev_score(self.model, self.collate, self.metric, self.dev, self.labels))
 
     def state_dict(self) -> dict:
         return {"dev_scores": list(self.scores)}
@@ -143,7 +147,7 @@ class DevCurve:
         self.scores = list(state.get("dev_scores", []))
 
     def reading(self) -> dict:
-        """The last epoch's dev score and its rise over the best epoch before it (none with one epoch)."""
+        """The last dev score and its rise over the best one before it (none with one score)."""
         if len(self.scores) < 2:
             return {"dev_last": self.scores[-1]} if self.scores else {}
         return {"dev_last": self.scores[-1], "dev_rise": self.scores[-1] - max(self.scores[:-1])}
@@ -168,49 +172,72 @@ def loss_quarters(losses: list[float]) -> dict:
     return {"loss_q3": float(np.mean(losses[-2 * q:-q])), "loss_q4": float(np.mean(losses[-q:]))}
 
 
+STUDENT_DEV = 1000  # a student's dev curve scores at most this many dev examples, twice (a quarter before its end; its end)
+
+
+def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, cache, replicate, seed) -> tuple:
+    """A quantized copy of the teacher trained with KD: (the student, its steps, what the gates read of its training:
+    the KD loss's last two quarters and, at the budget the claims read, its dev score's rise over its last quarter).
+    The curve costs two scorings of STUDENT_DEV examples (MiniLM: 13-15 s for 1000 at one AVX2 thread, about a
+    third of a 62-step Budget-A student), so the budgets the gate does not read skip it."""
+    seed_unit(seed, task.name, key)
+    model = copy.deepcopy(teacher)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    layer_map = None
+    if config.layer_reduction:  # keep teacher layers 1, 3, 5, ...: the last layer is always kept
+        n = layout_of(model).n_layers
+        layer_map = keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
+    quantize_model(model, bits)
+    regression = task.num_labels == 1
+    per_epoch = steps_per_epoch(config, len(task.train))
+    tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
+                      config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}"
+                      + (f", replicate {replicate}" if replicate is not None else ""),
+                      weight_decay=config.size("weight_decay"), seed=seed,
+                      warmup=student_warmup(per_epoch, config.size("epochs_a")))
+    work = run_dir.path / "work" / f"{task.name}-{key}"
+    weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
+    best = _BestDev(model, collate, task, per_epoch) if config.size("best_dev") else None
+    curve = (DevCurve(model, collate, task, at=(tc.steps - tc.steps // 4, tc.steps), limit=STUDENT_DEV)
+             if budget == claims_budget(config.size("budgets")) else None)  # the gate reads only that budget's
+    data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
+    trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0],
+                    tc, work, on_step=_Hooks(*(h for h in (best, curve) if h is not None)), state=curve)
+    info = {**loss_quarters(trained.losses), **(curve.reading() if curve else {})}  # what the convergence gate reads
+    if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
+        info["best_dev_step"], info["best_dev"] = best.restore()
+    if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
+        shutil.rmtree(work, ignore_errors=True)
+        info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
+    return model, tc.steps, info
+
+
+class _Hooks:
+    """Several `on_step` hooks, called in order."""
+
+    def __init__(self, *hooks):
+        self.hooks = hooks
+
+    def __call__(self, step: int, loss: float) -> None:
+        for hook in self.hooks:
+            hook(step, loss)
+
+
 def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: TeacherCache | None = None,
              replicate: int | None = None, seed: int | None = None, tokenizer=None,
              teacher_info: dict | None = None) -> list[dict]:
     """One configuration of one task: the teacher's own score (with `teacher_info`, its fine-tuning's loss
-    quarters), or one quantized student (replicate `replicate`, seeded `seed`) trained with KD."""
+    quarters and dev curve), or one quantized student (replicate `replicate`, seeded `seed`) trained with KD."""
     labels = np.array([e.label for e in task.test])
-    info: dict = {}
     seed = config.seed if seed is None else seed
     if bits == 32:
-        model = teacher
-        steps = 0
-        info.update(teacher_info or {})
+        model, steps, info = teacher, 0, dict(teacher_info or {})
     else:
-        seed_unit(seed, task.name, key)
-        model = copy.deepcopy(teacher)
-        for p in model.parameters():
-            p.requires_grad_(True)
-        layer_map = None
-        if config.layer_reduction:  # keep teacher layers 1, 3, 5, ...: the last layer is always kept
-            n = layout_of(model).n_layers
-            layer_map = keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
-        quantize_model(model, bits)
-        regression = task.num_labels == 1
-        tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
-                          config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}"
-                          + (f", replicate {replicate}" if replicate is not None else ""),
-                          weight_decay=config.size("weight_decay"), seed=seed,
-                          warmup=student_warmup(steps_per_epoch(config, len(task.train)), config.size("epochs_a")))
-        work = run_dir.path / "work" / f"{task.name}-{key}"
-        weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
-        best = _BestDev(model, collate, task, steps_per_epoch(config, len(task.train))) if config.size("best_dev") else None
-        data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
-        trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache,
-                                                                    **weights)[0], tc, work, on_step=best)
-        steps = tc.steps
-        info.update(loss_quarters(trained.losses))  # the KD loss's last two quarters: the convergence gate reads them
-        if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
-            info["best_dev_step"], info["best_dev"] = best.restore()
-        if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
-            shutil.rmtree(work, ignore_errors=True)
-            info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
-            if config.export:  # beside the packed file; the folder is rewritten whole if the unit runs again
-                export_compressed(model, run_dir.path / "export" / config.export / f"{task.name}-{key}", tokenizer)
+        model, steps, info = _train_student(config, run_dir, task, teacher, collate, bits, budget, key, cache,
+                                            replicate, seed)
+        if config.export and parallel.is_main():  # beside the packed file; rewritten whole if the unit runs again
+            export_compressed(model, run_dir.path / "export" / config.export / f"{task.name}-{key}", tokenizer)
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
         preds = predict_shared(model, collate, task.test)  # under a launch each process scores its share
     if not parallel.is_main():  # rank 0 writes the unit's rows

@@ -11,10 +11,17 @@ Budget-A that warmed up for its whole epoch ended at its peak rate, never decayi
 1-bit students scored 74.0, 71.6, 88.6; with the third, 92.5, 91.1, 90.0; docs/studies/quantize.md). Students are
 stored packed (interventions/quant.save_packed) and the size on disk is measured.
 
-DECISIONS for CPU minutes (issue 18: fewer cells, more steps each): the quick profile runs two tasks
-(fact-mnli, fact-qnli) with a pool of 2000 generated inputs each (our stand-in for XTC's TinyBERT data
-augmentation; the teacher fine-tunes on it for 2 epochs), 1000 test examples, Budget-A = 1 epoch = 62 KD
-steps and Budget-C = 372, at lr 2e-4 (budget compensation; the paper's 2e-5..5e-5 is for ~18 epochs).
+What the verdict's convergence gates read (analysis.py): the teacher's dev score at each epoch's end, and each
+student's at the start of its last quarter and at its end (measure.DevCurve, at most 1000 dev examples); the KD
+loss's last two quarters only where a run has no dev curve. Under the linear decay to 0 the KD loss keeps falling
+as the rate falls (quick, fact-qnli, lr 1e-3: the 2-bit Budget-C students' loss fell 16-18% over the last quarter
+while their dev score rose 0.2-0.3 points), so it cannot say whether a student still learns.
+
+DECISIONS for CPU minutes (fewer cells, more steps each): the quick profile runs three tasks
+(fact-mnli, fact-qnli, fact-mrpc) with a pool of 2000 generated inputs each (our stand-in for XTC's TinyBERT data
+augmentation; the teacher fine-tunes on it for 4 epochs), 1000 test examples, Budget-A = 1 epoch = 62 KD
+steps and Budget-C = 372, at lr 1e-3 (budget compensation; the paper's 2e-5..5e-5 is for ~18 epochs; at 2e-4 the
+1-bit Budget-A students stayed at fact-qnli's majority class, at 1e-3 every student of every cell learned there).
 The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, lr 5e-5 with weight decay
 0.01, and keeps each student's best dev checkpoint (scored every epoch), as DeepSpeed's XTC example does.
 A task whose teacher scores below 50 (analysis.MIN_TEACHER; fact-stsb: Pearson 0.17 at 192 examples) is left
