@@ -414,3 +414,10 @@ def test_a_students_warm_up_is_one_epoch_at_most_a_third_of_budget_a_so_budget_a
         assert int(np.argmax(factors)) == warmup - 1  # the peak at the warm-up's end, then a linear decay
         assert factors[-1] < 1.5 / (tc.steps - warmup) and all(np.diff(factors[warmup:]) < 0)
     assert train_config(config, 4, 2000, 2e-4, "the teacher").warmup_steps == per_epoch  # the teacher: one epoch
+
+
+def test_the_claims_read_the_longest_budget_that_ran():
+    from lmlab.studies.quantize.config import claims_budget
+
+    assert claims_budget(["A", "C"]) == "C" and claims_budget(["C", "B", "A"]) == "C"
+    assert claims_budget(["A", "B"]) == "B" and claims_budget({"A"}) == "A" and claims_budget([]) is None

@@ -16,8 +16,7 @@ BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a 
 def claims_budget(budgets) -> str | None:
     """The budget the verdict's claims read students at, and whose convergence its gate reads: C where it ran, else
     the longest that did (None: no student)."""
-    budgets = sorted(set(budgets), key=lambda b: MULTIPLIER.get(b, 0))
-    return "C" if "C" in budgets else (budgets[-1] if budgets else None)
+    return max(budgets, key=lambda b: MULTIPLIER.get(b, 0), default=None)  # C is the longest
 
 
 def student_warmup(per_epoch: int, epochs_a: int) -> int:
