@@ -157,11 +157,12 @@ class Claim:
         target = (distance / Z_80) ** 2
         out: dict = {"distance": distance, "seeds": k, "items": n}
         if not np.isfinite(a + b) or a + b <= 0:
-            self.decides_at = {**out, "text": "this run gives no spread to size a larger one"}
+            self.decides_at = {**out, "text": "a run with a spread to size it (this one gives none)"}
             return self.decides_at
         if a + b <= target:
-            self.decides_at = {**out, "text": "decidable at this size (the interval's t quantile at few replicates "
-                                              "is what holds it open: more seeds)", "seeds": max(k + 2, 5)}
+            self.decides_at = {**out, "seeds": max(k + 2, 5),
+                               "text": f"more seeds, about {max(k + 2, 5)} (its spread would decide at this size, but "
+                                       f"the t quantile at {k} replicates holds the interval open)"}
             return self.decides_at
         if a < 0.5 * target and (k == 1 or b >= a):  # the seed part fits: more items alone
             seeds, items = k, int(math.ceil(b * n / (target - a)))

@@ -24,8 +24,8 @@ from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.sparse_circuits import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
-from lmlab.studies.sparse_circuits.toy_analysis import (EDGES_LIMIT, NO_EFFECT, band, constraint_held,
-                                                       edges_still_falling, no_effect_gate)
+from lmlab.studies.sparse_circuits.toy_analysis import (EDGES_LIMIT, NO_EFFECT, band, no_effect_gate,
+                                                       post_training_gates)
 
 PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
 PAPER_FRACTION = 0.004  # "reducing attention connectivity to about 0.4% of its edges" (arXiv 2512.05865 v2-v5)
@@ -106,7 +106,7 @@ def claims_and_gates(result, threshold: float = 0.9):
     lacking = [f"{t} ({v}{'' if r < 0 else f', replicate {r}'}): {NO_EFFECT}" for (t, v, r), c in sorted(found.items())
                if not c.has_effect()]
     n_prompts = int(sparse["n_prompts"].iloc[0]) if len(sparse) and "n_prompts" in sparse else 0
-    gates = [_post_training_gate(sparse, tables["geco"]),
+    gates = [*_post_training_gates(sparse, tables["geco"]),
              Gate("multiplier powered", not n_prompts or n_prompts >= MIN_PROMPTS,
                   why=f"{n_prompts} prompt pairs a task (the bar is {MIN_PROMPTS})", remedy="--n-prompts 64",
                   blocks="yes"),
@@ -158,27 +158,16 @@ def _held_out_claims(seq: pd.DataFrame, sparse: pd.DataFrame, seed: int) -> list
             items.mean_claim("held-out CE change", ce, Bar("<=", slack), unit=" nats", n_unit="held-out sequences")]
 
 
-def _post_training_gate(sparse: pd.DataFrame, geco: pd.DataFrame) -> Gate:
-    """Every replicate's constraint held over the last quarter (toy_analysis.constraint_held) and its edges stopped
-    falling there."""
-    unconverged = []
-    for row in sparse.itertuples():
-        r = int(getattr(row, "replicate", 0) if pd.notna(getattr(row, "replicate", np.nan)) else 0)
-        part = geco[_rep(geco) == r] if len(geco) else geco
-        falling, start, end = edges_still_falling(part) if len(part) else (False, np.nan, np.nan)
-        held, violation = constraint_held(part, float(row.tau_slack)) if len(part) else (None, np.nan)
-        if held is False:
-            unconverged.append(f"replicate {r}: the constraint was violated over the last quarter of {int(row.steps)} "
-                               f"steps (CE {violation:+.3f} nats over tau on average, lambda {float(row.multiplier):.3g})")
-        elif held is None and not bool(row.converged):
-            unconverged.append(f"replicate {r}: the constraint's moving average is still {float(row.final_ema):+.3f} "
-                               f"nats over tau after {int(row.steps)} steps (lambda {float(row.multiplier):.3g})")
-        elif falling:
-            unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% over "
-                               "the last quarter")
-    return Gate("post-training converged", not unconverged, why="; ".join(unconverged) or
-                "every replicate's constraint holds and its edges settled",
-                remedy="more --sparse-steps (the full profile: 2000 steps of 16 sequences, a GPU's work)")
+def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]:
+    """The toy's two post-training gates (toy_analysis.post_training_gates) on the model's replicates: the constraint
+    held over the last quarter (blocks every decision), the kept edges settled there (blocks "not reproduced")."""
+    if not len(sparse):
+        return []
+    frame = (sparse.assign(replicate=_rep(sparse).clip(lower=0)).set_index("replicate")
+             .rename(columns={"multiplier": "lambda"}))
+    trace = geco.assign(replicate=_rep(geco).clip(lower=0)) if len(geco) else geco
+    return post_training_gates(frame, trace, float(sparse["tau_slack"].iloc[0]), remedy="more --sparse-steps (the "
+                               "full profile: 2000 steps of 16 sequences, a GPU's work)")
 
 
 def model_verdict(result, claim: str) -> Verdict:

@@ -8,11 +8,11 @@ Claims (lmlab.claims; each an estimate over the k replicates with an interval ov
   toy needs), its mean over the toy's circuit tasks (config.TOY_TASKS: by default the sum's tens digit and the carry
   into it, whose dense circuits need several heads) >= 0 with the interval clear of 0; each task's own is reported
   (items: each task's prompt pairs).
-Gates (each blocks every decision): the dense toys learned addition (exact match >= 90% each), every sparse
-post-training converged (its constraint held over the last quarter of the steps: the CE's mean excess over its
-bound there at most a tenth of the slack, as `constraint_held` reads it; and its kept edges no longer falling by
-more than 10% over the last quarter: a share still falling has not settled, whatever its level), and more than one
-replicate.
+Gates: the dense toys learned addition (exact match >= 90% each), every sparse post-training held its constraint
+over the last quarter of its steps (the CE's mean excess over its bound there at most a tenth of the slack, as
+`constraint_held` reads it), and more than one replicate: each blocks every decision. Every sparse post-training's
+kept edges settled (no longer falling by more than 10% over the last quarter): blocks "not reproduced" only
+(`post_training_gates` says why).
 """
 
 from __future__ import annotations
@@ -61,6 +61,40 @@ def constraint_held(geco: pd.DataFrame, slack: float) -> tuple[bool | None, floa
     tail = g.iloc[len(g) - max(len(g) // 4, 1):]
     violation = float((tail["ce"] - tail["tau"]).mean())
     return violation <= CONSTRAINT_TOLERANCE * slack, violation
+
+
+def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, remedy: str) -> list[Gate]:
+    """Two gates on every replicate's sparse post-training, read over the last quarter of its steps (`sparse`: one
+    row per replicate, with `steps`, `converged` and `final_ema`; `geco`: the per-step trace):
+
+    - its constraint held (`constraint_held`): blocks every decision, since a sparse model that bought its sparsity
+      with loss says nothing about sparsity "at unchanged loss";
+    - its kept edges settled (`edges_still_falling`): blocks "not reproduced" only. With the constraint held, edges
+      still falling make the sparse model sparser than it will end: its kept share can only fall further, so a
+      "yes" on it stands and a "no" may be the unfinished training's; the same for the circuits it shrinks
+      (the paper's effect, understated by a model between dense and sparse). This is S2's reading of students
+      still learning."""
+    violated, falling_reps = [], []
+    for r, row in sparse.iterrows():
+        steps = int(row["steps"]) if "steps" in row and pd.notna(row["steps"]) else 0
+        part = geco[geco["replicate"] == r] if "replicate" in geco else geco
+        falling, start, end = edges_still_falling(part) if len(part) else (False, np.nan, np.nan)
+        held, violation = constraint_held(part, slack) if len(part) else (None, np.nan)
+        lam = f", lambda {float(row['lambda']):.3g}" if "lambda" in row and pd.notna(row["lambda"]) else ""
+        if held is False:
+            violated.append(f"replicate {r}: CE {violation:+.3f} nats over its bound on average over the last quarter "
+                            f"of {steps} steps ({CONSTRAINT_TOLERANCE * slack:.3f} allowed{lam})")
+        elif held is None and not bool(row["converged"]):
+            violated.append(f"replicate {r}: the constraint's moving average still {float(row['final_ema']):+.3f} nats "
+                            f"over its bound after {steps} steps{lam}")
+        elif falling:
+            falling_reps.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% "
+                                "over the last quarter")
+    return [Gate("sparse post-training held its constraint", not violated, remedy=remedy,
+                 why="; ".join(violated) or "every replicate's CE at its bound over the last quarter"),
+            Gate("sparse post-training's edges settled", not falling_reps, remedy=remedy, blocks="no",
+                 why="; ".join(falling_reps) or "every replicate's kept edges fell by less than "
+                                                 f"{100 * STILL_FALLING:.0f}% over the last quarter")]
 
 
 NO_EFFECT = ("no effect to explain: the clean and the corrupted prompts give the same mean metric (a model that "
@@ -160,25 +194,9 @@ def toy_claims(result):
              why="exact match " + ", ".join(f"{100 * v:.1f}%" for v in dense["value"]) + f" (needs {100 * TOY_LEARNED:.0f}% each)",
              remedy="more toy_steps before the sparse toys can be judged"),
     ]
-    geco = result.table("toy_geco")
-    unconverged = []
-    slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
-    for r in reps:
-        row = sparse.loc[r]
-        part = geco[geco["replicate"] == r] if "replicate" in geco else geco
-        falling, start, end = edges_still_falling(part)
-        held, violation = constraint_held(part, slack)
-        if held is False:
-            unconverged.append(f"replicate {r}: constraint violated over the last quarter (CE {violation:+.3f} nats "
-                               f"over its bound on average, {CONSTRAINT_TOLERANCE * slack:.3f} allowed)")
-        elif held is None and not bool(row["converged"]):
-            unconverged.append(f"replicate {r}: constraint still violated (moving average {float(row['final_ema']):+.3f} nats)")
-        elif falling:
-            unconverged.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% "
-                               "over the last quarter")
-    gates.append(Gate("sparse post-training converged", not unconverged, why="; ".join(unconverged) or
-                      f"every replicate's constraint holds after {int(sparse['steps'].iloc[0])} steps",
-                      remedy="more toy_sparse_steps before the sparsity can be judged"))
+    gates += post_training_gates(sparse, result.table("toy_geco"),
+                                 float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default),
+                                 remedy="more toy_sparse_steps before the sparsity can be judged")
     gates.append(no_effect_gate(lacking))
     gates.append(replicates_gate(k))
     numbers = {"replicates": k, "kept_per_replicate": sparse["kept"].tolist(),
