@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from lmlab.data.generated.circuits import TASKS
@@ -65,7 +67,9 @@ class Config(StudyConfig):
     toy_sparse_batch: int | None = Field(None, ge=1, description="toy: sequences per sparse post-training step")
     toy_slack: float = Field(0.03, description="toy: tau = dense answer CE + this (nats)")
     toy_lr: float = Field(3e-3, gt=0, description="toy: dense training learning rate (cosine, 5% warm-up)")
-    toy_sparse_lr: float = Field(1e-3, gt=0, description="toy: sparse post-training learning rate (constant)")
+    toy_sparse_lr: float | None = Field(None, gt=0, description="toy: sparse post-training peak learning rate")
+    toy_sparse_schedule: Literal["constant", "cosine", "linear"] | None = Field(
+        None, description="toy: the sparse post-training's learning-rate schedule (cosine: to 0 at the last step)")
     toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")

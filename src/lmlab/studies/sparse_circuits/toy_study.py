@@ -52,8 +52,8 @@ def _train_toys(config: Config, run_dir: RunDir, seeds: list[int], data):
     ce = dense_train["ce"] if len(seeds) > 1 else [dense_train["ce"]]
     taus = [c + config.toy_slack for c in ce]
     sparse_steps = config.size("toy_sparse_steps")
-    tc = TrainConfig(steps=sparse_steps, batch_size=config.size("toy_sparse_batch"), lr=config.toy_sparse_lr,
-                     schedule="constant",
+    tc = TrainConfig(steps=sparse_steps, batch_size=config.size("toy_sparse_batch"), lr=config.size("toy_sparse_lr"),
+                     schedule=config.size("toy_sparse_schedule"),
                      checkpoint_every=100, replicate_seeds=seeds, lr_scale=qk_scale(config.toy_qk_lr_scale),
                      description=f"toy: sparse post-training ({len(seeds)} replicates)", **config.train_settings())
     rate = config.geco_rate if config.geco_rate is not None else sized_rate(sparse_steps, config.toy_slack)
