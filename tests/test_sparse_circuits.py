@@ -779,3 +779,34 @@ def test_the_toys_sparse_post_training_takes_its_profiles_rate_and_schedule(tmp_
     assert tc.lr == pytest.approx(lr) and tc.schedule == schedule and tc.steps == 8
     factors = [lr_factor(s, tc) for s in range(tc.steps)]
     assert factors[0] == 1.0 and (factors[-1] < 0.05 if schedule == "cosine" else factors[-1] == 1.0)
+
+
+def test_the_toy_replicates_apart_from_the_models(tmp_path, monkeypatch):
+    """The quick profile trains 5 toys (the multiplier's interval needs about 5) beside the model's 3 replicates;
+    --seeds sets both where --toy-seeds does not, and replicate r draws the same seed at any count. run_toy trains
+    the toy's count."""
+    from lmlab.claims import replicate_seed
+    from lmlab.runs import RunDir
+    from lmlab.studies.sparse_circuits import toy_study
+
+    def config(**kw):
+        return study.Config(model="smollm2-135m", device="cpu", seed=7, **kw)
+
+    quick = config(profile="quick")
+    assert len(quick.replicate_seeds()) == 3 and len(quick.toy_replicate_seeds()) == 5
+    assert quick.toy_replicate_seeds()[:3] == quick.replicate_seeds() == [replicate_seed(7, r) for r in range(3)]
+    assert len(config(profile="demo").toy_replicate_seeds()) == 3
+    assert len(config(profile="quick", seeds=2).toy_replicate_seeds()) == 2
+    assert len(config(profile="quick", seeds=2, toy_seeds=4).toy_replicate_seeds()) == 4
+    assert len(config(profile="quick", toy_seeds=1).replicate_seeds()) == 3
+
+    seen = {}
+
+    def stop(config, run_dir, seeds, data):
+        seen["seeds"] = seeds
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(toy_study, "_train_toys", stop)
+    with pytest.raises(KeyboardInterrupt):
+        toy_study.run_toy(quick, RunDir(tmp_path, "sparse-circuits", {}))
+    assert seen["seeds"] == quick.toy_replicate_seeds()

@@ -60,6 +60,8 @@ class Config(StudyConfig):
                                                       "length)")
     toy_tasks: list[str] = Field(default_factory=lambda: ["tens", "carry"], description="toy: circuit tasks ("
                                  + "; ".join(f"{k}: {v}" for k, v in TOY_TASKS.items()) + ")")
+    toy_seeds: int | None = Field(None, ge=1, description="toy: independent replicates (unset: --seeds where given, "
+                                                       "else the profile's toy_seeds, else its seeds)")
     toy_steps: int | None = Field(None, ge=1, description="toy: dense training steps")
     toy_sparse_steps: int | None = Field(None, ge=1, description="toy: sparse post-training steps")
     toy_width: int | None = Field(None, ge=8, description="toy: d_model")
@@ -73,6 +75,14 @@ class Config(StudyConfig):
     toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
+
+    def toy_replicate_seeds(self) -> list[int]:
+        """The toy's replicate seeds: --toy-seeds, else --seeds, else the profile's toy_seeds, else its seeds;
+        replicate r draws the same seed at any count (lmlab.claims.replicate_seed)."""
+        from lmlab.claims import replicate_seed
+
+        n = self.toy_seeds or self.seeds or self.size("toy_seeds") or self.n_seeds
+        return [replicate_seed(self.seed, r) for r in range(int(n))]
 
     def check_inputs(self, models: bool = True) -> None:
         super().check_inputs(models)

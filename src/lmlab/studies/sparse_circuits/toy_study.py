@@ -2,14 +2,17 @@
 sparse-post-trained, each dissected dense and sparse.
 
 1. k toys (toy.py) are trained together as one stacked module (lmlab.train.ensemble), each drawing its batches
-   from its own seed (the replicate seeds of the run's --seed); the same for the sparse post-training, with one
-   GECO multiplier per replicate held to that replicate's own bound (its dense answer CE + toy_slack).
+   from its own seed (Config.toy_replicate_seeds: k is --toy-seeds, else --seeds, else the profile's toy_seeds,
+   else its seeds; the quick profile trains 5 toys beside the model's 3 replicates); the same for the sparse
+   post-training, with one GECO multiplier per replicate held to that replicate's own bound (its dense answer CE +
+   toy_slack).
 2. Each replicate is measured dense and sparse on the 200 test sequences (1000 problems): exact match per
    sequence, and the deterministic gate's kept share of causal edges per sequence.
-3. Circuit discovery on each replicate, dense and sparse (the seed's figure at toy scale): the toy's circuit
-   task (toy.circuit_task: predict the ones digit g of `a b + c d = e f`, the corrupted prompt changes b), heads
-   ranked by attribution patching and the explained-effect curve with the top N heads kept (circuits.py, the
-   same code as the model's discovery); heads needed for 0.9, and the multiplier dense / sparse.
+3. Circuit discovery on each replicate, dense and sparse (the seed's figure at toy scale): the toy's circuit tasks
+   (toy.circuit_task, config.TOY_TASKS: the tens digit f of `a b + c d = e f`, its corrupted prompt changing c, or b
+   so that the carry flips; toy_tasks picks them), heads ranked by attribution patching and the explained-effect
+   curve with the top N heads kept (circuits.py, the same code as the model's discovery); heads needed for 0.9, and
+   the multiplier dense / sparse.
 
 Everything is recorded as one unit per phase; the training phases checkpoint and resume on their own.
 """
@@ -85,7 +88,7 @@ def run_toy(config: Config, run_dir: RunDir) -> None:
     the dense and the sparse toy; one record."""
     if run_dir.done("toy"):
         return
-    seeds = config.replicate_seeds()
+    seeds = config.toy_replicate_seeds()
     data = toy.addition_data(seed=config.seed)
     dense_states, model, record = _train_toys(config, run_dir, seeds, data)
     if not parallel.is_main():  # every process trained its slices; rank 0 measures and records
