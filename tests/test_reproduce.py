@@ -51,8 +51,10 @@ def test_studies_run_two_at_a_time_give_the_tables_of_one_at_a_time(tmp_path):
         other = _tables(two)[name]
         num = table.select_dtypes("number").columns
         pd.testing.assert_frame_equal(other.drop(columns=num), table.drop(columns=num), check_dtype=False)
-        # (two studies at once: other thread counts, another float path; ΔP runs to 100 pp, so rtol too)
-        pd.testing.assert_frame_equal(other[num], table[num], check_dtype=False, atol=1e-4, rtol=1e-4)
+        # (two studies at once: other thread counts, another float path; ΔP runs to 100 pp, so rtol too; a training
+        # carries the rounding on: on an AMD EPYC with AVX-512 a teacher's mean loss over its third quarter parted
+        # by 3e-4 of itself)
+        pd.testing.assert_frame_equal(other[num], table[num], check_dtype=False, atol=1e-4, rtol=2e-3)
     with pytest.raises(Exception, match="--jobs takes a whole number of at least 1"):
         reproduce(tmp_path / "three", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None, jobs=0)
 
