@@ -810,3 +810,98 @@ def test_the_toy_replicates_apart_from_the_models(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         toy_study.run_toy(quick, RunDir(tmp_path, "sparse-circuits", {}))
     assert seen["seeds"] == quick.toy_replicate_seeds()
+
+
+def test_a_spike_returns_that_replicate_alone_to_its_last_state_within_bound():
+    """Rollback: replicate 1's weights and AdamW moments come back bit for bit from the state saved while its
+    constraint held, its moving average with them and its multiplier doubled; replicates 0 and 2 keep theirs."""
+    from lmlab.train.sparse import Rollback
+
+    model = torch.nn.Linear(4, 4)
+    model.weight = torch.nn.Parameter(torch.randn(3, 4, 4))  # a stacked weight: replicate r at [r]
+    model.bias = torch.nn.Parameter(torch.randn(3, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def step():
+        (model.weight.square().sum() + model.bias.sum()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    gecos, histories = [GECO(0.0) for _ in range(3)], [[{"step": 1}] for _ in range(3)]
+    for g in gecos:
+        g.update(-0.1)  # holding
+    back = Rollback(3, threshold=0.05, every=2)
+    step()
+    back(1, model, opt, gecos, histories)  # step 2: every replicate's state saved
+    saved_w, saved_m = model.weight.detach().clone(), opt.state[model.weight]["exp_avg"].clone()
+    step()
+    moved_w, moved_m = model.weight.detach().clone(), opt.state[model.weight]["exp_avg"].clone()
+    gecos[1].ema, gecos[1].multiplier = 0.3, 4.0  # replicate 1 spikes
+    back(2, model, opt, gecos, histories)  # (step 3: not a saving step for the others)
+    torch.testing.assert_close(model.weight[1], saved_w[1], rtol=0, atol=0)
+    torch.testing.assert_close(opt.state[model.weight]["exp_avg"][1], saved_m[1], rtol=0, atol=0)
+    for r in (0, 2):
+        torch.testing.assert_close(model.weight[r], moved_w[r], rtol=0, atol=0)
+        torch.testing.assert_close(opt.state[model.weight]["exp_avg"][r], moved_m[r], rtol=0, atol=0)
+    assert not torch.equal(saved_w[1], moved_w[1])  # the step did move it
+    assert gecos[1].ema == pytest.approx(-0.1) and gecos[1].multiplier == 8.0
+    assert back.count == [0, 1, 0] and histories[1][-1]["rollback_to"] == 2 and "rollback_to" not in histories[0][-1]
+
+
+def test_sparse_post_training_with_rollbacks_resumes_exactly(tmp_path, monkeypatch):
+    """The saved states travel in the checkpoints: a run killed mid-way and resumed rolls back at the same steps
+    and ends on the same weights as the run that was never stopped."""
+    from helpers import interrupt_on_call
+
+    import lmlab.train.loop as loop
+
+    data = toy.addition_data(n_test=100)
+    cfg = TrainConfig(steps=10, batch_size=16, lr=1e-2, schedule="constant", checkpoint_every=3, progress=False)
+
+    def ce_fn(m, batch):  # a bound that some batches break by far: spikes on a schedule set by the data
+        loss = toy.answer_loss(m, batch)
+        return loss, float(loss.detach()) + (2.0 if int(batch["input_ids"][0, 1]) % 2 else -2.0)
+
+    def run(where):
+        return sparse_post_train(toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2).model, data.train[:200],
+                                 toy.collate, ce_fn, 2.0, cfg, tmp_path / where, alpha=0.0, rollback=0.01,
+                                 rollback_every=2)
+
+    whole = run("a")
+    interrupt_on_call(monkeypatch, loop, "save_checkpoint", 3)  # killed while writing the step-9 checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        run("b")
+    monkeypatch.undo()
+    resumed = run("b")
+    assert resumed.result.resumed_from == 6
+    # the schedule spikes at steps 7 and 9, after states within bound were saved at steps 2, 4 and 6: the first
+    # spike after the resume returns to the state saved before the interruption, which the checkpoint carried
+    assert [h.get("rollback_to") for h in whole.history][6:] == [6, None, 8, None]
+    assert [h.get("rollback_to") for h in resumed.history] == [h.get("rollback_to") for h in whole.history]
+    np.testing.assert_allclose(resumed.result.losses, whole.result.losses, rtol=1e-5)
+    assert resumed.geco.multiplier == pytest.approx(whole.geco.multiplier, rel=1e-6)
+
+
+@pytest.mark.parametrize("profile, given, expected", [("quick", None, 0.09), ("demo", None, None), ("quick", 0, None),
+                                                      ("demo", 5, 0.15)])
+def test_the_toys_rollback_is_the_profiles_number_of_slacks(tmp_path, monkeypatch, profile, given, expected):
+    """quick and full post-train the toy with the rollback at 3 slacks (3 x 0.03 nats), the demo without;
+    --toy-rollback sets it (0: never)."""
+    from types import SimpleNamespace
+
+    from lmlab.runs import RunDir
+    from lmlab.studies.sparse_circuits import toy_study
+
+    seen = {}
+
+    def stop(*args, **kwargs):
+        seen.update(kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(toy_study, "train", lambda *a, **k: SimpleNamespace(replicate_losses=[], losses=[0.0]))
+    monkeypatch.setattr(toy_study, "sparse_post_train", stop)
+    config = study.Config(model="smollm2-135m", device="cpu", profile=profile, toy_seeds=1, toy_width=16,
+                          toy_rollback=given)
+    with pytest.raises(KeyboardInterrupt):
+        toy_study._train_toys(config, RunDir(tmp_path, "sparse-circuits", {}), [0], toy.addition_data(n_test=10))
+    assert seen["rollback"] == (pytest.approx(expected) if expected else None)

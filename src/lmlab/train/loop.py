@@ -126,6 +126,7 @@ def batch_indices(n_examples: int, step: int, micro: int, config: TrainConfig, s
 # --- checkpoints: safetensors only ------------------------------------------------------------------------
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "state.json")
+STATE_TENSORS = "__state__."  # the prefix of a training state's own tensors in optimizer.safetensors
 
 
 def _checkpoints(out_dir: Path) -> list[Path]:
@@ -137,7 +138,8 @@ def _checkpoints(out_dir: Path) -> list[Path]:
 
 
 def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2,
-                    extra: dict | None = None, replicate_losses: list | None = None, final: bool = False) -> Path:
+                    extra: dict | None = None, replicate_losses: list | None = None, final: bool = False,
+                    extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """A checkpoint folder, written under a temporary name and renamed (a half-written one is never read).
     `final`: the training's last step; nothing will take another step from it, so the optimizer's moments
     (twice the model's size under AdamW) are not written: the weights, losses, RNG state and `extra` are, which is
@@ -158,6 +160,9 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[flo
                 else:
                     meta["scalars"][f"{pid}.{key}"] = value
     tensors["__rng__"] = torch.get_rng_state()
+    if not final:  # (a training state's tensors serve only a resume that takes further steps)
+        tensors.update({f"{STATE_TENSORS}{name}": value.detach().contiguous().cpu()
+                        for name, value in (extra_tensors or {}).items()})
     save_file(tensors, tmp / "optimizer.safetensors")
     (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta, "extra": extra or {},
                                                 **({"replicate_losses": replicate_losses} if replicate_losses else {})}))
@@ -185,6 +190,8 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
     info = json.loads((path / "state.json").read_text())
     tensors = load_file(path / "optimizer.safetensors")
     torch.set_rng_state(tensors.pop("__rng__"))
+    info["tensors"] = {key[len(STATE_TENSORS):]: tensors.pop(key)
+                       for key in list(tensors) if key.startswith(STATE_TENSORS)}
     if info["optimizer"] is None:  # a final checkpoint: no step will be taken from it
         return info
     state: dict[int, dict[str, Any]] = {}
@@ -239,11 +246,15 @@ def log_root(path: Path):
 def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], Any],
           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], config: TrainConfig, out_dir: str | Path,
           parameters: Sequence[torch.nn.Parameter] | None = None,
-          on_step: Callable[[int, float], None] | None = None, state: Any = None) -> TrainResult:
+          on_step: Callable[[int, float], None] | None = None, state: Any = None,
+          after_update: Callable[[int, torch.nn.Module, torch.optim.Optimizer], None] | None = None) -> TrainResult:
     """Train `model` in place; `loss_fn(model, batch)` returns the mean loss of the local batch.
 
     `state`: an object with `state_dict()` / `load_state_dict()` (e.g. a GECO multiplier) saved in every
-    checkpoint's state.json and restored on resume, so a resumed run continues exactly.
+    checkpoint's state.json and restored on resume, so a resumed run continues exactly; where it also has
+    `tensors()` / `load_tensors(dict)`, those tensors travel in the checkpoint's safetensors beside the optimizer's.
+    `after_update(step, model, optimizer)`: called after each optimizer step (the model unwrapped), before the
+    checkpoint; it may change the weights and the optimizer's state (e.g. return a replicate to an earlier state).
 
     A stacked model of k replicates (`config.replicate_seeds`, lmlab.train.ensemble): each step's batch is every
     replicate's own micro-batch in turn (drawn from its seed), `loss_fn` returns k losses (one per replicate, each
@@ -268,6 +279,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     try:
         for step in range(result.resumed_from or 0, config.steps):
             _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
+            if after_update:
+                after_update(step, run.acc.unwrap_model(model), run.optimizer)
             if on_step:  # (before the checkpoint: it may move `state`, which the checkpoint keeps)
                 on_step(step, result.losses[-1])
             progress.advance(result.losses[-1])
@@ -356,6 +369,8 @@ def _resume(out_dir: Path, model, optimizer, config: TrainConfig, state) -> tupl
     result.replicate_losses = [list(x) for x in info.get("replicate_losses", [])]
     if state is not None and info.get("extra"):
         state.load_state_dict(info["extra"])
+    if state is not None and hasattr(state, "load_tensors"):
+        state.load_tensors(info["tensors"])
     result.checkpoint = existing[-1]
     return result, existing[-1]
 
@@ -416,7 +431,8 @@ def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step
         if acc.is_main_process:
             last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
                                         config.keep_checkpoints, extra=state.state_dict() if state is not None else None,
-                                        replicate_losses=result.replicate_losses, final=done == config.steps)
+                                        replicate_losses=result.replicate_losses, final=done == config.steps,
+                                        extra_tensors=state.tensors() if hasattr(state, "tensors") else None)
         acc.wait_for_everyone()
     return last_good
 

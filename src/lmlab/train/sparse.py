@@ -39,6 +39,7 @@ class SparseTraining:
     result: TrainResult
     gecos: list[GECO]  # one per replicate; each trace: (CE, bound, moving average, lambda) per step
     histories: list[list[dict]] = field(default_factory=list)  # per replicate, per step: step, expected_edges, ...
+    rollbacks: list[int] = field(default_factory=list)  # per replicate: how often it returned to a saved state
 
     @property
     def geco(self) -> GECO:
@@ -50,17 +51,86 @@ class SparseTraining:
         return self.histories[0]
 
 
+class Rollback:
+    """Recovery from a spike: each replicate's last state within its bound (its weights and AdamW moments, taken
+    every `every` steps while the constraint's moving average holds); once that average goes `threshold` over the
+    bound, the replicate returns to that state, its moving average to the one it had there, and its multiplier
+    doubles, so the edge term that cost it the constraint pushes half as hard on the way back down.
+
+    Why: the edge term sometimes prunes an edge the model needs; its CE then jumps 0.2-1.2 nats over the bound, the
+    multiplier (its update clipped) takes hundreds of steps to climb, and by then the decayed learning rate can no
+    longer relearn what was lost (the S4 toy, docs/studies/sparse-circuits.md). Returning to the last state within
+    bound undoes the spike in one step. A stacked model of k replicates (lmlab.train.ensemble) holds replicate r at
+    index r of every weight's leading dimension; the others are left as they are."""
+
+    def __init__(self, k: int, threshold: float, every: int = 10):
+        self.k, self.threshold, self.every = k, float(threshold), max(int(every), 1)
+        self.saved: dict[int, dict[str, torch.Tensor]] = {}  # replicate -> "param|weight" / "param|exp_avg" ...
+        self.meta: dict[int, dict] = {}  # replicate -> {"step", "ema"} of its saved state
+        self.count = [0] * k
+
+    def _slots(self, model, optimizer):
+        """(name, tensor) of every weight and optimizer moment, replicate r's part at [r] (k > 1)."""
+        state = getattr(optimizer, "optimizer", optimizer).state
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            yield f"{name}|weight", param
+            for key, value in state.get(param, {}).items():
+                if torch.is_tensor(value) and value.shape == param.shape:
+                    yield f"{name}|{key}", value
+
+    def _part(self, tensor: torch.Tensor, r: int) -> torch.Tensor:
+        return tensor[r] if self.k > 1 else tensor
+
+    @torch.no_grad()
+    def __call__(self, step: int, model, optimizer, gecos: list[GECO], histories: list[list[dict]]) -> None:
+        for r, geco in enumerate(gecos):
+            if r in self.saved and geco.ema is not None and geco.ema > self.threshold:
+                for name, tensor in self._slots(model, optimizer):
+                    if name in self.saved[r]:
+                        self._part(tensor, r).copy_(self.saved[r][name].to(tensor.device, tensor.dtype))
+                geco.ema = self.meta[r]["ema"]
+                geco.multiplier = min(2.0 * geco.multiplier, geco.bounds[1])
+                self.count[r] += 1
+                if histories[r]:
+                    histories[r][-1]["rollback_to"] = self.meta[r]["step"]
+            elif geco.holds and (step + 1) % self.every == 0:
+                self.saved[r] = {name: self._part(tensor, r).detach().clone()
+                                 for name, tensor in self._slots(model, optimizer)}
+                self.meta[r] = {"step": step + 1, "ema": geco.ema}
+
+    def state_dict(self) -> dict:
+        return {"meta": {str(r): m for r, m in self.meta.items()}, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.meta = {int(r): m for r, m in state.get("meta", {}).items()}
+        self.count = list(state.get("count", [0] * self.k))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f"{r}|{name}": t for r, saved in self.saved.items() for name, t in saved.items()}
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.saved = {}
+        for key, value in tensors.items():
+            r, _, name = key.partition("|")
+            self.saved.setdefault(int(r), {})[name] = value
+
+
 @dataclass
 class _Checkpointed:
-    """What a checkpoint carries besides the weights: the multipliers and the per-step edge records, so a
-    resumed run continues exactly and its record is whole."""
+    """What a checkpoint carries besides the weights: the multipliers, the per-step edge records and the rollback's
+    saved states, so a resumed run continues exactly and its record is whole."""
     gecos: list[GECO]
     histories: list[list[dict]]
+    rollback: Rollback | None = None
 
     def state_dict(self) -> dict:
         if len(self.gecos) == 1:  # the one-model layout of earlier runs
-            return {"geco": self.gecos[0].state_dict(), "history": self.histories[0]}
-        return {"gecos": [g.state_dict() for g in self.gecos], "histories": self.histories}
+            state = {"geco": self.gecos[0].state_dict(), "history": self.histories[0]}
+        else:
+            state = {"gecos": [g.state_dict() for g in self.gecos], "histories": self.histories}
+        return {**state, "rollback": self.rollback.state_dict()} if self.rollback else state
 
     def load_state_dict(self, state: dict) -> None:
         gecos = state.get("gecos") or [state["geco"]]
@@ -69,14 +139,26 @@ class _Checkpointed:
             geco.load_state_dict(saved)
         for history, saved in zip(self.histories, histories):
             history[:] = saved
+        if self.rollback and state.get("rollback"):
+            self.rollback.load_state_dict(state["rollback"])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return self.rollback.tensors() if self.rollback else {}
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if self.rollback:
+            self.rollback.load_tensors(tensors)
 
 
 def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor],
                       tau: float | Sequence[float], config: TrainConfig, out_dir: str | Path, rate: float = 0.05,
-                      alpha: float = 0.9, initial_multiplier: float = 1.0, clip: float | None = None) -> SparseTraining:
+                      alpha: float = 0.9, initial_multiplier: float = 1.0, clip: float | None = None,
+                      rollback: float | None = None, rollback_every: int = 10) -> SparseTraining:
     """A stacked model of k replicates (lmlab.train.ensemble, `config.replicate_seeds`) post-trains each replicate
     with its own multiplier: `ce_fn` then returns k CEs (and k bounds, k token counts), and `tau` may give each
-    replicate its own bound."""
+    replicate its own bound. `rollback` (nats; None: never): a replicate whose constraint's moving average goes that
+    far over its bound returns to its last state within bound (`Rollback`); a step that did so names the step it
+    returned to (`rollback_to`) in its history; its states are saved every `rollback_every` steps."""
     k = replicas(model)
     taus = [float(t) for t in tau] if isinstance(tau, (list, tuple)) else [float(tau)] * k
     gecos = [GECO(t, rate=rate, alpha=alpha, initial=initial_multiplier, clip=clip) for t in taus]
@@ -115,9 +197,12 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
                                  "fallback": float(fallback[r] / max(queries[r], 1.0))})
         return torch.stack(losses)
 
+    back = Rollback(k, rollback, rollback_every) if rollback is not None else None
+    after = (lambda step, m, opt: back(step, m, opt, gecos, histories)) if back else None
     with intervene(model, gate):
-        result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(gecos, histories))
-    return SparseTraining(result, gecos, histories)
+        result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(gecos, histories, back),
+                       after_update=after)
+    return SparseTraining(result, gecos, histories, back.count if back else [0] * k)
 
 
 def qk_scale(scale: float) -> dict[str, float]:

@@ -72,6 +72,9 @@ class Config(StudyConfig):
     toy_sparse_lr: float | None = Field(None, gt=0, description="toy: sparse post-training peak learning rate")
     toy_sparse_schedule: Literal["constant", "cosine", "linear"] | None = Field(
         None, description="toy: the sparse post-training's learning-rate schedule (cosine: to 0 at the last step)")
+    toy_rollback: float | None = Field(None, ge=0, description="toy: a replicate whose constraint's moving average "
+                                       "goes this many slacks over its bound returns to its last state within bound "
+                                       "(weights and optimizer moments), its multiplier doubled (0: never)")
     toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
