@@ -905,3 +905,37 @@ def test_the_toys_rollback_is_the_profiles_number_of_slacks(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         toy_study._train_toys(config, RunDir(tmp_path, "sparse-circuits", {}), [0], toy.addition_data(n_test=10))
     assert seen["rollback"] == (pytest.approx(expected) if expected else None)
+    window, tolerance = seen["drift"]  # no profile reads a drift; its tolerance is the gate's (0.1 x 0.03 nats)
+    assert window == 0 and tolerance == pytest.approx(0.003)
+
+
+def test_a_drift_over_the_bound_held_for_the_window_returns_the_replicate():
+    """Rollback's drift: replicate 0's CE 0.01 over its bound for 4 steps (window 4, tolerance 0.005) returns it,
+    under the spike threshold; replicate 1 at 0.004 over stays; and a drift is read only over steps since a return
+    (replicate 0 needs 4 fresh steps to return again)."""
+    from lmlab.train.sparse import Rollback
+
+    model = torch.nn.Linear(2, 2)
+    model.weight = torch.nn.Parameter(torch.zeros(2, 2, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gecos, histories = [GECO(0.0, alpha=0.0) for _ in range(2)], [[], []]
+    back = Rollback(2, threshold=1.0, every=1, window=4, tolerance=0.005)
+
+    def step(n, excess):
+        for r, geco in enumerate(gecos):
+            geco.update(excess[r])
+            histories[r].append({"step": geco.steps})
+        back(n, model, opt, gecos, histories)
+
+    step(0, [-0.01, -0.01])  # within bound: both saved
+    for n in range(1, 4):
+        step(n, [0.01, 0.004])
+    assert back.count == [0, 0]  # the last 4 steps average 0.005 (one within bound): not over 0.005
+    step(4, [0.01, 0.004])
+    assert back.count == [1, 0] and histories[0][-1]["rollback_to"] == 1 and back.since[0] == 5
+    for n in range(5, 8):
+        step(n, [0.01, 0.004])
+    assert back.count == [1, 0]  # three steps since the return
+    step(8, [0.01, 0.004])
+    assert back.count == [2, 0]
+    assert Rollback(2, threshold=1.0).window == 0  # off by default: spikes only

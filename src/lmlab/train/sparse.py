@@ -61,13 +61,27 @@ class Rollback:
     multiplier (its update clipped) takes hundreds of steps to climb, and by then the decayed learning rate can no
     longer relearn what was lost (the S4 toy, docs/studies/sparse-circuits.md). Returning to the last state within
     bound undoes the spike in one step. A stacked model of k replicates (lmlab.train.ensemble) holds replicate r at
-    index r of every weight's leading dimension; the others are left as they are."""
+    index r of every weight's leading dimension; the others are left as they are.
 
-    def __init__(self, k: int, threshold: float, every: int = 10):
+    A drift as well (`window` steps, 0: off): a replicate whose CE stayed over its bound by more than `tolerance` on
+    average over its last `window` steps (since its last return) returns the same way. A drift under the spike's
+    threshold, held to the end, fails the gate that reads the last quarter's mean (the S4 toy at seed 3: +0.005 nats
+    over its bound, 0.003 allowed, its multiplier 0.75 and climbing too slowly under a decayed learning rate)."""
+
+    def __init__(self, k: int, threshold: float, every: int = 10, window: int = 0, tolerance: float = 0.0):
         self.k, self.threshold, self.every = k, float(threshold), max(int(every), 1)
+        self.window, self.tolerance = max(int(window), 0), float(tolerance)
         self.saved: dict[int, dict[str, torch.Tensor]] = {}  # replicate -> "param|weight" / "param|exp_avg" ...
         self.meta: dict[int, dict] = {}  # replicate -> {"step", "ema"} of its saved state
         self.count = [0] * k
+        self.since = [0] * k  # per replicate: the trace's length at its last return (a drift is read after it)
+
+    def _drift(self, r: int, geco: GECO) -> bool:
+        n = len(geco.trace)
+        if not self.window or n - self.since[r] < self.window:
+            return False
+        tail = geco.trace[n - self.window:]
+        return sum(ce - bound for ce, bound, _, _ in tail) / self.window > self.tolerance
 
     def _slots(self, model, optimizer):
         """(name, tensor) of every weight and optimizer moment, replicate r's part at [r] (k > 1)."""
@@ -86,13 +100,14 @@ class Rollback:
     @torch.no_grad()
     def __call__(self, step: int, model, optimizer, gecos: list[GECO], histories: list[list[dict]]) -> None:
         for r, geco in enumerate(gecos):
-            if r in self.saved and geco.ema is not None and geco.ema > self.threshold:
+            if r in self.saved and ((geco.ema is not None and geco.ema > self.threshold) or self._drift(r, geco)):
                 for name, tensor in self._slots(model, optimizer):
                     if name in self.saved[r]:
                         self._part(tensor, r).copy_(self.saved[r][name].to(tensor.device, tensor.dtype))
                 geco.ema = self.meta[r]["ema"]
                 geco.multiplier = min(2.0 * geco.multiplier, geco.bounds[1])
                 self.count[r] += 1
+                self.since[r] = len(geco.trace)
                 if histories[r]:
                     histories[r][-1]["rollback_to"] = self.meta[r]["step"]
             elif geco.holds and (step + 1) % self.every == 0:
@@ -101,11 +116,12 @@ class Rollback:
                 self.meta[r] = {"step": step + 1, "ema": geco.ema}
 
     def state_dict(self) -> dict:
-        return {"meta": {str(r): m for r, m in self.meta.items()}, "count": self.count}
+        return {"meta": {str(r): m for r, m in self.meta.items()}, "count": self.count, "since": self.since}
 
     def load_state_dict(self, state: dict) -> None:
         self.meta = {int(r): m for r, m in state.get("meta", {}).items()}
         self.count = list(state.get("count", [0] * self.k))
+        self.since = list(state.get("since", [0] * self.k))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f"{r}|{name}": t for r, saved in self.saved.items() for name, t in saved.items()}
@@ -153,12 +169,15 @@ class _Checkpointed:
 def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor],
                       tau: float | Sequence[float], config: TrainConfig, out_dir: str | Path, rate: float = 0.05,
                       alpha: float = 0.9, initial_multiplier: float = 1.0, clip: float | None = None,
-                      rollback: float | None = None, rollback_every: int = 10) -> SparseTraining:
+                      rollback: float | None = None, rollback_every: int = 10, drift: tuple[int, float] = (0, 0.0)
+                      ) -> SparseTraining:
     """A stacked model of k replicates (lmlab.train.ensemble, `config.replicate_seeds`) post-trains each replicate
     with its own multiplier: `ce_fn` then returns k CEs (and k bounds, k token counts), and `tau` may give each
     replicate its own bound. `rollback` (nats; None: never): a replicate whose constraint's moving average goes that
     far over its bound returns to its last state within bound (`Rollback`); a step that did so names the step it
-    returned to (`rollback_to`) in its history; its states are saved every `rollback_every` steps."""
+    returned to (`rollback_to`) in its history; its states are saved every `rollback_every` steps. `drift` (steps,
+    nats): with a rollback, a replicate over its bound by more than the nats on average over that many steps returns
+    too."""
     k = replicas(model)
     taus = [float(t) for t in tau] if isinstance(tau, (list, tuple)) else [float(tau)] * k
     gecos = [GECO(t, rate=rate, alpha=alpha, initial=initial_multiplier, clip=clip) for t in taus]
@@ -197,7 +216,7 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
                                  "fallback": float(fallback[r] / max(queries[r], 1.0))})
         return torch.stack(losses)
 
-    back = Rollback(k, rollback, rollback_every) if rollback is not None else None
+    back = Rollback(k, rollback, rollback_every, *drift) if rollback is not None else None
     after = (lambda step, m, opt: back(step, m, opt, gecos, histories)) if back else None
     with intervene(model, gate):
         result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(gecos, histories, back),

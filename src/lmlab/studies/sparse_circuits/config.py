@@ -75,6 +75,10 @@ class Config(StudyConfig):
     toy_rollback: float | None = Field(None, ge=0, description="toy: a replicate whose constraint's moving average "
                                        "goes this many slacks over its bound returns to its last state within bound "
                                        "(weights and optimizer moments), its multiplier doubled (0: never)")
+    toy_rollback_window: int | None = Field(None, ge=0, description="toy, with toy_rollback: a replicate whose CE "
+                                            "stayed over its bound on average over this many steps, by more than "
+                                            "the constraint gate allows (a tenth of the slack), returns the same way "
+                                            "(0: only spikes)")
     toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")

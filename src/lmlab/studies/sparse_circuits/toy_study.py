@@ -9,7 +9,8 @@ sparse-post-trained, each dissected dense and sparse.
    that far over its bound returns to its last state within bound, its multiplier doubled (train/sparse.Rollback;
    our addition, not the paper's: its GECO has no such step): without it about one replicate in nine (4 of 36
    measured) ended over its bound after a spike mid-run, the decayed rate too small to relearn what a pruned edge
-   took (docs/studies/sparse-circuits.md).
+   took (docs/studies/sparse-circuits.md). `toy_rollback_window` (off in every profile) returns a replicate on a
+   drift too: its CE over its bound by more than the gate allows, on average over that many steps.
 2. Each replicate is measured dense and sparse on the 200 test sequences (1000 problems): exact match per
    sequence, and the deterministic gate's kept share of causal edges per sequence.
 3. Circuit discovery on each replicate, dense and sparse (the seed's figure at toy scale): the toy's circuit tasks
@@ -35,6 +36,7 @@ from lmlab.interventions import SparseAttention, install, intervene
 from lmlab.runs import RunDir
 from lmlab.studies.sparse_circuits import circuits, toy
 from lmlab.studies.sparse_circuits.config import Config
+from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE
 from lmlab.train import TrainConfig, train
 from lmlab.train.ensemble import stack, unstack
 from lmlab.train.geco import sized_rate
@@ -67,8 +69,10 @@ def _train_toys(config: Config, run_dir: RunDir, seeds: list[int], data):
     clip = config.geco_clip * config.toy_slack if config.geco_clip else None
     spike = config.size("toy_rollback")  # in slacks; 0 or unset: never
     rollback = spike * config.toy_slack if spike else None
+    drift = (config.size("toy_rollback_window") or 0, CONSTRAINT_TOLERANCE * config.toy_slack)  # the gate's tolerance
     out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, taus, tc, run_dir.path / "toy_sparse",
-                            rate=rate, initial_multiplier=config.geco_initial, clip=clip, rollback=rollback)
+                            rate=rate, initial_multiplier=config.geco_initial, clip=clip, rollback=rollback,
+                            drift=drift)
     record = {"taus": taus, "dense_losses": dense_fit.replicate_losses or [[x] for x in dense_fit.losses],
               "gecos": out.gecos, "histories": out.histories, "steps": sparse_steps, "rollbacks": out.rollbacks}
     return dense_states, model, record
