@@ -882,10 +882,10 @@ def test_sparse_post_training_with_rollbacks_resumes_exactly(tmp_path, monkeypat
     assert resumed.geco.multiplier == pytest.approx(whole.geco.multiplier, rel=1e-6)
 
 
-@pytest.mark.parametrize("profile, given, expected", [("quick", None, 0.09), ("demo", None, None), ("quick", 0, None),
+@pytest.mark.parametrize("profile, given, expected", [("quick", None, 0.06), ("demo", None, None), ("quick", 0, None),
                                                       ("demo", 5, 0.15)])
 def test_the_toys_rollback_is_the_profiles_number_of_slacks(tmp_path, monkeypatch, profile, given, expected):
-    """quick and full post-train the toy with the rollback at 3 slacks (3 x 0.03 nats), the demo without;
+    """quick and full post-train the toy with the rollback at 2 slacks (2 x 0.03 nats), the demo without;
     --toy-rollback sets it (0: never)."""
     from types import SimpleNamespace
 

@@ -5,7 +5,7 @@ sparse-post-trained, each dissected dense and sparse.
    from its own seed (Config.toy_replicate_seeds: k is --toy-seeds, else --seeds, else the profile's toy_seeds,
    else its seeds; the quick profile trains 5 toys beside the model's 3 replicates); the same for the sparse
    post-training, with one GECO multiplier per replicate held to that replicate's own bound (its dense answer CE +
-   toy_slack). With `toy_rollback` (quick and full: 3 slacks) a replicate whose constraint's moving average goes
+   toy_slack). With `toy_rollback` (quick and full: 2 slacks) a replicate whose constraint's moving average goes
    that far over its bound returns to its last state within bound, its multiplier doubled (train/sparse.Rollback;
    our addition, not the paper's: its GECO has no such step): without it about one replicate in nine (4 of 36
    measured) ended over its bound after a spike mid-run, the decayed rate too small to relearn what a pruned edge
