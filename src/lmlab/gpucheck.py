@@ -14,9 +14,10 @@ every S1 and S2 test and the tests that run those studies.
                                              [--budget S] [--study NAME ...]
                                              [--model-file SmolLM2.gguf]
 
-The suite and three lanes of studies (four with `--model-file`) run side by side (a lent GPU machine has 16 cores and about 15 minutes), then
-the benchmarks alone, since they time ratios. Each step has its own time limit inside `--budget` (default 540 s,
-inside one 10-minute command) and a step that runs out is recorded as such, with what had finished.
+The suite and three lanes of studies (four with `--model-file`) run side by side (a lent GPU machine has 16 cores
+and about 15 minutes), then the benchmarks alone, since they time ratios. Each step has its own time limit inside
+`--budget` (default 540 s, inside one 10-minute command) and a step that runs out is recorded as such, with what had
+finished.
 `--device cpu --small` runs the same plumbing on a CPU at tiny sizes (a check of the script itself).
 """
 
@@ -45,9 +46,10 @@ TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 
 # each study on the GPU, in three lanes that run side by side (and beside the suite): (name, command arguments,
 # time limit in seconds). S0's demo gives the verdict the CPU gave at seed 0 (docs/studies); the S4 toy's quick profile
-# is the one that decides it. Measured on one H100 beside the suite: the S4 toy's demo 73 s and its full sizes 323 s,
-# S0's demo past 120 s (its VQ-VAEs encode one problem at a time), S1 21 s, S3 31 s, S2 40 s. --small: the tests'
-# tiny sizes. `--model-file` adds a fourth lane: S3's quick profile on that model (SmolLM2's GGUF, brought over)
+# is the one that decides it. Measured on one H100 beside the suite: S0's demo 183 s and quick 307 s, the S4 toy's
+# quick 179 s (its full sizes 323 s in an earlier run behind the toy's demo; cut at 302 s behind the quick), S1
+# 21 s, S3 on tiny-llama 31 s, S2 40 s. --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's
+# quick profile on that model (SmolLM2's GGUF, brought over: 209 s)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
      ("S1 knockout, tiny-llama", ["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),
