@@ -289,3 +289,15 @@ def test_sampled_runs_are_rows_of_their_own_and_averaged_per_problem(tmp_path, l
     assert table.new_tokens.tolist() == again.new_tokens.tolist()  # seeded
     iv = accuracy(table)
     assert iv.n == len(items)  # the interval is over problems, not problem-runs
+
+
+def test_on_a_gpu_quick_generates_what_decides_the_gains_and_the_demo_stays_small(monkeypatch):
+    config = s3.Config(model="tiny-llama", profile="quick", device="cpu")
+    assert config.size("n_test_per_level") == 20 and config.size("batch_size") == 64
+    monkeypatch.setattr(s3.Config, "torch_device", lambda self: "cuda:0")
+    gpu = s3.Config(model="tiny-llama", profile="quick")
+    # 1200 a level (level 1 has 100 distinct problems): beyond the 2,940 paired problems the paper's gain needs
+    assert gpu.size("n_test_per_level") == 1200 and gpu.size("batch_size") == 1024
+    assert s3.Config(model="tiny-llama", profile="quick", batch_size=8).size("batch_size") == 8  # the option wins
+    demo = s3.Config(model="tiny-llama", profile="demo")
+    assert demo.size("batch_size") == 64 and demo.size("accuracy") is False and demo.size("n_test_per_level") == 4

@@ -939,3 +939,14 @@ def test_a_drift_over_the_bound_held_for_the_window_returns_the_replicate():
     step(8, [0.01, 0.004])
     assert back.count == [2, 0]
     assert Rollback(2, threshold=1.0).window == 0  # off by default: spikes only
+
+
+def test_on_a_gpu_the_toy_trains_more_replicates_unless_told(monkeypatch):
+    cpu = study.Config(model="tiny-llama", profile="quick", device="cpu").toy_replicate_seeds()
+    assert len(cpu) == 5
+    monkeypatch.setattr(study.Config, "torch_device", lambda self: "cuda:0")
+    gpu = study.Config(model="tiny-llama", profile="quick")
+    assert len(gpu.toy_replicate_seeds()) == 15
+    assert gpu.toy_replicate_seeds()[:5] == cpu  # the CPU's five are the GPU's first five
+    assert len(study.Config(model="tiny-llama", profile="quick", toy_seeds=4).toy_replicate_seeds()) == 4
+    assert len(study.Config(model="tiny-llama", profile="demo").toy_replicate_seeds()) == 3

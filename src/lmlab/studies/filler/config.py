@@ -58,8 +58,13 @@ class Config(StudyConfig):
         if path:
             read_math_file(kind, path)
 
-    batch_size: int = Field(64, ge=1, description="prompts generated together (64: a chunk in one batch; decoding is "
-                                           "bound by reading the weights, so 64 rows cost 21% less than 2 x 32)")
+    batch_size: int | None = Field(None, ge=1, description="prompts generated together (CPU: 64, a chunk in one batch; "
+                                                          "decoding is bound by reading the weights, so 64 rows cost "
+                                                          "21% less than 2 x 32; a GPU: 1024 in quick)")
+
+    def variants(self) -> list[str]:
+        """`gpu` on a CUDA device: quick generates the thousands of paired problems that decide the gains there."""
+        return ["gpu"] if self.torch_device().startswith("cuda") else []
 
 
 def unknown_benchmark(name: str):

@@ -106,7 +106,7 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
         todo = entries if parallel.is_distributed() else [e for e in entries if e[0] not in done]
         calls: list[list] = []
         for entry in todo:
-            if not calls or sum(len(e[2]) for e in calls[-1]) + len(entry[2]) > 4 * config.batch_size:
+            if not calls or sum(len(e[2]) for e in calls[-1]) + len(entry[2]) > 4 * config.size("batch_size"):
                 calls.append([])
             calls[-1].append(entry)
         calls = [[e for e in call if e[0] not in done] for n, call in enumerate(calls) if parallel.mine(n)]
@@ -120,10 +120,10 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
             if arm is not None:
                 with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
                                                             scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
-                    outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
+                    outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
                                           description=desc, share_prefix=False, **sampling)
             else:
-                outs = greedy_answers(lm, prompts, budget, config.batch_size, stop_at_newline=False,
+                outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
                                       description=desc, **sampling)
             outs = iter(outs)
             for key, job, chunk in call:
