@@ -117,6 +117,71 @@ def test_waiting_prompts_join_the_running_batch_and_match_generating_alone(sharp
     assert gaps == {"joining", "running"}, gaps  # both alignments were exercised
 
 
+
+def test_a_roomy_cache_layer_holds_what_transformers_growing_layer_holds(monkeypatch):
+    """The in-place layer against transformers' own: the same updates (prefill, steps past its room, rows leaving,
+    keys replaced from outside as rows joining do) leave the same keys and values, and return them."""
+    import lmlab.generation as generation
+    from transformers.cache_utils import DynamicLayer
+
+    monkeypatch.setattr(generation, "ROOM", 4)
+    g = torch.Generator().manual_seed(0)
+    plain, roomy = DynamicLayer(), DynamicLayer()
+    roomy.__class__ = generation._RoomyLayer
+
+    def both(k, v):
+        a, b = plain.update(k, v), roomy.update(k.clone(), v.clone())
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+    both(torch.randn(5, 2, 7, 3, generator=g), torch.randn(5, 2, 7, 3, generator=g))  # a prefill
+    for step in range(15):
+        both(torch.randn(len(plain.keys), 2, 1, 3, generator=g), torch.randn(len(plain.keys), 2, 1, 3, generator=g))
+        if step == 6:
+            keep = torch.tensor([0, 2, 4])
+            plain.batch_select_indices(keep)
+            roomy.batch_select_indices(keep)
+        if step == 9:  # a join: keys and values replaced by longer tensors from outside
+            extra = torch.randn(len(plain.keys), 2, 2, 3, generator=g)
+            plain.keys = roomy.keys = torch.cat([extra, plain.keys], dim=-2)
+            plain.values = roomy.values = torch.cat([extra, plain.values], dim=-2)
+        assert torch.equal(plain.keys, roomy.keys) and torch.equal(plain.values, roomy.values)
+    assert roomy.keys.data_ptr() == roomy._buffers[0].data_ptr()  # a view of its buffer, not a copy
+
+
+def test_finished_rows_wait_in_the_batch_and_every_answer_still_equals_generating_alone(sharp, monkeypatch):
+    """At a large batch a finished row stays (its tokens dropped) until an eighth of the batch has finished, and
+    the cache grows in place through its room many times: the answers still equal `generate` on each prompt."""
+    import lmlab.generation as generation
+
+    monkeypatch.setattr(generation, "ROOM", 3)
+    tok = sharp.tokenizer
+    head = tok("Please reason step by step, and put the final answer in a box.", add_special_tokens=False)["input_ids"]
+    tails = [f"\nWhat is {a} plus {b}?" for a, b in [(3, 4), (10, 7), (1, 1), (25, 17), (6, 9), (40, 2)]]
+    tails += ["\nHow many", "\n7", "\nThe answer is", "\nx", "\nMary had 12 apples. How many", "\n2 + 2 ="]
+    prompts = [head + tok(t, add_special_tokens=False)["input_ids"] for t in tails]
+    free = [_alone(sharp, p, 16, set()) for p in prompts]
+    # stop tokens each row alone generates (at its earliest such step), so rows end one at a time
+    own = {}
+    for i, row in enumerate(free):
+        others = {t for j, r in enumerate(free) if j != i for t in r}
+        step = next((k for k, t in enumerate(row[1:12], 1) if t not in others and t not in row[:k]), None)
+        if step is not None and step not in own.values():
+            own[row[step]] = step
+    stop = set(list(own)[:2])
+    expected = [_alone(sharp, p, 16, stop) for p in prompts]
+    assert len({len(e) for e in expected}) == 3, expected  # two rows end early, at different steps
+    seen = []
+    real = generation._Running.drop_finished
+
+    def spy(self, *args):
+        real(self, *args)
+        seen.append((len(self.rows), self.n_live, {type(layer) for layer in self.cache.layers}))
+
+    monkeypatch.setattr(generation._Running, "drop_finished", spy)
+    assert _generate(sharp, prompts, 16, stop=stop, share_prefix=True, batch_size=12) == expected
+    assert any(0 < live < rows for rows, live, _ in seen), seen  # finished rows waited in the batch
+    assert all(types == {generation._RoomyLayer} for _, _, types in seen)
+
 def test_last_token_features_with_a_shared_prefix_equal_each_sequence_alone(decoder):
     from lmlab.generation import last_token_features, prefix_cache
 

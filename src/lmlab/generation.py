@@ -88,9 +88,56 @@ def _join(cache, mask: torch.Tensor, new_cache, new_mask: torch.Tensor, at: int)
     return torch.cat([mask, new_mask])
 
 
+ROOM = 64  # cache columns a decoding batch's buffers grow by at a time
+
+
+class _RoomyLayer(DynamicLayer):
+    """A growing cache layer whose keys and values are views of buffers with room for more columns: a decode step
+    writes its column in place, where transformers' layer copies the whole cache into a new tensor (`torch.cat`) at
+    every step, and at a GPU's batch of 1024 that copy (some 9 GB for SmolLM2-135M at 256 new tokens), with a fresh
+    allocation of a size never seen before, is most of a step. Keys or values replaced from outside (rows joining,
+    `_insert_gap`) are copied into new buffers at the next step."""
+
+    def _room_for(self, n: int) -> bool:
+        buf = getattr(self, "_buffers", None)
+        return (buf is not None and n <= buf[0].shape[-2] and self.keys.data_ptr() == buf[0].data_ptr()
+                and self.values.data_ptr() == buf[1].data_ptr() and self.keys.shape[:-2] == buf[0].shape[:-2]
+                and self.keys.stride() == buf[0].stride())
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized or not self.keys.numel():
+            return super().update(key_states, value_states, *args, **kwargs)
+        n, add = self.keys.shape[-2], key_states.shape[-2]
+        if not self._room_for(n + add):
+            self._buffers = tuple(t.new_empty(t.shape[:-2] + (n + add + ROOM, t.shape[-1])) for t in (self.keys, self.values))
+            for buf, t in zip(self._buffers, (self.keys, self.values)):
+                buf[..., :n, :] = t
+        for buf, t in zip(self._buffers, (key_states, value_states)):
+            buf[..., n:n + add, :] = t
+        self.keys, self.values = (buf[..., :n + add, :] for buf in self._buffers)
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices`: one copy of the buffers (their room included), not a copy and a re-buffering."""
+        if not self._room_for(self.keys.shape[-2]):
+            return super().batch_select_indices(indices)
+        n = self.keys.shape[-2]
+        self._buffers = tuple(buf[indices] for buf in self._buffers)
+        self.keys, self.values = (buf[..., :n, :] for buf in self._buffers)
+
+
+def _with_room(cache):
+    """`cache` with its plain growing layers made roomy (`_RoomyLayer`: the same values, written in place)."""
+    for layer in getattr(cache, "layers", []):
+        if type(layer) is DynamicLayer:
+            layer.__class__ = _RoomyLayer
+    return cache
+
+
 def _refillable(cache) -> bool:
     """Rows can join a running batch when every cache layer is a plain growing one (not a sliding window)."""
-    return cache is not None and all(type(layer) is DynamicLayer and layer.is_initialized for layer in cache.layers)
+    return cache is not None and all(type(layer) in (DynamicLayer, _RoomyLayer) and layer.is_initialized
+                                     for layer in cache.layers)
 
 
 @torch.no_grad()
@@ -114,31 +161,43 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     waiting = list(range(len(prompts)))[::-1]  # popped from the end: prompts join in order
     running = None  # the rows generating
     draw = dict(temperature=temperature, top_p=top_p, generator=generator)
-    while waiting or (running is not None and len(running.rows)):
-        if waiting and (running is None or not len(running.rows)
-                        or (running.refill and len(running.rows) <= batch_size // 2)):
-            take = len(running.rows) if running is not None else 0
+    while waiting or (running is not None and running.n_live):
+        if waiting and (running is None or not running.n_live
+                        or (running.refill and running.n_live <= batch_size // 2)):
+            take = running.n_live if running is not None else 0
             join = [waiting.pop() for _ in range(min(batch_size - take, len(waiting)))]
             running, fresh = _admit(lm, running, prompts, join, prefix, shared, draw)
         else:
             running.step(lm, draw)
             fresh = 0
-        for row, tok in zip(running.rows.tolist()[fresh:], running.token.tolist()[fresh:]):
-            out[row].append(tok)
+        for row, tok, live in zip(running.rows.tolist()[fresh:], running.token.tolist()[fresh:],
+                                  running.live.tolist()[fresh:]):
+            if live:
+                out[row].append(tok)
         running.drop_finished(out, stop_ids, max_new_tokens, finished)
     return [o[:-1] if o and o[-1] in stop else o for o in out]
+
+
+LEAVE_AT = 8  # finished rows leave the batch once they are an eighth of it
 
 
 @dataclass
 class _Running:
     """The rows generating: `rows` (indices into the prompts), their cache, `token` (each row's newest token, not
-    yet in the cache, at position `following`) and `mask` (the cache's columns); `refill` whether rows may join."""
+    yet in the cache, at position `following`) and `mask` (the cache's columns); `live` the rows not yet finished
+    (the finished ones stay in the batch until `LEAVE_AT`); `refill` whether rows may join."""
     rows: torch.Tensor
     cache: object
     token: torch.Tensor
     mask: torch.Tensor
     following: torch.Tensor
     refill: bool = True
+    live: torch.Tensor | None = None
+    n_live: int = 0
+
+    def __post_init__(self):
+        self.live = torch.ones(len(self.rows), dtype=torch.bool, device=self.rows.device)
+        self.n_live = len(self.rows)
 
     def step(self, lm: LoadedModel, draw: dict) -> None:
         """Every row's newest token goes into the cache and the next one comes out."""
@@ -150,18 +209,31 @@ class _Running:
         self.following = self.following + 1
 
     def drop_finished(self, out: list[list[int]], stop_ids: torch.Tensor, max_new_tokens: int, finished) -> None:
-        """Rows whose newest token stops them, or whose budget is spent, leave the batch (and its cache)."""
+        """Rows whose newest token stops them, or whose budget is spent, are finished. They leave the batch (and its
+        cache) once they are an eighth of it: leaving copies the whole cache, which at a GPU's batch of 1024, where
+        some row ends at nearly every step, would be a copy a step. A finished row's tokens are not kept, and its
+        row of the batch changes no other row's (its own mask and positions), though under ARM it stays in the
+        statistics of the call until it leaves, as a finished row of `transformers`' `generate` does."""
         lengths = torch.tensor([len(out[r]) for r in self.rows.tolist()], device=self.token.device)
-        going = ~torch.isin(self.token, stop_ids) & (lengths < max_new_tokens)
-        if going.all():
+        ending = self.live & (torch.isin(self.token, stop_ids) | (lengths >= max_new_tokens))
+        n_ending = int(ending.sum())
+        if n_ending:
+            if finished is not None:
+                finished(n_ending)
+            self.live = self.live & ~ending
+            self.n_live -= n_ending
+        if LEAVE_AT * (len(self.rows) - self.n_live) >= max(len(self.rows), 1):
+            self.leave()
+
+    def leave(self) -> None:
+        """The finished rows leave the batch and its cache."""
+        if self.n_live == len(self.rows):
             return
-        if finished is not None:
-            finished(int((~going).sum()))
-        keep = going.nonzero().squeeze(1)
+        keep = self.live.nonzero().squeeze(1)
         if len(keep):
             self.cache.batch_select_indices(keep)
-        self.rows, self.token, self.mask, self.following = (self.rows[keep], self.token[keep], self.mask[keep],
-                                                            self.following[keep])
+        self.rows, self.token, self.mask, self.following, self.live = (
+            self.rows[keep], self.token[keep], self.mask[keep], self.following[keep], self.live[keep])
 
 
 def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], prefix: int, shared,
@@ -171,16 +243,18 @@ def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], 
     first tokens are new, the running rows' were counted already)."""
     batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared)
     result = lm.forward_last(batch)
-    new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=result.cache,
+    new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=_with_room(result.cache),
                    token=next_token(result.logits[:, -1], **draw), mask=batch["attention_mask"],
                    following=own["position_ids"][:, -1] + prefix + 1)
-    if running is None or not len(running.rows):
+    if running is None or not running.n_live:
         new.refill = _refillable(new.cache)
         return new, 0
+    running.leave()
     fresh = len(running.rows)
     running.mask = _join(running.cache, running.mask, new.cache, new.mask, prefix)
     running.token = torch.cat([running.token, new.token])
     running.following, running.rows = torch.cat([running.following, new.following]), torch.cat([running.rows, new.rows])
+    running.live, running.n_live = torch.cat([running.live, new.live]), running.n_live + new.n_live
     running.refill = _refillable(running.cache)
     return running, fresh
 

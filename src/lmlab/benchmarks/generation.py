@@ -8,8 +8,9 @@ the same model: float order may split a near-tie). The bound: decoding reads eve
 batch 1 no loop beats (memory bandwidth / weight bytes) tokens a second; the bandwidth is measured here (a sum
 over a 1 GiB tensor on the device), and the share of the bound printed (at batch b the bound is b times that).
 
-`--device cuda`: the model in bf16 on the GPU, both loops at batch 1, the study's batch and GPU_BATCH (S3's
-quick profile generates thousands of problems there), the GPU's queue drained before each clock reading.
+`--device cuda`: the model in bf16 on the GPU, both loops at batch 1, the study's batch (S3's quick profile
+generates thousands of problems there in batches of 1024) and GPU_BATCH, the GPU's queue drained before each clock
+reading.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str 
     bound = _bandwidth(device) / weight_bytes  # steps a second when every step reads every weight once
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     jobs = [("S1", S1Config.model_fields["batch_size"].default, S1Config.model_fields["max_new_tokens"].default),
-            ("S3", S3Config.model_fields["batch_size"].default, 64)]
+            ("S3", S3Config(model=model, device="cuda" if gpu else "cpu", profile="quick").size("batch_size"),
+             64)]  # 64 on a CPU, 1024 on a GPU
     rows = []
     for study, study_batch, new in jobs:
         for batch in sorted({1, study_batch} | ({GPU_BATCH} if gpu else set())):
