@@ -197,3 +197,14 @@ def test_last_token_features_with_a_shared_prefix_equal_each_sequence_alone(deco
     unshared = last_token_features(sharp, seqs, layers, batch_size=3, share_prefix=False)
     assert abs(shared - unshared).max() < tol
     assert abs(shared[0] - shared[1]).max() > 1e-2  # rows differ: a wrong mask or position would show
+
+
+def test_the_generation_cache_benchmark_gives_both_loops_the_same_answers():
+    """`lmlab bench --only generation-cache`: the in-place cache against transformers' copying one, the same answers."""
+    import lmlab.generation as generation
+    from lmlab.benchmarks.generation import generation_cache_bench
+
+    rows = generation_cache_bench(model="tiny-llama", repeats=1, new=8)
+    assert [r["case"] for r in rows] == ["S3, batch 64: copying", "S3, batch 64: in place"]
+    assert all(r["value"] > 0 for r in rows) and "answers identical: 64 of 64" in rows[0]["setup"]
+    assert generation.IN_PLACE and generation.LEAVE_AT == 8  # the loop is left as it runs

@@ -137,7 +137,8 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
 @friendly
 def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (repeatable; the list below)"),
           model: str = typer.Option("smollm2-135m", help="model to benchmark on"),
-          device: str = typer.Option("cpu", help="where the benchmarks that take a device run (replicates, generation): cpu, "
+          device: str = typer.Option("cpu", help="where the benchmarks that take a device run (replicates, generation, "
+                                                 "generation-cache): cpu, "
                                                  "cuda, cuda:N or auto"),
           out_dir: Path = typer.Option(Path("runs/bench"), "--out", help="where bench.json and bench.md go"),
           latent_run: Path = typer.Option(None, help="a finished `lmlab latent` run for latent-vs-cot (default: "

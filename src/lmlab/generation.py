@@ -89,6 +89,7 @@ def _join(cache, mask: torch.Tensor, new_cache, new_mask: torch.Tensor, at: int)
 
 
 ROOM = 64  # cache columns a decoding batch's buffers grow by at a time
+IN_PLACE = True  # False: transformers' own growing layer (the generation-cache benchmark's baseline)
 
 
 class _RoomyLayer(DynamicLayer):
@@ -128,7 +129,7 @@ class _RoomyLayer(DynamicLayer):
 
 def _with_room(cache):
     """`cache` with its plain growing layers made roomy (`_RoomyLayer`: the same values, written in place)."""
-    for layer in getattr(cache, "layers", []):
+    for layer in getattr(cache, "layers", []) if IN_PLACE else []:
         if type(layer) is DynamicLayer:
             layer.__class__ = _RoomyLayer
     return cache

@@ -18,6 +18,7 @@ CATALOG = {
     "interventions": "the intervention layer's cost on a forward pass, per intervention, vs plain sdpa",
     "load": "the embedded model's load times (GGUF de-quantized vs the cached safetensors)",
     "generation": "lmlab's greedy decoding (shared prefix, rows leaving) vs transformers' generate (takes --device)",
+    "generation-cache": "lmlab's decoding with its cache written in place vs copied each step (takes --device)",
     "knockout-sweep": "S1's batched knockout sweep vs one forward pass per sample and layer cut-off",
     "packed-size": "S2's packed checkpoints on disk vs the same matrices in float32",
     "kd-step": "S2's distillation step with the teacher's outputs cached vs recomputed",

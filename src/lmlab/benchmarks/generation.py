@@ -108,3 +108,42 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str 
                                  note=(f"aim >= 1x; {rate[name] / (bound * batch):.0%} of the bandwidth bound"
                                        if name == "lmlab" else None), setup=setup))
     return rows
+
+
+@benchmark("generation-cache")
+def generation_cache_bench(model: str = "smollm2-135m", repeats: int = 2, device: str = "cpu", new: int = 128,
+                           **_) -> list[dict]:
+    """lmlab's loop as it runs (the cache written in place, finished rows waiting until they are an eighth of the
+    batch) against the same loop with transformers' growing cache layer (a copy of the whole cache each step) and
+    finished rows leaving at once: S3's prompts, greedy, stopping at the model's stop tokens, at S3's batch (64 on a
+    CPU, 1024 on a GPU). The answers must be identical."""
+    import torch
+
+    from lmlab import generation
+    from lmlab.models import load_model
+    from lmlab.studies.filler.config import Config as S3Config
+
+    gpu = device.startswith("cuda")
+    lm = load_model(model, dtype=torch.bfloat16 if gpu else None, device=device)
+    batch = S3Config(model=model, device="cuda" if gpu else "cpu", profile="quick").size("batch_size")
+    prompts = _prompts(lm, "S3", batch)
+    stop = generation.stop_tokens(lm)
+
+    def run(in_place: bool):
+        saved = generation.IN_PLACE, generation.LEAVE_AT
+        generation.IN_PLACE, generation.LEAVE_AT = (True, saved[1]) if in_place else (False, len(prompts) + 1)
+        try:
+            return generation._generate(lm, prompts, new, stop, True, batch)
+        finally:
+            generation.IN_PLACE, generation.LEAVE_AT = saved
+
+    times, outs = alternate({"in place": _synced(lambda: run(True), device),
+                             "copying": _synced(lambda: run(False), device)}, repeats)
+    tokens = sum(len(o) for o in outs["in place"])
+    same = sum(a == b for a, b in zip(outs["in place"], outs["copying"]))
+    setup = (f"{model}, S3 prompts, {len(prompts)} prompts, greedy up to {new} new tokens ({tokens} generated), batch "
+             f"{batch}, best of {repeats}; answers identical: {same} of {len(prompts)}; on {device}"
+             + (" (bf16)" if gpu else ""))
+    return [dict(benchmark="generation-cache", case=f"S3, batch {batch}: {name}", value=round(tokens / times[name], 1),
+                 unit="tokens/s", ratio=round(times["copying"] / times[name], 2), target=None,
+                 note="aim > 1x" if name == "in place" else None, setup=setup) for name in ("copying", "in place")]
