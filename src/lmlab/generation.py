@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -193,8 +193,8 @@ class _Running:
     mask: torch.Tensor
     following: torch.Tensor
     refill: bool = True
-    live: torch.Tensor | None = None
-    n_live: int = 0
+    live: torch.Tensor = field(init=False)
+    n_live: int = field(init=False)
 
     def __post_init__(self):
         self.live = torch.ones(len(self.rows), dtype=torch.bool, device=self.rows.device)

@@ -178,8 +178,10 @@ class StudyConfig(BaseModel):
 
     # --- sizes: one resolver for every study
     def variants(self) -> list[str]:
-        """Names of the profiles.yaml variants that apply to this config, most specific first (none here)."""
-        return []
+        """Names of the profiles.yaml variants that apply to this config, most specific first: `gpu` on a CUDA device
+        where the study's profiles.yaml has that table (the sizes a GPU decides at), else none."""
+        tables = load_profiles(type(self).__module__.rpartition(".")[0]).get("variants") or {}
+        return ["gpu"] if "gpu" in tables and self.torch_device().startswith("cuda") else []
 
     def size(self, name: str, variant: str | None = None):
         """The field's value; if unset (None), the first of: `variant`'s table, this config's variants' tables,

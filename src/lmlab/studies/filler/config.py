@@ -62,10 +62,6 @@ class Config(StudyConfig):
                                                           "decoding is bound by reading the weights, so 64 rows cost "
                                                           "21% less than 2 x 32; a GPU: 1024 in quick)")
 
-    def variants(self) -> list[str]:
-        """`gpu` on a CUDA device: quick generates the thousands of paired problems that decide the gains there."""
-        return ["gpu"] if self.torch_device().startswith("cuda") else []
-
 
 def unknown_benchmark(name: str):
     from lmlab.errors import LmlabError

@@ -83,10 +83,6 @@ class Config(StudyConfig):
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
 
-    def variants(self) -> list[str]:
-        """`gpu` on a CUDA device: the toy's quick trains more replicates (stacked, they cost little more there)."""
-        return ["gpu"] if self.torch_device().startswith("cuda") else []
-
     def toy_replicate_seeds(self) -> list[int]:
         """The toy's replicate seeds: --toy-seeds, else --seeds, else the profile's toy_seeds, else its seeds;
         replicate r draws the same seed at any count (lmlab.claims.replicate_seed)."""
