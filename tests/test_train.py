@@ -110,9 +110,9 @@ def test_nan_loss_stops_clearly_and_keeps_the_last_good_checkpoint(tmp_path):
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-0000002"]
 
 
-def _one_and_two(script: Path, tmp_path: Path) -> None:
+def _one_and_two(script: Path, tmp_path: Path, *extra: str) -> None:
     """`script OUT JSON` alone (OUT = a, JSON = one.json) and under torchrun with two CPU processes (gloo; b,
-    two.json), side by side, one thread each."""
+    two.json; `extra` arguments after), side by side, one thread each."""
     from helpers import run_at_once
 
     from helpers import launch_env
@@ -120,16 +120,22 @@ def _one_and_two(script: Path, tmp_path: Path) -> None:
     env = launch_env()
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     runs = run_at_once([[sys.executable, str(script), str(tmp_path / "a"), str(tmp_path / "one.json")],
-                        [*launch, str(script), str(tmp_path / "b"), str(tmp_path / "two.json")]], env, timeout=300)
+                        [*launch, str(script), str(tmp_path / "b"), str(tmp_path / "two.json"), *extra]], env, timeout=300)
     for done in runs:
         assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_one_and_two_processes_follow_the_same_loss_curve(tmp_path):
-    _one_and_two(WORKER, tmp_path)
+    """The same curve; and every process returns the final checkpoint, though rank 1 lingers after each barrier and
+    rank 0 removes the folder as soon as training returns (a study does: once a process read the folder then, and
+    its listing came back short)."""
+    _one_and_two(WORKER, tmp_path, "late")
     a, b = json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text())
-    assert len(a) == len(b) == 6 and a[-1] < a[0]
-    assert a == pytest.approx(b, rel=1e-4, abs=1e-4)
+    assert len(a["losses"]) == len(b["losses"]) == 6 and a["losses"][-1] < a["losses"][0]
+    assert a["losses"] == pytest.approx(b["losses"], rel=1e-4, abs=1e-4)
+    assert a["checkpoints"] == [str(tmp_path / "a" / "checkpoints" / "step-0000006")]
+    assert b["checkpoints"] == [str(tmp_path / "b" / "checkpoints" / "step-0000006")] * 2
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_studys_training_over_two_processes_follows_the_one_process_curve(tmp_path):

@@ -137,6 +137,11 @@ def _checkpoints(out_dir: Path) -> list[Path]:
     return [p for p in found if all((p / name).is_file() for name in CHECKPOINT_FILES)]
 
 
+def checkpoint_path(out_dir: Path, step: int) -> Path:
+    """Where the checkpoint of step `step` lies once it is complete."""
+    return out_dir / "checkpoints" / f"step-{step:07d}"
+
+
 def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[float], keep: int = 2,
                     extra: dict | None = None, replicate_losses: list | None = None, final: bool = False,
                     extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
@@ -166,7 +171,7 @@ def save_checkpoint(out_dir: Path, step: int, model, optimizer, losses: list[flo
     save_file(tensors, tmp / "optimizer.safetensors")
     (tmp / "state.json").write_text(json.dumps({"step": step, "losses": losses, "optimizer": meta, "extra": extra or {},
                                                 **({"replicate_losses": replicate_losses} if replicate_losses else {})}))
-    final = root / f"step-{step:07d}"
+    final = checkpoint_path(out_dir, step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -286,7 +291,9 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
             progress.advance(result.losses[-1])
             last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good)
         result.steps_done = config.steps
-        result.checkpoint = _checkpoints(out_dir)[-1] if _checkpoints(out_dir) else last_good
+        # the last step's checkpoint (or the one resumed from, when none was left): by its path, not by listing the
+        # folder, which rank 0 may already be removing while another process reads it
+        result.checkpoint = last_good
     finally:
         progress.close()
         if config.log_with:
@@ -429,10 +436,11 @@ def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step
     if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.steps:
         acc.wait_for_everyone()
         if acc.is_main_process:
-            last_good = save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
-                                        config.keep_checkpoints, extra=state.state_dict() if state is not None else None,
-                                        replicate_losses=result.replicate_losses, final=done == config.steps,
-                                        extra_tensors=state.tensors() if hasattr(state, "tensors") else None)
+            save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
+                            config.keep_checkpoints, extra=state.state_dict() if state is not None else None,
+                            replicate_losses=result.replicate_losses, final=done == config.steps,
+                            extra_tensors=state.tensors() if hasattr(state, "tensors") else None)
+        last_good = checkpoint_path(out_dir, done)  # (every process: the one rank 0 wrote)
         acc.wait_for_everyone()
     return last_good
 
