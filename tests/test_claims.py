@@ -31,6 +31,19 @@ def test_replicates_that_agree_decide_and_replicates_that_disagree_stay_open():
     assert split.decides_at["seeds"] > 3
 
 
+def test_one_stray_replicate_of_many_leaves_the_interval_to_decide():
+    """At 10 replicates one landing across the bar is the spread the interval carries: the interval decides (the
+    rule that any one replicate across keeps a claim open made more seeds decide less). Three of ten across, or
+    one of four, still keep it open."""
+    rates = [0.80, 0.82, 0.78, 0.81, 0.79, 0.83, 0.80, 0.77, 0.82, 0.58]  # the last one below the 0.6 bar
+    stray = Resampler(2000, 10).mean_claim("accuracy", _items(rates, n=2000), Bar(">=", 0.6))
+    assert stray.low > 0.6 and stray.across() == 0 and stray.decide() == "yes"
+    three = Resampler(2000, 10).mean_claim("accuracy", _items(rates[:7] + [0.58, 0.57, 0.59], n=2000), Bar(">=", 0.6))
+    assert three.across() == 3 and three.decide() == "open" and "3 of 10 across" in three.reason
+    four = Resampler(2000, 4).mean_claim("accuracy", _items([0.8, 0.82, 0.81, 0.58], n=2000), Bar(">=", 0.6))
+    assert four.across() == 1 and four.decide() == "open"
+
+
 def test_the_interval_widens_with_the_spread_between_replicates():
     same = Resampler(300, 3).mean_claim("x", _items([0.7, 0.7, 0.7], n=300), Bar(">=", 0.5))
     spread = Resampler(300, 3).mean_claim("x", _items([0.6, 0.7, 0.8], n=300), Bar(">=", 0.5))
