@@ -48,14 +48,16 @@ TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 # time limit in seconds). S0's demo gives the verdict the CPU gave at seed 0 (docs/studies); the S4 toy's quick profile
 # is the one that decides it. Measured on one H100 beside the suite: S0's demo 183 s and quick 307 s, the S4 toy's
 # quick 179 s (its full sizes 323 s in an earlier run behind the toy's demo; cut at 302 s behind the quick), S1
-# 21 s, S3 on tiny-llama 31 s, S2 40 s. --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's
+# 21 s, S3 on tiny-llama 31 s, S2 40 s. S0's quick runs at the sizes it was measured with there (3 replicates of 800
+# steps; the profile's 10 of 1200 train 10 VQ-VAEs a rate one after another, past a device call's 10 minutes).
+# --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's
 # quick profile on that model (SmolLM2's GGUF, brought over: 209 s)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
      ("S1 knockout, tiny-llama", ["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),
      ("S3 filler, tiny-llama", ["filler", "--model", "tiny-llama", "--profile", "demo"], 60),
      ("S2 quantize, tiny-bert", ["quantize", "--model", "tiny-bert", "--profile", "demo"], 90)],
-    [("S0 latent, quick", ["latent", "--profile", "quick"], 420)],
+    [("S0 latent, quick", ["latent", "--profile", "quick", "--seeds", "3", "--steps", "800"], 420)],
     [("S4 toy, quick", ["sparse-circuits", "--model", "tiny-llama", "--profile", "quick", "--no-circuits"], 300),
      ("S4 toy, full sizes", ["sparse-circuits", "--model", "tiny-llama", "--profile", "full", "--no-circuits"], 400)],
 ]
