@@ -44,6 +44,21 @@ def test_one_stray_replicate_of_many_leaves_the_interval_to_decide():
     assert four.across() == 1 and four.decide() == "open"
 
 
+def test_a_claim_short_of_its_bar_at_95_but_not_at_the_level_of_no_says_so():
+    claim = Resampler(2000, 3).mean_claim("accuracy", _items([0.55, 0.56, 0.57], n=2000), Bar(">=", 0.6))
+    assert claim.high < 0.6 and claim.interval(0.9999)[1] > 0.6
+    assert claim.decide(no_confidence=0.9999) == "open" and "not at the 99.99% that 'no' is read at" in claim.reason
+    assert claim.decide(no_confidence=0.95) == "no"
+
+
+def test_a_claim_on_its_bar_is_not_priced_in_astronomical_seeds():
+    rng = np.random.default_rng(0)
+    items = np.stack([rng.permutation(np.r_[np.ones(ones), np.zeros(2000 - ones)]) for ones in (1180, 1220, 1200)])
+    claim = Resampler(2000, 3).mean_claim("accuracy", items, Bar(">=", 0.6))  # 0.59, 0.61, 0.60: exactly on the bar
+    assert abs(claim.estimate - 0.6) < 0.25 * claim.se and claim.decide() == "open"
+    assert "sits on the bar" in claim.sizing()["text"] and claim.decides_at["seeds"] == 3
+
+
 def test_the_interval_widens_with_the_spread_between_replicates():
     same = Resampler(300, 3).mean_claim("x", _items([0.7, 0.7, 0.7], n=300), Bar(">=", 0.5))
     spread = Resampler(300, 3).mean_claim("x", _items([0.6, 0.7, 0.8], n=300), Bar(">=", 0.5))

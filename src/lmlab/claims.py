@@ -145,7 +145,8 @@ class Claim:
         else:
             self.decision = "yes" if yes else ("no" if no else "open")
             if self.decision == "open" and not self.reason:
-                self.reason = "the interval includes the bar"
+                self.reason = ("the interval includes the bar" if not short(low, high) else
+                               f"short of the bar at 95% but not at the {100 * no_confidence:.4g}% that 'no' is read at")
         return self.decision
 
     def across(self) -> int:
@@ -169,6 +170,11 @@ class Claim:
         out: dict = {"distance": distance, "seeds": k, "items": n}
         if not np.isfinite(a + b) or a + b <= 0:
             self.decides_at = {**out, "text": "a run with a spread to size it (this one gives none)"}
+            return self.decides_at
+        if distance < 0.25 * math.sqrt(a + b):  # a size "at this estimate" would be astronomical and mean nothing
+            self.decides_at = {**out, "text": "more seeds to tell which side of its bar it falls; it sits on the bar "
+                                              "(within a quarter of its standard error), so no size can be priced at "
+                                              "this estimate"}
             return self.decides_at
         if a + b <= target:
             why = (f"{self.across()} of {k} replicates lie across the bar; fewer than a quarter would let the interval "
