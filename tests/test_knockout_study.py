@@ -254,6 +254,14 @@ def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
     rows = _planted() + [dict(kind="probe_skipped", probe_set="e", correct_train=3, incorrect_train=40, needed=10)]
     skipped = verdict(from_rows("knockout", rows))
     assert skipped.status == "inconclusive" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
+    # a mixture of probes left untrained in two of three replicates: one clause for the set, not one a replicate
+    notes = [dict(kind="detection", replicate=r, probe_set="d", method=method, layer=4, n_test=20,
+                  auroc=0.8 if method == "probe" or r == 0 else float("nan"),
+                  note=f"not trained: each pathway group needs 10 ({r} correct)" if r and method != "probe" else None)
+             for r in range(3) for method in ("probe", "mixture of probes")]
+    mixed = verdict(from_rows("knockout", _planted() + notes))
+    assert mixed.summary.count("mixture of probes for d") == 1, mixed.summary
+    assert "needs 10 (1 correct) (replicate 1; not trained in 2 of 3 replicates)" in mixed.summary
 
 
 def test_replicates_that_disagree_leave_the_knockout_verdict_open():

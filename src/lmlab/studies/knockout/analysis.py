@@ -182,13 +182,27 @@ def verdict(result) -> Verdict:
     status, text = judge(claims, gates, seconds=seconds)
     summary = f"over layers {late[0]}-{late[-1]}, {k} replicates (probe split and control draw): " + "; ".join(notes) \
         + ". " + text
-    det = result.table("detection")
-    if "note" in det:
-        for row in det[det.note.notna()].drop_duplicates("note").itertuples():
-            summary += f"; mixture of probes for {getattr(row, 'probe_set', 'all')}: {row.note}"
+    summary += _untrained_mixtures(result.table("detection"))
     ev = {**evidence(claims, gates), "layers_compared": late, "counts": meta, "datasets": sets}
     _add_side_evidence(result, ev)
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
+
+
+def _untrained_mixtures(det) -> str:
+    """One clause per probe set whose mixture of probes was not trained: in how many replicates, and the first
+    replicate's reason (each replicate's split gives its own counts, so the reasons differ only in them)."""
+    if "note" not in det or not det.note.notna().any():
+        return ""
+    det = det.assign(probe_set=det["probe_set"] if "probe_set" in det else "all",
+                     replicate=det["replicate"] if "replicate" in det else 0)
+    mix = det[det.method == "mixture of probes"]
+    out = ""
+    for name, rows in mix.groupby("probe_set", sort=True):
+        noted = rows[rows.note.notna()]
+        if len(noted):
+            out += (f"; mixture of probes for {name}: {noted.note.iloc[0]} (replicate {int(noted.replicate.iloc[0])}; "
+                    f"not trained in {noted.replicate.nunique()} of {rows.replicate.nunique()} replicates)")
+    return out
 
 
 def _add_side_evidence(result, evidence: dict) -> None:
