@@ -159,6 +159,35 @@ def test_vq_vae_round_trips_a_chunk_it_was_trained_on():
     assert codes.shape == (6, chunk // 2) and int(codes.max()) < 32
 
 
+def test_codes_encoded_in_batches_equal_each_segment_encoded_alone():
+    """The batched encoder (left-padded prompts of several lengths, batches that split an example's segments)
+    gives every segment the code it gets encoded alone, unpadded; a differing code is a near tie of two codes."""
+    from lmlab.data.generated.planning import generate_turtle_problems
+    from lmlab.studies.latent.measure import chunk_codes_many, padded
+
+    problems = generate_turtle_problems(8, 0, 0, seed=1)["train"] + generate_problems(8, 0, 0, seed=1)["train"]
+    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=16)
+    examples = [L.make_example(vocab, p) for p in problems]
+    assert len({len(ex.prompt) for ex in examples}) > 1  # the batches really pad
+    torch.manual_seed(0)
+    vq = L.ChunkVQVAE(len(vocab), 16, rate=4, n_codes=16, dim=32, max_prompt=64, pad_id=vocab.pad,
+                      max_offset=200).eval()
+    torch.nn.init.normal_(vq.quantizer.codebook.weight)
+    batched = chunk_codes_many(vq, vocab, examples, 16, batch_size=7)
+    books = vq.quantizer.codebook.weight
+    for ex, got in zip(examples, batched):
+        segs = L.segments(ex, 16)
+        assert len(got) == 4 * len(segs)
+        for s, (a, b) in enumerate(segs):
+            prompt = torch.tensor([ex.prompt])
+            _, _, _, z = vq.encode(prompt, torch.ones_like(prompt, dtype=torch.bool),
+                                   torch.tensor([padded(ex.chain[a:b], 16, vocab.pad)]), torch.tensor([len(ex.prompt) + a]))
+            dist = torch.cdist(z[0].detach(), books.detach())  # (4 codes, 16)
+            alone = dist.argmin(1).tolist()
+            for c, (x, y) in enumerate(zip(alone, got[4 * s:4 * s + 4])):
+                assert x == y or abs(float(dist[c, x] - dist[c, y])) < 1e-4 * float(dist[c].mean()), (ex, s, c)
+
+
 def _restating_problems(n, seed=0):
     """A chain whose first chunk only restates the prompt: eight words, restated, then a final step that
     names the last and the first of them; the answer is the last word."""
@@ -399,3 +428,14 @@ def test_latent_bench_rebuilds_the_runs_models(tmp_path):
     assert rows["latent r=16: wall time per problem"]["ratio"] > 0
     with pytest.raises(LmlabError, match="not a run folder"):
         latent_bench(latent_run=str(tmp_path))
+
+
+def test_the_codes_benchmark_times_both_encoders_on_the_same_problems():
+    """`lmlab bench --only latent-codes`: one problem a call against batches, the codes compared."""
+    from lmlab.benchmarks.latent import latent_codes_bench
+
+    rows = latent_codes_bench(n_problems=40, repeats=1)
+    assert [r["case"] for r in rows] == ["S0 chain codes: one problem a call", "S0 chain codes: batches of 1024 segments"]
+    assert all(r["value"] > 0 for r in rows) and rows[0]["ratio"] == 1.0
+    agree, total = (int(x) for x in rows[0]["setup"].split("codes that agree: ")[1].split(" of "))
+    assert total > 40 and agree >= 0.99 * total

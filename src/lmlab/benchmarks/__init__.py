@@ -26,6 +26,7 @@ CATALOG = {
     "attribution-patching": "S4's attribution patching vs activation patching (time and rank agreement)",
     "patching": "S4's batched activation patching and effect curve vs one run per head",
     "latent-vs-cot": "S0's latent model vs CoT at inference: wall time and tokens per problem",
+    "latent-codes": "S0's chain codes encoded in batches vs one problem a call (takes --device)",
     "replicates": "k = 3 replicates trained as one stacked module vs one after the other (takes --device)",
     "bad-input": "how fast each input error that needs no model fails, as a whole command",
 }

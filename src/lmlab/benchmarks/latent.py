@@ -4,6 +4,10 @@ The two fine-tuned models of one finished `lmlab latent` run (given with `--late
 the quick from-scratch study is run, or reused, under the bench folder) generate greedily on the same
 test problems, alternating over several rounds in one process; the ratio is latent time over CoT time
 (< 1: latent is faster) next to the ratio of generated tokens.
+
+latent-codes: the chain codes of the quick profile's training problems (what each replicate encodes before its
+latent model trains), one problem a call against all their segments in batches, on the device, with an untrained
+VQ-VAE of the profile's shape; the share of codes on which the two agree (near ties of two codes may differ).
 """
 
 from __future__ import annotations
@@ -63,3 +67,42 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
                          value=round(tokens[name], 2), unit="tokens", ratio=round(tokens[name] / tokens["cot"], 3),
                          target=None, setup=setup))
     return rows
+
+
+@benchmark("latent-codes")
+def latent_codes_bench(device: str = "cpu", n_problems: int = 3000, repeats: int = 3, **_) -> list[dict]:
+    import torch
+
+    from lmlab.benchmarks.registry import alternate, drain
+    from lmlab.studies import latent as study
+    from lmlab.studies.latent import codes as L
+    from lmlab.studies.latent.measure import chunk_codes, chunk_codes_many, max_offset
+
+    config = study.Config(model="scratch", profile="quick", n_train=n_problems, seeds=1, device=device)
+    prep = study.prepare(config)
+    torch.manual_seed(0)
+    with torch.device(device):
+        vq = L.ChunkVQVAE(len(prep.vocab), config.chunk, max(config.size("rates")), config.codebook,
+                          max_prompt=max(len(ex.prompt) for ex in prep.train) + 8, pad_id=prep.vocab.pad,
+                          max_offset=max_offset(prep.train) + 64).eval()
+        torch.nn.init.normal_(vq.quantizer.codebook.weight)
+
+    def each():
+        out = [chunk_codes(vq, prep.vocab, ex, config.chunk) for ex in prep.train]
+        drain(device)
+        return out
+
+    def batched():
+        out = chunk_codes_many(vq, prep.vocab, prep.train, config.chunk)
+        drain(device)
+        return out
+
+    times, results = alternate({"one problem a call": each, "batches of 1024 segments": batched}, repeats)
+    one, many = results["one problem a call"], results["batches of 1024 segments"]
+    same = sum(a == b for x, y in zip(one, many) for a, b in zip(x, y))
+    total = sum(len(x) for x in one)
+    setup = (f"{len(prep.train)} training problems of S0's quick profile, r = {vq.rate}, untrained VQ-VAE, {device}, "
+             f"best of {repeats} alternating; codes that agree: {same} of {total}")
+    base = times["one problem a call"]
+    return [dict(benchmark="latent-codes", case=f"S0 chain codes: {name}", value=round(t, 3), unit="s",
+                 ratio=round(t / base, 3), target=None, setup=setup) for name, t in times.items()]

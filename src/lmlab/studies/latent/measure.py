@@ -108,25 +108,51 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
 
 def chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
     """The codes of every segment of the chain, in order (chunk / rate per segment)."""
-    segs = L.segments(ex, chunk)
-    if not segs:
-        return []
+    return chunk_codes_many(vq, vocab, [ex], chunk)[0]
+
+
+def chunk_codes_many(vq, vocab, examples: list[L.Example], chunk: int, batch_size: int = 1024) -> list[list[int]]:
+    """`chunk_codes` of each example, the segments of all of them encoded in batches of `batch_size` (each
+    segment's prompt left-padded and masked, as in training: a segment's codes do not depend on its batch)."""
     device = module_device(vq)
-    prompt, mask = L.pad_left([ex.prompt] * len(segs), vocab.pad, device)
-    ids = torch.tensor([padded(ex.chain[a:b], chunk, vocab.pad) for a, b in segs], device=device)
-    offset = torch.tensor([len(ex.prompt) + a for a, _ in segs], device=device)
-    return vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
+    segs = [L.segments(ex, chunk) for ex in examples]
+    flat = [(ex.prompt, padded(ex.chain[a:b], chunk, vocab.pad), len(ex.prompt) + a)
+            for ex, ex_segs in zip(examples, segs) for a, b in ex_segs]
+    codes: list[int] = []
+    for start in range(0, len(flat), batch_size):
+        part = flat[start:start + batch_size]
+        prompt, mask = L.pad_left([p for p, _, _ in part], vocab.pad, device)
+        ids = torch.tensor([c for _, c, _ in part], device=device)
+        offset = torch.tensor([o for _, _, o in part], device=device)
+        codes += vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
+    per_seg = chunk // vq.rate
+    out, at = [], 0
+    for ex_segs in segs:
+        out.append(codes[at:at + per_seg * len(ex_segs)])
+        at += per_seg * len(ex_segs)
+    return out
 
 
 def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[list[int], int]:
     """<boLatent> true codes <eoLatent> for the largest m training allows this example, and that m (the
     "forced codes" evaluation); an example that allows none gets no prefix."""
-    options = L.replacement_options(ex, config.chunk)
-    if not options:
-        return [], 0
-    m = options[-1]
-    n = L.codes_needed(ex, m, config.chunk, rate)
-    return L.replace_with_latents(vocab, ex.chain[:m], chunk_codes(vq, vocab, ex, config.chunk), m, n), m
+    return forced_prefixes(vq, vocab, [ex], config, rate)[0]
+
+
+def forced_prefixes(vq, vocab, examples: list[L.Example], config: Config, rate: int) -> list[tuple[list[int], int]]:
+    """`forced_prefix` of each example, their codes encoded in batches."""
+    options = [L.replacement_options(ex, config.chunk) for ex in examples]
+    need = [ex for ex, opts in zip(examples, options) if opts]
+    codes = iter(chunk_codes_many(vq, vocab, need, config.chunk))
+    out = []
+    for ex, opts in zip(examples, options):
+        if not opts:
+            out.append(([], 0))
+            continue
+        m = opts[-1]
+        n = L.codes_needed(ex, m, config.chunk, rate)
+        out.append((L.replace_with_latents(vocab, ex.chain[:m], next(codes), m, n), m))
+    return out
 
 
 @torch.no_grad()

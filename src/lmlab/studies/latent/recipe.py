@@ -64,8 +64,8 @@ from lmlab.runs import RunDir
 from lmlab.stats import wilson
 from lmlab.studies.latent import codes as L
 from lmlab.studies.latent.config import PRETRAINED, Config, check_config
-from lmlab.studies.latent.measure import (chunk_codes, collate_for, evaluate, forced_prefix, lm_loss, train_cfg,
-                                         train_vq, vq_quality)
+from lmlab.studies.latent.measure import (chunk_codes_many, collate_for, evaluate, forced_prefixes, lm_loss,
+                                         train_cfg, train_vq, vq_quality)
 from lmlab.train import train
 from lmlab.train.ensemble import stack
 from lmlab.train.loop import PerReplicate
@@ -171,8 +171,7 @@ def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
     extra = vq_quality(vq, vocab, prep.dev, config, chunks)
     rng = random.Random(f"{seed}|{rate}")
     ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
-    codes = parallel.share_out(len(train_ex), lambda idx: [  # each process encodes its share
-        chunk_codes(vq, vocab, train_ex[i], config.chunk) if ms[i] else [] for i in idx])
+    codes = parallel.share_out(len(train_ex), lambda idx: _codes_where(vq, vocab, train_ex, ms, idx, config.chunk))
     items, shares, ratio = [], [], []
     for ex, m, ex_codes in zip(train_ex, ms, codes):
         n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
@@ -182,9 +181,16 @@ def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
             ratio.append(m / n)
     extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
                  tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
-    forced = parallel.share_out(len(prep.test), lambda idx: [
-        forced_prefix(vq, vocab, prep.test[i], config, rate) for i in idx])
+    forced = parallel.share_out(len(prep.test), lambda idx: forced_prefixes(vq, vocab, [prep.test[i] for i in idx],
+                                                                            config, rate))
     return items, forced, extra
+
+
+def _codes_where(vq, vocab, examples, ms, idx, chunk) -> list[list[int]]:
+    """The chain codes of examples `idx` whose m is not 0 (encoded in batches), [] for the others."""
+    need = [i for i in idx if ms[i]]
+    got = dict(zip(need, chunk_codes_many(vq, vocab, [examples[i] for i in need], chunk)))
+    return [got.get(i, []) for i in idx]
 
 
 def _fit_stats(losses: list[float]) -> dict:
