@@ -133,14 +133,9 @@ def chunk_codes_many(vq, vocab, examples: list[L.Example], chunk: int, batch_siz
     return out
 
 
-def forced_prefix(vq, vocab, ex: L.Example, config: Config, rate: int) -> tuple[list[int], int]:
-    """<boLatent> true codes <eoLatent> for the largest m training allows this example, and that m (the
-    "forced codes" evaluation); an example that allows none gets no prefix."""
-    return forced_prefixes(vq, vocab, [ex], config, rate)[0]
-
-
 def forced_prefixes(vq, vocab, examples: list[L.Example], config: Config, rate: int) -> list[tuple[list[int], int]]:
-    """`forced_prefix` of each example, their codes encoded in batches."""
+    """<boLatent> true codes <eoLatent> for the largest m training allows each example, and that m (the "forced
+    codes" evaluation; an example that allows none gets no prefix), their codes encoded in batches."""
     options = [L.replacement_options(ex, config.chunk) for ex in examples]
     need = [ex for ex, opts in zip(examples, options) if opts]
     codes = iter(chunk_codes_many(vq, vocab, need, config.chunk))
