@@ -75,17 +75,13 @@ def latent_codes_bench(device: str = "cpu", n_problems: int = 3000, repeats: int
 
     from lmlab.benchmarks.registry import alternate, drain
     from lmlab.studies import latent as study
-    from lmlab.studies.latent import codes as L
-    from lmlab.studies.latent.measure import chunk_codes, chunk_codes_many, max_offset
+    from lmlab.studies.latent.measure import build_vq, chunk_codes, chunk_codes_many
 
     config = study.Config(model="scratch", profile="quick", n_train=n_problems, seeds=1, device=device)
     prep = study.prepare(config)
     torch.manual_seed(0)
-    with torch.device(device):
-        vq = L.ChunkVQVAE(len(prep.vocab), config.chunk, max(config.size("rates")), config.codebook,
-                          max_prompt=max(len(ex.prompt) for ex in prep.train) + 8, pad_id=prep.vocab.pad,
-                          max_offset=max_offset(prep.train) + 64).eval()
-        torch.nn.init.normal_(vq.quantizer.codebook.weight)
+    vq = build_vq(prep.vocab, prep.train, config, max(config.size("rates")), device=device).eval()
+    torch.nn.init.normal_(vq.quantizer.codebook.weight)
 
     def each():
         out = [chunk_codes(vq, prep.vocab, ex, config.chunk) for ex in prep.train]

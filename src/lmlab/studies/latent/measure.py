@@ -69,6 +69,15 @@ def max_offset(examples: list[L.Example]) -> int:
     return max(len(ex.prompt) + len(ex.chain) + len(ex.answer) for ex in examples)
 
 
+def build_vq(vocab, examples: list[L.Example], config: Config, rate: int, device: str | None = None):
+    """An untrained VQ-VAE for `rate`, sized to hold `examples`' prompts and positions, built on `device` (default:
+    the config's, where it trains and runs); its initial weights come from torch's current seed."""
+    with torch.device(device or config.torch_device()):
+        return L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
+                            max_prompt=max(len(ex.prompt) for ex in examples) + 8, pad_id=vocab.pad,
+                            max_offset=max_offset(examples) + 64)
+
+
 def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_dir: RunDir, seed: int | None = None,
              replicate: int = 0):
     """Train replicate `replicate`'s VQ-VAE for `rate` (initial weights, batches and code restarts from `seed`) on
@@ -76,10 +85,7 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
     seed = config.seed if seed is None else seed
     chunks = vq_chunks(examples, config.chunk, vocab.pad)
     torch.manual_seed(seed + rate)
-    with torch.device(config.torch_device()):  # built where it trains and runs
-        vq = L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
-                          max_prompt=max(len(p) for p, _, _ in chunks) + 8, pad_id=vocab.pad,
-                          max_offset=max_offset(examples) + 64)
+    vq = build_vq(vocab, examples, config, rate)
     pad = vocab.pad
 
     def collate(items):
