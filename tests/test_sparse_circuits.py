@@ -549,18 +549,19 @@ def test_heads_needed_ignores_an_early_spike():
 
 
 def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, heads=(8, 3), spread=0.0, n_seq=200,
-              n_prompts=40, flat=False, tasks=None, falling=False):
+              n_prompts=40, flat=False, tasks=None, falling=False, sparse_ce=0.02):
     """Toy tables of k replicates: per sequence exact match and kept edges, a GECO trace, and explained-effect
     curves whose heads-needed at 0.9 is heads[0] (dense) and heads[1] (sparse); `spread`: replicate r's kept share
     is kept + r * spread. `tasks` {name: heads}: a curve per toy task (the record's task column); `falling`: the
-    kept edges of the GECO trace still falling 30% over its last quarter."""
+    kept edges of the GECO trace still falling 30% over its last quarter; `sparse_ce`: the sparse toys' held-out
+    answer CE (the dense toys' is 0.01)."""
     rng = np.random.default_rng(0)
     rows = []
     for r in range(k):
         kr = kept + r * spread
         rows += [dict(kind="toy", replicate=r, variant="dense", value=dense_em, ce=0.01, kept=1.0, edges_per_query=23.5,
                       floor=0.043),
-                 dict(kind="toy", replicate=r, variant="sparse", value=sparse_em, ce=0.02, kept=kr, edges_per_query=1.0,
+                 dict(kind="toy", replicate=r, variant="sparse", value=sparse_em, ce=sparse_ce, kept=kr, edges_per_query=1.0,
                       fallback=0.0, floor=0.043, final_ema=-0.03 if converged else 0.05, converged=converged,
                       tau=0.04, steps=300)]
         rows += [dict(kind="toy_seq", replicate=r, idx=i, dense_em=float(rng.random() < dense_em),
@@ -584,8 +585,9 @@ def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, he
 def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
     """The demo's S4 runs the addition toy alone, k replicates: reproduced when every claim holds over them
     (<= 5% of edges, exact match within 2 points, fewer heads), not reproduced when the sparse toys keep many
-    edges, inconclusive when a dense toy did not learn, a post-training did not converge, the replicates disagree,
-    or there is one replicate."""
+    edges, inconclusive when a dense toy did not learn, a sparse toy's held-out loss rose past the slack, the
+    replicates disagree, or there is one replicate; a post-training whose trace ran over its bound keeps a miss
+    from counting, while a hit on the measured sparse toys at their dense toys' loss stands."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
 
@@ -600,7 +602,13 @@ def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
     assert judged(sparse_em=0.85).status == "not reproduced"
     undecided = judged(dense_em=0.30)
     assert undecided.status == "inconclusive" and "dense toys learned addition: FAILED" in undecided.summary
-    assert judged(converged=False).status == "inconclusive"
+    unsettled = judged(converged=False)  # the training trace over its bound; the measured sparse toys at the dense loss
+    assert unsettled.status == "reproduced" and "held its constraint: FAILED" in unsettled.summary
+    assert judged(converged=False, kept=0.20).status == "inconclusive"
+    lossy = judged(sparse_ce=0.05)  # 0.04 nats over the dense toys' held-out answer CE, 0.03 allowed
+    assert lossy.status == "inconclusive" and "unchanged held-out loss: FAILED" in lossy.summary
+    assert "replicate 0: +0.0400 nats over its dense toy" in lossy.summary
+    assert judged(sparse_ce=0.039).status == "reproduced"  # 0.029 over: within the slack
     split = judged(kept=0.02, spread=0.04)  # 2%, 6%, 10%: on both sides of the 5% bar
     assert split.status == "inconclusive" and "the replicates disagree" in split.summary
     assert judged(k=1).status == "inconclusive"
@@ -646,8 +654,8 @@ def test_the_toys_convergence_gate_reads_the_kept_edges_over_the_last_quarter():
 def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
     """GECO holds the CE at its bound, so its moving average at the last step falls either side of 0 by chance: a
     replicate whose last quarter sits at the bound has converged whatever that last reading; one whose last quarter
-    runs above the bound by more than a tenth of the slack has not, whatever that last reading; a record without
-    the per-step trace falls back on it."""
+    runs above the bound by more than a tenth of the slack has not, whatever that last reading (which keeps a miss
+    from counting); a record without the per-step trace falls back on it."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
     from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE, constraint_held
@@ -664,8 +672,8 @@ def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
     assert constraint_held(late, slack) == (False, pytest.approx(2 * CONSTRAINT_TOLERANCE * slack))
     assert constraint_held(trace.drop(columns=["ce"]), slack)[0] is None
 
-    def judged(last_ema, ce, drop=()):
-        rows = _toy_rows()
+    def judged(last_ema, ce, drop=(), kept=0.12):  # 12% of edges kept: a miss, which an unconverged run cannot give
+        rows = _toy_rows(kept=kept)
         for row in rows:
             if row["kind"] == "toy" and row["variant"] == "sparse":
                 row.update(final_ema=last_ema, converged=last_ema <= 0)
@@ -675,10 +683,11 @@ def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
                     row.pop(key)
         return s4_verdict(from_rows("sparse-circuits", rows, "toy"))
 
-    assert judged(+0.02, 0.039).status == "reproduced"  # the last reading above 0, the last quarter at the bound
+    assert judged(+0.02, 0.039).status == "not reproduced"  # the last reading above 0, the last quarter at the bound
     late = judged(-0.02, 0.05)  # the last reading under 0, the last quarter 0.01 nats over a bound allowing 0.003
     assert late.status == "inconclusive" and "held its constraint: FAILED" in late.summary
     assert "over its bound on average over the last quarter" in late.summary
+    assert judged(-0.02, 0.05, kept=0.04).status == "reproduced"  # a hit at the measured toys' unchanged loss stands
     assert judged(+0.02, 0.039, drop=("ce", "tau")).status == "inconclusive"  # no trace: the last reading decides
 
 
