@@ -431,7 +431,8 @@ def _table(heads, kept, ce_diff, converged=True, n_prompts=64, kept_trace=None, 
         rows += [{"kind": "per_prompt", "variant": "sparse", "replicate": r, "task": task, "n_heads": n,
                   "values": json.dumps(v.round(4).tolist())} for r in range(k) for n, v in _curve(ns, n_prompts, rng)]
     for r in range(k):
-        rows.append({"kind": "sparsity", "replicate": r, "variant": "sparse", "value": kept, "ce": 3.0, "tau_slack": 0.1,
+        rows.append({"kind": "sparsity", "replicate": r, "variant": "sparse", "value": kept, "ce": 3.0 + ce_diff,
+                     "ce_diff": ce_diff, "tau_slack": 0.1,
                      "converged": converged, "final_ema": -0.01 if converged else 0.2, "multiplier": 5.0, "steps": 40,
                      "n_prompts": n_prompts, "tokens": 256, "edges_per_query": 1.5, "fallback": 0.1})
         rows += [{"kind": "sparse_seq", "replicate": r, "idx": i, "kept": kept + rng.normal(0, 0.001),
@@ -454,7 +455,10 @@ def test_verdict_can_go_each_way():
     mean = next(c for c in v.evidence["claims"] if c["name"] == "mean log2 multiplier over the tasks")
     assert 2 ** mean["estimate"] == pytest.approx(2.0, rel=0.1) and mean["replicates"] == 3
     assert _v(good, 0.30, 0.02).status == "not reproduced"  # edges not sparse
-    assert _v(good, 0.01, 0.50).status == "not reproduced"  # loss not held
+    # loss not held on the held-out text: an unfinished post-training, never evidence either way
+    lossy = _v(good, 0.01, 0.50)
+    assert lossy.status == "inconclusive" and "sparse models at unchanged held-out loss: FAILED" in lossy.summary
+    assert "replicate 0: +0.5" in lossy.summary
     assert _v({t: (4, 8) for t in TASKS}, 0.01, 0.02).status == "not reproduced"  # the sparse model needs more
     mixed = {"ioi": (8, 4), "greater-than": (4, 8), "docstring": (6, 6), "ioi-long": (6, 6)}
     assert _v(mixed, 0.01, 0.02).status == "inconclusive"
@@ -462,11 +466,14 @@ def test_verdict_can_go_each_way():
 
 def test_verdict_waits_for_convergence_and_power():
     good = {t: (8, 4) for t in TASKS}
-    # the constraint's moving average still violated at the end: no claim either way, whatever the numbers
-    for kept, ce in ((0.30, 0.50), (0.01, 0.02)):
-        v = _v(good, kept, ce, converged=False)
-        assert v.status == "inconclusive" and "post-training held its constraint: FAILED" in v.summary
-        assert "+0.200 nats over its bound on average" in v.summary
+    # the training trace over its bound at the end (+0.2 nats): a miss does not count (GECO still pulling the loss
+    # down gives edges back); a hit at unchanged held-out loss stands; a hit that lost held-out loss does not
+    miss = _v(good, 0.30, 0.02, converged=False)
+    assert miss.status == "inconclusive" and "post-training held its constraint: FAILED" in miss.summary
+    assert "+0.200 nats over its bound on average" in miss.summary
+    hit = _v(good, 0.01, 0.02, converged=False)
+    assert hit.status == "reproduced" and "post-training held its constraint: FAILED" in hit.summary
+    assert _v(good, 0.01, 0.50, converged=False).status == "inconclusive"
     # the constraint holds but the edges were still falling fast over the last quarter: a miss may be the unfinished
     # training's, so no "no"; a hit stands (the kept share only falls further)
     v = _v(good, 0.30, 0.02, kept_trace=list(np.linspace(0.9, 0.3, 40)))

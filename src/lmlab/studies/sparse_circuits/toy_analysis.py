@@ -80,9 +80,9 @@ def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, 
     """Two gates on every replicate's sparse post-training, read over the last quarter of its steps (`sparse`: one
     row per replicate, with `steps`, `converged` and `final_ema`; `geco`: the per-step trace):
 
-    - its constraint held (`constraint_held`): blocks `constraint_blocks` ("all" for the model, whose sparse loss is
-      read nowhere else, since a sparse model that bought its sparsity with loss says nothing about sparsity "at
-      unchanged loss"; "no" for the toy, whose measured models' held-out loss `held_out_loss_gate` reads);
+    - its constraint held (`constraint_held`): blocks `constraint_blocks` ("all" where nothing else reads the
+      sparse loss, since a sparse model that bought its sparsity with loss says nothing about sparsity "at unchanged
+      loss"; "no" where `held_out_loss_gate` reads it on the measured models, as the toy and the model half do);
     - its kept edges settled (`edges_still_falling`): blocks "not reproduced" only. With the constraint held, edges
       still falling make the sparse model sparser than it will end: its kept share can only fall further, so a
       "yes" on it stands and a "no" may be the unfinished training's; the same for the circuits it shrinks
@@ -111,17 +111,18 @@ def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, 
                                                  f"{100 * STILL_FALLING:.0f}% over the last quarter")]
 
 
-def held_out_loss_gate(dense: pd.DataFrame, sparse: pd.DataFrame, slack: float, remedy: str) -> Gate:
-    """Every measured sparse toy at unchanged loss: its answer CE on the test sequences (the deterministic gate whose
-    edges are counted) at most its dense toy's on the same sequences plus the slack, the constraint's own bound.
-    `dense`, `sparse`: one row per replicate with `ce`. Blocks every decision: a sparse toy that bought its sparsity
+def held_out_loss_gate(over: pd.Series, slack: float, remedy: str, what: str = "toy") -> Gate:
+    """Every measured sparse model at unchanged loss: `over`, per replicate, its CE on the held-out sequences (the
+    deterministic gate whose edges are counted) minus its dense model's on the same sequences, at most the slack, the
+    constraint's own bound. `what`: "toy" or "model". Blocks every decision: a sparse model that bought its sparsity
     with loss says nothing about sparsity at unchanged loss."""
-    over = (sparse["ce"] - dense["ce"].reindex(sparse.index)).astype(float)
-    bad = [f"replicate {r}: {d:+.4f} nats over its dense toy" + (" (no CE recorded)" if np.isnan(d) else "")
+    over = over.astype(float)
+    dense = "its dense toy" if what == "toy" else "the dense model"
+    bad = [f"replicate {r}: {d:+.4f} nats over {dense}" + (" (no CE recorded)" if np.isnan(d) else "")
            for r, d in over.items() if not d <= slack]
-    return Gate("sparse toys at unchanged held-out loss", not bad, remedy=remedy,
+    return Gate(f"sparse {what}s at unchanged held-out loss", not bad, remedy=remedy,
                 why="; ".join(bad) + f" ({slack:.3f} allowed)" if bad else
-                f"answer CE sparse - dense {over.min():+.4f} to {over.max():+.4f} nats ({slack:.3f} allowed)")
+                f"held-out CE sparse - dense {over.min():+.4f} to {over.max():+.4f} nats ({slack:.3f} allowed)")
 
 
 NO_EFFECT = ("no effect to explain: the clean and the corrupted prompts give the same mean metric (a model that "
@@ -223,7 +224,7 @@ def toy_claims(result):
     ]
     slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
     remedy = "more toy_sparse_steps before the sparsity can be judged"
-    gates.append(held_out_loss_gate(dense, sparse, slack, remedy))
+    gates.append(held_out_loss_gate(sparse["ce"] - dense["ce"].reindex(sparse.index), slack, remedy))
     gates += post_training_gates(sparse, result.table("toy_geco"), slack, remedy, constraint_blocks="no")
     gates.append(no_effect_gate(lacking))
     gates.append(replicates_gate(k))
