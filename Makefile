@@ -53,7 +53,8 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not embedded"
 
-# The five studies on the embedded defaults, demo profile (about 10 minutes on 2 AVX-512 cores), and the HTML report.
+# The five studies on the embedded defaults, demo profile (about 14 minutes on 2 cores of an AMD EPYC with AVX-512),
+# and the HTML report.
 # `make quick` runs the quick profile (hours on 2 cores).
 demo: setup
 	$(LMLAB) reproduce --profile demo --jobs 2 --out $(OUT)
