@@ -177,7 +177,7 @@ def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]
     slack = float(sparse["tau_slack"].iloc[0])
     remedy = "more --sparse-steps (the full profile: 2000 steps of 16 sequences, a GPU's work)"
     return [held_out_loss_gate(frame["ce_diff"], slack, remedy, what="model"),
-            *post_training_gates(frame, trace, slack, remedy=remedy, constraint_blocks="no")]
+            *post_training_gates(frame, trace, slack, remedy=remedy)]
 
 
 def model_verdict(result, claim: str) -> Verdict:

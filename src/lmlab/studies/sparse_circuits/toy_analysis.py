@@ -75,14 +75,13 @@ def constraint_held(geco: pd.DataFrame, slack: float) -> tuple[bool | None, floa
     return violation <= CONSTRAINT_TOLERANCE * slack, violation
 
 
-def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, remedy: str,
-                        constraint_blocks: str = "all") -> list[Gate]:
+def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, remedy: str) -> list[Gate]:
     """Two gates on every replicate's sparse post-training, read over the last quarter of its steps (`sparse`: one
     row per replicate, with `steps`, `converged` and `final_ema`; `geco`: the per-step trace):
 
-    - its constraint held (`constraint_held`): blocks `constraint_blocks` ("all" where nothing else reads the
-      sparse loss, since a sparse model that bought its sparsity with loss says nothing about sparsity "at unchanged
-      loss"; "no" where `held_out_loss_gate` reads it on the measured models, as the toy and the model half do);
+    - its constraint held (`constraint_held`): blocks "not reproduced" only (a GECO still pulling the loss down would
+      give edges back). Whether the measured models bought their sparsity with loss, which blocks every decision,
+      `held_out_loss_gate` reads on them (the toy's docstring says why the trace's reading does not);
     - its kept edges settled (`edges_still_falling`): blocks "not reproduced" only. With the constraint held, edges
       still falling make the sparse model sparser than it will end: its kept share can only fall further, so a
       "yes" on it stands and a "no" may be the unfinished training's; the same for the circuits it shrinks
@@ -104,7 +103,7 @@ def post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame, slack: float, 
         elif falling:
             falling_reps.append(f"replicate {r}: edges kept still fell from {100 * start:.1f}% to {100 * end:.1f}% "
                                 "over the last quarter")
-    return [Gate("sparse post-training held its constraint", not violated, remedy=remedy, blocks=constraint_blocks,
+    return [Gate("sparse post-training held its constraint", not violated, remedy=remedy, blocks="no",
                  why="; ".join(violated) or "every replicate's CE at its bound over the last quarter"),
             Gate("sparse post-training's edges settled", not falling_reps, remedy=remedy, blocks="no",
                  why="; ".join(falling_reps) or "every replicate's kept edges fell by less than "
@@ -225,7 +224,7 @@ def toy_claims(result):
     slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
     remedy = "more toy_sparse_steps before the sparsity can be judged"
     gates.append(held_out_loss_gate(sparse["ce"] - dense["ce"].reindex(sparse.index), slack, remedy))
-    gates += post_training_gates(sparse, result.table("toy_geco"), slack, remedy, constraint_blocks="no")
+    gates += post_training_gates(sparse, result.table("toy_geco"), slack, remedy)
     gates.append(no_effect_gate(lacking))
     gates.append(replicates_gate(k))
     numbers = {"replicates": k, "kept_per_replicate": sparse["kept"].tolist(),
