@@ -21,7 +21,7 @@ CATALOG = {
     "generation-cache": "lmlab's decoding with its cache written in place vs copied each step (takes --device)",
     "knockout-sweep": "S1's batched knockout sweep vs one forward pass per sample and layer cut-off",
     "packed-size": "S2's packed checkpoints on disk vs the same matrices in float32",
-    "kd-step": "S2's distillation step with the teacher's outputs cached vs recomputed",
+    "kd-step": "S2's distillation step with the teacher's outputs cached vs recomputed, and under bf16 autocast",
     "filler-generation": "S3's generation throughput, and ARM's cost on it",
     "attribution-patching": "S4's attribution patching vs activation patching (time and rank agreement)",
     "patching": "S4's batched activation patching and effect curve vs one run per head",

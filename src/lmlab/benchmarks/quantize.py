@@ -42,13 +42,38 @@ def packed_size_bench(**_) -> list[dict]:
     return rows
 
 
+def _bf16_hardware() -> str:
+    """Whether this CPU computes bf16 matmuls in hardware (AMX or AVX512-BF16; elsewhere torch emulates them)."""
+    import torch
+
+    has = {name: getattr(torch.cpu, f"_is_{name}_supported", lambda: False)() for name in ("amx_tile", "avx512_bf16")}
+    kinds = [label for name, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16")) if has[name]]
+    return " and ".join(kinds) if kinds else "none (emulated)"
+
+
+def _kd_step(run: dict, batch: dict, teacher) -> None:
+    """One KD step of a benchmark case: its student, its optimizer, its teacher outputs (cached or not), and the
+    forward pass under bf16 autocast where the case says so (the backward outside it, as the training loop does)."""
+    import torch
+
+    from lmlab.train.kd import kd_loss
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=run["bf16"]):
+        loss = kd_loss(run["student"], teacher, batch, cache=run["cache"])[0]
+    loss.backward()
+    run["opt"].step()
+    run["opt"].zero_grad()
+
+
 @benchmark("kd-step")
 def kd_step_bench(steps: int = 12, **_) -> list[dict]:
     """S2's KD step (2-bit student, MiniLM, batch 32 of fact-mnli), side by side in one run: batches padded to
-    max_length with the teacher run every step, padded per batch (the study before the cache), and padded per
-    batch with the teacher's outputs read from a TeacherCache built once (the study; its one-off build time is
-    reported apart and amortised over every student's steps). Each case trains its own fresh student on the
-    same batches, and the cases take turns step by step (the order rotating), so that a drift in the machine's
+    max_length with the teacher run every step, padded per batch (the study before the cache), padded per batch
+    with the teacher's outputs read from a TeacherCache built once (the study; its one-off build time is reported
+    apart and amortised over every student's steps), and that step with its forward pass under bf16 autocast
+    (`--dtype bfloat16`; float32 master weights, as the training loop keeps them; the row says whether this CPU has
+    bf16 in hardware). Each case trains its own fresh student on the same batches with the study's optimizer
+    (AdamW, fused), and the cases take turns step by step (the order rotating), so that a drift in the machine's
     speed falls on all of them alike; a case's rate is from its median step time after two warm-up steps."""
     import statistics
     import time
@@ -57,7 +82,7 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
 
     from lmlab.data.generated.nlu import generate_task
     from lmlab.studies.quantize.measure import collate_for
-    from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
+    from lmlab.train.kd import Indexed, TeacherCache, indexed_collate
 
     name = "minilm-l6"
     lm = load_model(name, head="classifier", num_labels=3)
@@ -68,36 +93,39 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
     cache = TeacherCache(teacher, task.train, per_batch)
     build = time.perf_counter() - t0
     data = Indexed(task.train)
-    cases = (("padded to max_length 64, teacher every step", indexed_collate(fixed), None),
-             ("padded per batch, teacher every step", indexed_collate(per_batch), None),
-             ("padded per batch, teacher outputs cached (the study)", indexed_collate(per_batch), cache))
+    study = "padded per batch, teacher outputs cached (the study)"
+    cases = (("padded to max_length 64, teacher every step", indexed_collate(fixed), None, False),
+             ("padded per batch, teacher every step", indexed_collate(per_batch), None, False),
+             (study, indexed_collate(per_batch), cache, False),
+             ("the study's step under bf16 autocast (--dtype bfloat16)", indexed_collate(per_batch), cache, True))
     runs = []
-    for case, collate, use in cases:
+    for case, collate, use, bf16 in cases:
         student = copy.deepcopy(teacher)
         quantize_model(student, 2)
         student.train()
-        opt = torch.optim.AdamW(student.parameters(), lr=1e-5)
+        opt = torch.optim.AdamW(student.parameters(), lr=1e-5, fused=True)
         batches = [collate([data[j] for j in range(i * 32, (i + 1) * 32)]) for i in range(steps)]
-        runs.append(dict(case=case, student=student, opt=opt, batches=batches, cache=use, times=[]))
+        runs.append(dict(case=case, student=student, opt=opt, batches=batches, cache=use, bf16=bf16, times=[]))
     for i in range(steps):
         for k in range(len(runs)):
             run = runs[(i + k) % len(runs)]
             t0 = time.perf_counter()
-            loss = kd_loss(run["student"], teacher, run["batches"][i], cache=run["cache"])[0]
-            loss.backward()
-            run["opt"].step()
-            run["opt"].zero_grad()
+            _kd_step(run, run["batches"][i], teacher)
             if i >= 2:  # two warm-up steps
                 run["times"].append(time.perf_counter() - t0)
     rates = {run["case"]: 1 / statistics.median(run["times"]) for run in runs}
-    base = rates[cases[1][0]]
-    rows = []
-    for run in runs:
-        width = sum(b["input_ids"].shape[1] for b in run["batches"]) / steps
-        rows.append(dict(benchmark="kd-step", case=run["case"], value=round(rates[run["case"]], 2), unit="KD steps/s",
-                         ratio=round(rates[run["case"]] / base, 2), target=None,
-                         note="aim >= 1.3x" if run["cache"] is not None else None,
-                         setup=f"{name} 2-bit student, batch 32 fact-mnli pairs, mean width {width:.0f} tokens"
-                               + (f"; cache built once in {build:.1f} s for {len(task.train)} examples"
-                                  if run["cache"] is not None else "")))
-    return rows
+    return [_kd_row(run, rates, cases[1][0], study, build, steps, len(task.train), name) for run in runs]
+
+
+def _kd_row(run, rates, base, study, build, steps, pool, name) -> dict:
+    """A kd-step case's row: its rate, its ratio to `base` (and the bf16 case's to the study's fp32 step)."""
+    width = sum(b["input_ids"].shape[1] for b in run["batches"]) / steps
+    setup = f"{name} 2-bit student, batch 32 fact-mnli pairs, mean width {width:.0f} tokens"
+    if run["bf16"]:
+        setup += (f"; {rates[run['case']] / rates[study]:.2f}x the study's float32 step; bf16 in hardware: "
+                  f"{_bf16_hardware()}")
+    elif run["cache"] is not None:
+        setup += f"; cache built once in {build:.1f} s for {pool} examples"
+    return dict(benchmark="kd-step", case=run["case"], value=round(rates[run["case"]], 2), unit="KD steps/s",
+                ratio=round(rates[run["case"]] / rates[base], 2), target=None,
+                note="aim >= 1.3x" if run["cache"] is not None and not run["bf16"] else None, setup=setup)
