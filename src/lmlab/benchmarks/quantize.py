@@ -7,6 +7,7 @@ quantized matrix, one with those matrices in fp32, and their sizes on disk are c
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def _bf16_hardware() -> str:
 
     has = {name: getattr(torch.cpu, f"_is_{name}_supported", lambda: False)() for name in ("amx_tile", "avx512_bf16")}
     kinds = [label for name, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16")) if has[name]]
-    return " and ".join(kinds) if kinds else "none (emulated)"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")  # a cap below them makes oneDNN emulate bf16 on this CPU too
+    return (" and ".join(kinds) if kinds else "none (emulated)") + (f", oneDNN capped at {cap}" if cap else "")
 
 
 def _kd_step(run: dict, batch: dict, teacher) -> None:
