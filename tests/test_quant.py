@@ -38,11 +38,14 @@ def test_two_bit_is_ternary_with_the_closed_form_threshold_and_scale():
 def test_straight_through_forward_is_exact_and_gradient_is_identity():
     w = torch.randn(8, 8, requires_grad=True)
     q = quantize_weight(w.detach(), 1)
-    out = straight_through(w, q)
+    out = straight_through(w, lambda v: quantize_weight(v, 1))
     assert torch.equal(out, q)
+    assert out.grad_fn is not None and w.grad_fn is None  # one node: the quantizer's ops are not recorded
     g = torch.randn(8, 8)
     out.backward(g)
     assert torch.equal(w.grad, g)
+    with torch.no_grad():
+        assert torch.equal(straight_through(w, lambda v: quantize_weight(v, 1)), q)
     x = torch.randn(3, 5, 7, requires_grad=True)
     xq = quantize_activation(x)
     scale = x.detach().abs().amax(-1, keepdim=True) / 127.5  # the int8 grid -128..127
@@ -98,6 +101,39 @@ def test_embedding_row_quantizer_equals_quantizing_the_whole_table(bits, device)
     for name in g_hooked:
         assert near(g_hooked[name], g_table[name], rtol=1e-5, atol=1e-7), name
     assert g_hooked["bert.embeddings.word_embeddings.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama"])
+def test_student_gradient_is_the_gradient_at_its_quantized_weights(name, device):
+    """The straight-through estimator, checked against a plain model: a copy whose weights hold the student's
+    quantized values, with the activation quantizers written out here as q + (x - x) (the estimator's textbook
+    form, not lmlab's), gives the student's logits and, on each weight, the gradient of its latent weight."""
+    lm = device.load(name, head="classifier", num_labels=2) if name == "tiny-bert" else device.load(name)
+    enc = lm.encode(["the capital of France", "Paris is a city in France"], padding_side="right")
+    student, plain = copy.deepcopy(lm.model), copy.deepcopy(lm.model)
+    quantize_model(student, 2)
+    targets, plain_targets = quant_targets(student), quant_targets(plain)
+
+    def textbook(module, args):
+        x = args[0]
+        v = x.detach()
+        scale = v.abs().amax(-1, keepdim=True) / 127.5
+        scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+        return (torch.clamp(v / scale, -128, 127).round() * scale + (x - v), *args[1:])
+
+    with torch.no_grad():
+        for key, (module, rowwise) in targets.items():
+            plain_targets[key][0].weight.copy_(quantized_weight(module))
+            if not rowwise:
+                plain_targets[key][0].register_forward_pre_hook(textbook)
+    outs = [m(**enc).logits for m in (student, plain)]
+    for out in outs:
+        out.square().sum().backward()
+    assert torch.equal(outs[0], outs[1])
+    for key, (module, rowwise) in targets.items():
+        latent = module.weight if rowwise else module.parametrizations.weight.original
+        assert near(latent.grad, plain_targets[key][0].weight.grad, rtol=1e-5, atol=1e-7), key
+    assert targets["word_embeddings"][0].weight.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("name,bits", [("tiny-bert", 1), ("tiny-bert", 2), ("tiny-bert", 4), ("tiny-bert", 8),

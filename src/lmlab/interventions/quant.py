@@ -80,9 +80,27 @@ def untie_config(config) -> None:
         c.tie_word_embeddings = False
 
 
-def straight_through(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Forward: exactly q (x - x is exactly 0). Backward: identity with respect to x."""
-    return q.detach() + (x - x.detach())
+class _StraightThrough(torch.autograd.Function):
+    """Forward: `quantize(x)`, computed without autograd (nothing saved for a backward that never runs through
+    it). Backward: the gradient reaches x unchanged."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, quantize) -> torch.Tensor:
+        return quantize(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def straight_through(x: torch.Tensor, quantize) -> torch.Tensor:
+    """Forward: exactly `quantize(x)`. Backward: identity with respect to x (the straight-through estimator).
+    One autograd node: the quantizer's own operations are neither recorded nor differentiated, and no
+    `q + (x - x)` is computed (two more passes over every weight and activation, forward and backward)."""
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        with torch.no_grad():
+            return quantize(x)
+    return _StraightThrough.apply(x, quantize)
 
 
 ACT_GRID = "int8"  # recorded with every quantized model and packed file: the activation grid it was trained on
@@ -92,11 +110,14 @@ def quantize_activation(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
     """Per token (the last dimension): scale = amax / ((2^b - 1) / 2), values clamped to -2^(b-1)..2^(b-1)-1 and
     rounded; a token of zeros gets the dtype's eps as its scale (and stays zero). The operations and their order
     are compressed-tensors' dynamic token quantization, so an exported student gives the same values."""
+    return straight_through(x, lambda v: _token_grid(v, bits))
+
+
+def _token_grid(v: torch.Tensor, bits: int) -> torch.Tensor:
     half = 2 ** (bits - 1)
-    v = x.detach()
     scale = v.abs().amax(-1, keepdim=True) / ((2 * half - 1) / 2)
     scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
-    return straight_through(x, torch.clamp(v / scale, -half, half - 1).round() * scale)
+    return torch.clamp(v / scale, -half, half - 1).round() * scale
 
 
 class WeightQuantizer(nn.Module):
@@ -105,7 +126,7 @@ class WeightQuantizer(nn.Module):
         self.bits, self.rowwise = check_bits(bits), rowwise
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
-        return straight_through(w, quantize_weight(w, self.bits, self.rowwise))
+        return straight_through(w, lambda v: quantize_weight(v, self.bits, self.rowwise))
 
 
 class RowQuantizer:
@@ -115,7 +136,7 @@ class RowQuantizer:
         self.bits = check_bits(bits)
 
     def __call__(self, module, args, output: torch.Tensor) -> torch.Tensor:
-        return straight_through(output, quantize_weight(output, self.bits, rowwise=True))
+        return straight_through(output, lambda v: quantize_weight(v, self.bits, rowwise=True))
 
 
 def quantized_weight(module: nn.Module) -> torch.Tensor:
