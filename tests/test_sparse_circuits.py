@@ -966,3 +966,29 @@ def test_on_a_gpu_the_toy_trains_more_replicates_unless_told(monkeypatch):
     assert gpu.toy_replicate_seeds()[:5] == cpu  # the CPU's five are the GPU's first five
     assert len(study.Config(model="tiny-llama", profile="quick", toy_seeds=4).toy_replicate_seeds()) == 4
     assert len(study.Config(model="tiny-llama", profile="demo").toy_replicate_seeds()) == 3
+
+
+def test_a_run_with_the_models_circuits_and_the_toy_judges_both_halves():
+    """`--circuits` runs the toy too (the quick profile): the verdict keeps the toy's half beside the model's, each
+    judged by itself; the study is reproduced when both are, not reproduced when either is, else inconclusive,
+    and the report gets both halves' claims."""
+    from lmlab.studies.result import from_rows
+
+    good = {t: (8, 4) for t in TASKS}
+
+    def judged(model_kept, toy_kept, model_ce=0.02):
+        rows = pd.concat([_table(good, model_kept, model_ce), pd.DataFrame(_toy_rows(kept=toy_kept))], ignore_index=True)
+        return verdict(from_rows("sparse-circuits", rows))
+
+    both = judged(0.01, 0.02)
+    assert both.status == "reproduced", both.summary
+    assert "the model: reproduced" in both.summary and "The addition toy: reproduced: addition toy, 3 replicates:" in both.summary
+    groups = {c.get("group") for c in both.evidence["claims"]}
+    assert any(g and g.startswith("toy:") for g in groups) and "mean log2 multiplier over the tasks" in {
+        c["name"] for c in both.evidence["claims"]}
+    assert both.evidence["toy"]["status"] == "reproduced" and len(both.evidence["toy"]["kept_per_replicate"]) == 3
+    assert "64 prompt pairs a task" not in both.summary  # the model's half ran: nothing to price for it
+    assert judged(0.01, 0.20).status == "not reproduced"  # the toys keep many edges
+    assert judged(0.30, 0.02).status == "not reproduced"  # the model keeps many edges
+    lossy = judged(0.01, 0.02, model_ce=0.50)  # the model's half waits for its post-training; the toy decided
+    assert lossy.status == "inconclusive" and "The addition toy: reproduced" in lossy.summary

@@ -233,19 +233,22 @@ def toy_claims(result):
     return claims, gates, numbers
 
 
-def toy_verdict(result, claim: str, seconds: float = 0.0) -> Verdict:
-    """The toy's claims judged; the model's half (multiplier on the four tasks) is priced, not run."""
+def toy_verdict(result, claim: str, seconds: float = 0.0, model_run: bool = False) -> Verdict:
+    """The toy's claims judged; the model's half (multiplier on the four tasks) is priced, not run, unless
+    `model_run` (then the model has its own verdict beside this one, and `seconds` is the toy's alone or 0)."""
     claims, gates, numbers = toy_claims(result)
     k = numbers["replicates"]
     status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
-    head = (f"addition toy, {k} replicates (the model's circuits not run): edges kept "
+    note = "" if model_run else " (the model's circuits not run)"
+    head = (f"addition toy, {k} replicates{note}: edges kept "
             + ", ".join(f"{100 * v:.1f}%" for v in numbers["kept_per_replicate"])
             + f" (one edge per query is {100 * numbers['floor']:.1f}%); exact match sparse "
             + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_sparse"]) + " vs dense "
             + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_dense"]) + ". ")
-    text = head + text + (f". The four tasks on the model need --circuits with 64 prompt pairs a task and sparse "
-                          f"post-training to convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 "
-                          "sequences; about 16 s a step for SmolLM2-135M on 2 CPU cores, 9 hours: a GPU's work)")
+    text = head + text + ("" if model_run else (
+        f". The four tasks on the model need --circuits with 64 prompt pairs a task and sparse post-training to "
+        f"convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 sequences; about 16 s a step for "
+        "SmolLM2-135M on 2 CPU cores, 9 hours: a GPU's work)"))
     return Verdict(status=status, claim="On the addition toy: " + claim, summary=text,
                    evidence={"part": "toy", **numbers, **evidence(claims, gates)})
 
