@@ -28,6 +28,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def bf16_hardware() -> list[str]:
+    """How this CPU computes bf16 matmuls in hardware: "AMX", "AVX512-BF16", both or neither (there torch emulates
+    them, several times slower than float32). A cap on oneDNN (ONEDNN_MAX_CPU_ISA) is not read here."""
+    import torch
+
+    found = {name: getattr(torch.cpu, f"_is_{name}_supported", lambda: False)() for name in ("amx_tile", "avx512_bf16")}
+    return [label for name, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16")) if found[name]]
+
+
 def environment(device: str | None = None) -> dict:
     """Versions of python and the main packages, the lmlab version, the CPU and its core count, and the GPU(s)
     when the run used one (torch is only asked when it is already loaded)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from lmlab.benchmarks.registry import benchmark
+from lmlab.environment import bf16_hardware
 from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models import load_model
 
@@ -45,10 +46,7 @@ def packed_size_bench(**_) -> list[dict]:
 
 def _bf16_hardware() -> str:
     """Whether this CPU computes bf16 matmuls in hardware (AMX or AVX512-BF16; elsewhere torch emulates them)."""
-    import torch
-
-    has = {name: getattr(torch.cpu, f"_is_{name}_supported", lambda: False)() for name in ("amx_tile", "avx512_bf16")}
-    kinds = [label for name, label in (("amx_tile", "AMX"), ("avx512_bf16", "AVX512-BF16")) if has[name]]
+    kinds = bf16_hardware()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")  # a cap below them makes oneDNN emulate bf16 on this CPU too
     return (" and ".join(kinds) if kinds else "none (emulated)") + (f", oneDNN capped at {cap}" if cap else "")
 
