@@ -55,7 +55,7 @@ test-fast: setup
 
 # The five studies on the embedded defaults, demo profile (about 14 minutes on 2 cores of an AMD EPYC with AVX-512),
 # and the HTML report.
-# `make quick` runs the quick profile (about 3 h on 2 cores: its studies alone add up to 2 h 52 min on a Xeon).
+# `make quick` runs the quick profile (2 h 37 min whole at seed 0 on 2 cores of a Xeon with AMX).
 demo: setup
 	$(LMLAB) reproduce --profile demo --jobs 2 --out $(OUT)
 	@echo "report: $(OUT)/report.html"

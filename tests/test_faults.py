@@ -87,14 +87,21 @@ REPRODUCE = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_han
 
 @pytest.fixture(scope="module")
 def reproduced_whole(tmp_path_factory):
-    """The three tiny studies of test_reproduce, one at a time, uninterrupted: {study: long table}."""
+    """The three tiny studies of test_reproduce, one at a time, uninterrupted: {study: long table}. One thread, as
+    each study process of the `--jobs 2` runs below has (launch_env; outside xdist this process has two, and a
+    second thread moves a trained loss's fourth digit)."""
+    import torch
     from test_reproduce import ONLY, SMALL, TINY
 
     from lmlab.reproduce import reproduce
 
-    out = tmp_path_factory.mktemp("whole")
-    return {o.study: load_result(o.path).long() for o in
-            reproduce(out, only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None)}
+    out, threads = tmp_path_factory.mktemp("whole"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return {o.study: load_result(o.path).long() for o in
+                reproduce(out, only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None)}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "the parent killed"])

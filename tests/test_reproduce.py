@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -34,6 +35,9 @@ def test_killed_reproduce_finishes_with_the_same_tables(tmp_path, monkeypatch):
     again = reproduce(tmp_path / "b", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None)
     assert [o.study for o in again] == ["knockout", "quantize", "filler"]
     assert [o.resumed for o in again] == [True, True, False]  # filler was killed; the two before it had finished
+    # each study's time is its run's over every session (a reused one: what it took then), as its manifest says
+    run_seconds = [json.loads((Path(o.path) / "manifest.json").read_text())["run_seconds"] for o in again]
+    assert [o.seconds for o in again] == run_seconds and min(run_seconds) > 0
     for name, table in _tables(whole).items():
         pd.testing.assert_frame_equal(_tables(again)[name], table, check_dtype=False)
 
@@ -111,8 +115,6 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
     for o in outcomes:
         assert STUDIES[o.study].title in page
     assert page.count('class="v ') >= 2 * len(outcomes)  # a badge in the table and one per section
-    from pathlib import Path
-
     manifest = json.loads((Path(outcomes[0].path) / "manifest.json").read_text())
     env = manifest["environment"]
     import torch

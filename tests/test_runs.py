@@ -110,6 +110,23 @@ def test_run_time_counts_every_session_of_a_resumed_run(tmp_path):
     assert run.logged_seconds() == 420.0
 
 
+def test_a_killed_session_that_logged_nothing_counts_up_to_its_last_unit(tmp_path):
+    from lmlab.runs import RunDir
+
+    run = RunDir.open(tmp_path, "quantize", "m", {"a": 1})
+    run.record("units", "a", [{"x": 1}])  # recorded now: its time travels with the unit
+    assert set(json.loads((run.path / "partial" / "units.jsonl").read_text())) == {"key", "rows", "at"}
+    assert run.done("units") == {"a": [{"x": 1}]}
+    (run.path / "partial" / "units.jsonl").write_text(  # S2 logs nothing between its start and its end
+        '{"key": "t", "rows": [{"at": "x"}], "at": "2026-01-01T10:20:00+00:00"}\n'
+        '{"key": "u", "rows": [], "at": "2026-01-01T10:30:00+00:00"}\n'
+        '{"key": "old", "rows": []}\n')  # a unit written before units carried their time
+    (run.path / "log.txt").write_text(
+        "2026-01-01T10:00:00Z start quantize model=m\n"  # killed at about 10:40: its tail after 10:30 is lost
+        "2026-01-01T11:00:00Z start quantize model=m\n2026-01-01T11:02:00Z done in 120.0s\n")
+    assert run.logged_seconds() == 1800.0 + 120.0
+
+
 def test_report_names_a_study_with_a_dash_in_its_name(tmp_path):
     from lmlab.report import _section
     from lmlab.runs import RunDir

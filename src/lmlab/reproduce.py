@@ -49,7 +49,7 @@ def expected_seconds(name: str, profile: str) -> float | None:
 
 def time_left(names: list[str], outcomes: list["Outcome"], profile: str) -> float | None:
     """Seconds left for the studies not yet run: their measured shares, scaled by how this machine compared on
-    the studies already run (fresh runs only; a reused run took no time)."""
+    the studies run by this call, in whole or in part (a run reused whole tells nothing of this machine)."""
     done = {o.study for o in outcomes}
     left = [expected_seconds(n, profile) for n in names if n not in done]
     if not left or any(v is None for v in left):
@@ -79,8 +79,9 @@ def _run_one(name: str, model: str, profile: str, seed: int, settings: dict, out
     try:
         config = spec.config(model=model, profile=profile, seed=seed, **settings)
         result = run_study(spec, config, out)
+        # the run's own time over every session (a run already done: the time it took then), not this call's
         return Outcome(name, model, "ok", result.verdict.status, result.verdict.summary, str(result.path),
-                       round(time.perf_counter() - t0, 1), result.resumed)
+                       round(result.seconds or time.perf_counter() - t0, 1), result.resumed)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # noqa: BLE001 - one study's failure must not stop the others

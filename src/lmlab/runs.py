@@ -108,7 +108,8 @@ class RunDir:
         """Append one finished unit; durable before returning."""
         file = self._partial(part)
         file.parent.mkdir(parents=True, exist_ok=True)
-        line = (json.dumps({"key": str(key), "rows": rows}, default=_jsonable) + "\n").encode()
+        at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # logged_seconds: a killed session counts to here
+        line = (json.dumps({"key": str(key), "rows": rows, "at": at}, default=_jsonable) + "\n").encode()
         try:
             with open(file, "a+b") as fh:
                 if fh.tell() and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n":
@@ -139,22 +140,15 @@ class RunDir:
             fh.write(f"{stamp} {message}\n")
 
     def logged_seconds(self, now: datetime | None = None) -> float:
-        """Wall time over every session of this run, from log.txt: each session runs from its "start" line
-        to its last line (a killed session's lost tail is not counted), the current one up to `now`."""
-        path = self.path / "log.txt"
-        if not path.exists():
-            return 0.0
-        stamps: list[tuple[datetime, bool]] = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                stamp = datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-            except ValueError:
-                continue
-            stamps.append((stamp, line.split(" ", 2)[1:2] == ["start"]))
+        """Wall time over every session of this run: each session runs from its "start" line in log.txt to its
+        last sign of work, a log line or a unit recorded in partial/ (a killed session's lost tail is not counted;
+        a study that logs nothing between its start and its end still counts its units), the current one up to
+        `now`."""
+        stamps = self._log_stamps() + [(stamp, False) for stamp in self._unit_stamps()]
         if now is not None:
             stamps.append((now, False))
         total, begin, last = 0.0, None, None
-        for stamp, is_start in stamps:
+        for stamp, is_start in sorted(stamps, key=lambda s: (s[0], not s[1])):  # a start opens its second
             if is_start:
                 if begin is not None:
                     total += (last - begin).total_seconds()
@@ -163,6 +157,27 @@ class RunDir:
         if begin is not None:
             total += (last - begin).total_seconds()
         return total
+
+    def _log_stamps(self) -> list[tuple[datetime, bool]]:
+        """(time, is a "start" line) for each line of log.txt."""
+        path = self.path / "log.txt"
+        stamps: list[tuple[datetime, bool]] = []
+        for line in (path.read_text(encoding="utf-8").splitlines() if path.exists() else []):
+            stamp = _utc(line.split(" ", 1)[0])
+            if stamp is not None:
+                stamps.append((stamp, line.split(" ", 2)[1:2] == ["start"]))
+        return stamps
+
+    def _unit_stamps(self) -> list[datetime]:
+        """When each unit in partial/ was recorded (rows written before units carried their time have none)."""
+        stamps = []
+        for file in sorted((self.path / "partial").glob("*.jsonl")):
+            for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+                at = re.search(r'"at": "([^"]+)"}\s*$', line)  # the last field; a unit's rows are not parsed
+                stamp = _utc(at.group(1)) if at else None
+                if stamp is not None:
+                    stamps.append(stamp)
+        return stamps
 
     def finish(self, status: str = "complete", **extra) -> None:
         if not parallel.is_main():  # rank 0 alone writes the run's files
@@ -195,6 +210,15 @@ class RunDir:
 
     def files(self) -> Iterable[Path]:
         return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _utc(text: str) -> datetime | None:
+    """A log line's stamp (2026-01-01T10:00:00Z) or a unit's (ISO with its offset), in UTC; None if neither."""
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
 def _jsonable(value):

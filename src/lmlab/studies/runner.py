@@ -128,7 +128,7 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
     session = time.perf_counter() - t0
     run.log(f"done in {session:.1f}s: {result.verdict.status}")
     total = max(session, run.logged_seconds())
-    result.seconds = session
+    result.seconds = total  # the run's time over its sessions, as load_result reads it back
     run.finish(model=config.model, models=[config.model], verdict=result.verdict.status,
                run_seconds=round(total, 1), session_seconds=round(session, 1),
                environment=environment(config.torch_device()),
