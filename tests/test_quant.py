@@ -54,6 +54,25 @@ def test_straight_through_forward_is_exact_and_gradient_is_identity():
     assert torch.equal(x.grad, torch.ones_like(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_quantizer_gives_compressed_tensors_values_and_leaves_its_input(dtype):
+    """The 8-bit token grid against the out-of-place chain compressed-tensors computes (scale = amax / 127.5, a token of
+    zeros scaled by eps, clamp to -128..127, round, rescale), bit for bit; the input is read, never overwritten."""
+    torch.manual_seed(0)
+    x = (torch.randn(4, 9, 33) * torch.logspace(-3, 2, 9)[None, :, None]).to(dtype)
+    x[1, 2] = 0  # a token of zeros
+    x[2, 3, 0] = -x[2, 3].abs().max() * 2  # the token's largest magnitude on its negative side
+    before = x.clone()
+    scale = x.abs().amax(-1, keepdim=True) / 127.5
+    scale = torch.where(scale == 0, torch.finfo(dtype).eps, scale)
+    expected = torch.round(torch.clamp(x / scale, -128, 127)) * scale
+    got = quantize_activation(x)
+    assert got.dtype == dtype and torch.equal(got.float().view(torch.int32), expected.float().view(torch.int32))
+    assert torch.equal(x, before)
+    assert torch.equal(got[1, 2], torch.zeros_like(got[1, 2]))
+    assert got[2, 3, 0] / scale[2, 3, 0] == -128  # the negative extreme, -127.5 steps, rounds to even: the grid's floor
+
+
 def test_bit_widths_and_module_types_are_checked():
     lm = load_model("tiny-bert")
     with pytest.raises(LmlabError, match="3-bit weights are not supported; use one of 1, 2, 4, 8, 32"):
