@@ -180,7 +180,7 @@ def _ratio(row: dict) -> str:
 @friendly
 def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
                   "quick", help="demo (a first run, ~14 min on 2 cores with --jobs 2), quick (up to an hour a study on 2 "
-                                "cores, S2 about 1 h 20 min) or full (the papers' sizes, a GPU)"),
+                                "cores, S2 about 1 h 10 min) or full (the papers' sizes, a GPU)"),
               out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
               seed: int = typer.Option(0, help="random seed for every study"),
               seeds: Optional[int] = typer.Option(None, min=1, help="replicates per cell for every study that draws "
