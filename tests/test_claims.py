@@ -19,11 +19,11 @@ def test_replicate_seeds_differ_between_runs_and_replicates():
 
 
 def test_replicates_that_agree_decide_and_replicates_that_disagree_stay_open():
-    agree = Resampler(200, 3).mean_claim("accuracy", _items([0.9, 0.91, 0.89]), Bar(">=", 0.6))
+    agree = Resampler(200, 3).mean_claim("accuracy", _items([0.9, 0.91, 0.89]), Bar(">=", 0.6), source="paper")
     status, text = judge([agree])
     assert agree.decision == "yes" and status == "reproduced"
     # two replicates far above the bar, one far below: every item interval alone would look decided
-    split = Resampler(2000, 3).mean_claim("accuracy", _items([0.9, 0.92, 0.2], n=2000), Bar(">=", 0.6))
+    split = Resampler(2000, 3).mean_claim("accuracy", _items([0.9, 0.92, 0.2], n=2000), Bar(">=", 0.6), source="paper")
     status, text = judge([split])
     assert split.decision == "open" and status == "inconclusive"
     assert "disagree" in split.reason
@@ -36,16 +36,16 @@ def test_one_stray_replicate_of_many_leaves_the_interval_to_decide():
     rule that any one replicate across keeps a claim open made more seeds decide less). Three of ten across, or
     one of four, still keep it open."""
     rates = [0.80, 0.82, 0.78, 0.81, 0.79, 0.83, 0.80, 0.77, 0.82, 0.58]  # the last one below the 0.6 bar
-    stray = Resampler(2000, 10).mean_claim("accuracy", _items(rates, n=2000), Bar(">=", 0.6))
+    stray = Resampler(2000, 10).mean_claim("accuracy", _items(rates, n=2000), Bar(">=", 0.6), source="paper")
     assert stray.low > 0.6 and stray.across() == 0 and stray.decide() == "yes"
-    three = Resampler(2000, 10).mean_claim("accuracy", _items(rates[:7] + [0.58, 0.57, 0.59], n=2000), Bar(">=", 0.6))
+    three = Resampler(2000, 10).mean_claim("accuracy", _items(rates[:7] + [0.58, 0.57, 0.59], n=2000), Bar(">=", 0.6), source="paper")
     assert three.across() == 3 and three.decide() == "open" and "3 of 10 across" in three.reason
-    four = Resampler(2000, 4).mean_claim("accuracy", _items([0.8, 0.82, 0.81, 0.58], n=2000), Bar(">=", 0.6))
+    four = Resampler(2000, 4).mean_claim("accuracy", _items([0.8, 0.82, 0.81, 0.58], n=2000), Bar(">=", 0.6), source="paper")
     assert four.across() == 1 and four.decide() == "open"
 
 
 def test_a_claim_short_of_its_bar_at_95_but_not_at_the_level_of_no_says_so():
-    claim = Resampler(2000, 3).mean_claim("accuracy", _items([0.55, 0.56, 0.57], n=2000), Bar(">=", 0.6))
+    claim = Resampler(2000, 3).mean_claim("accuracy", _items([0.55, 0.56, 0.57], n=2000), Bar(">=", 0.6), source="paper")
     assert claim.high < 0.6 and claim.interval(0.9999)[1] > 0.6
     assert claim.decide(no_confidence=0.9999) == "open" and "not at the 99.99% that 'no' is read at" in claim.reason
     assert claim.decide(no_confidence=0.95) == "no"
@@ -54,14 +54,14 @@ def test_a_claim_short_of_its_bar_at_95_but_not_at_the_level_of_no_says_so():
 def test_a_claim_on_its_bar_is_not_priced_in_astronomical_seeds():
     rng = np.random.default_rng(0)
     items = np.stack([rng.permutation(np.r_[np.ones(ones), np.zeros(2000 - ones)]) for ones in (1180, 1220, 1200)])
-    claim = Resampler(2000, 3).mean_claim("accuracy", items, Bar(">=", 0.6))  # 0.59, 0.61, 0.60: exactly on the bar
+    claim = Resampler(2000, 3).mean_claim("accuracy", items, Bar(">=", 0.6), source="paper")  # 0.59, 0.61, 0.60: exactly on the bar
     assert abs(claim.estimate - 0.6) < 0.25 * claim.se and claim.decide() == "open"
     assert "sits on the bar" in claim.sizing()["text"] and claim.decides_at["seeds"] == 3
 
 
 def test_the_interval_widens_with_the_spread_between_replicates():
-    same = Resampler(300, 3).mean_claim("x", _items([0.7, 0.7, 0.7], n=300), Bar(">=", 0.5))
-    spread = Resampler(300, 3).mean_claim("x", _items([0.6, 0.7, 0.8], n=300), Bar(">=", 0.5))
+    same = Resampler(300, 3).mean_claim("x", _items([0.7, 0.7, 0.7], n=300), Bar(">=", 0.5), source="paper")
+    spread = Resampler(300, 3).mean_claim("x", _items([0.6, 0.7, 0.8], n=300), Bar(">=", 0.5), source="paper")
     assert (spread.high - spread.low) > 2 * (same.high - same.low) - 0.05
     assert spread.se_seed > same.se_seed
     assert spread.df < 20  # few replicates: a t quantile well above 1.96
@@ -77,7 +77,7 @@ def test_three_replicates_cover_the_method_mean_at_about_95_percent():
     for i in range(runs):
         rates = np.clip(truth + rng.normal(0, 0.05, 3), 0, 1)
         x = np.stack([(rng.random(150) < r).astype(float) for r in rates])
-        c = Resampler(150, 3, n_boot=200, seed=i).mean_claim("x", x, Bar(">=", 0.5))
+        c = Resampler(150, 3, n_boot=200, seed=i).mean_claim("x", x, Bar(">=", 0.5), source="paper")
         covered += c.low <= truth <= c.high
         half = 1.96 * c.se_item
         item_only += c.estimate - half <= truth <= c.estimate + half
@@ -87,19 +87,19 @@ def test_three_replicates_cover_the_method_mean_at_about_95_percent():
 
 def test_a_null_bar_decides_on_the_estimate_past_the_bar_and_the_interval_clear_of_zero():
     x = -np.stack([np.full(100, 30.0) + np.random.default_rng(r).normal(0, 20, 100) for r in range(3)])
-    c = Resampler(100, 3).mean_claim("gap", x, Bar("<=", -10, null=0.0), unit=" pp")
+    c = Resampler(100, 3).mean_claim("gap", x, Bar("<=", -10, null=0.0), unit=" pp", source="paper")
     assert judge([c])[0] == "reproduced"
-    near = Resampler(100, 3).mean_claim("gap", x / 6, Bar("<=", -10, null=0.0))  # about -5: clearly not far
+    near = Resampler(100, 3).mean_claim("gap", x / 6, Bar("<=", -10, null=0.0), source="paper")  # about -5: clearly not far
     assert near.decide() == "no"
 
 
 def test_gates_block_decisions_and_one_replicate_cannot_decide_a_training_method():
     x = _items([0.3, 0.31, 0.29], n=400)
-    fails = Resampler(400, 3).mean_claim("acc", x, Bar(">=", 0.6))
+    fails = Resampler(400, 3).mean_claim("acc", x, Bar(">=", 0.6), source="paper")
     status, _ = judge([fails], [Gate("converged", False, "loss still falling", "more steps", blocks="no")])
     assert fails.decision == "no" and status == "inconclusive"
     assert judge([fails])[0] == "not reproduced"
-    one = Resampler(400, 1).mean_claim("acc", x[:1], Bar(">=", 0.6))
+    one = Resampler(400, 1).mean_claim("acc", x[:1], Bar(">=", 0.6), source="paper")
     status, text = judge([one], [replicates_gate(1)])
     assert status == "inconclusive" and "--seeds" in text
 
@@ -107,13 +107,13 @@ def test_gates_block_decisions_and_one_replicate_cannot_decide_a_training_method
 def test_many_claims_read_no_at_the_family_wise_level():
     """A claim that would fail at 95% but not at 1 - 0.05/m, with m claims, does not make 'not reproduced'."""
     x = np.random.default_rng(0).normal(0.0, 1.0, (1, 400)) - 0.11  # mean about -0.11, se about 0.05
-    c = Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0))
+    c = Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0), source="paper")
     lo95, hi95 = c.interval(0.95)
     assert hi95 < 0 < c.interval(1 - 0.05 / 20)[1]
-    others = [Resampler(400, 1).mean_claim(f"o{i}", x + 5, Bar(">=", 0.0)) for i in range(19)]
+    others = [Resampler(400, 1).mean_claim(f"o{i}", x + 5, Bar(">=", 0.0), source="paper") for i in range(19)]
     status, text = judge([c, *others])
     assert c.decision == "open" and status == "inconclusive" and "Bonferroni over 20" in text
-    assert judge([Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0))])[0] == "not reproduced"
+    assert judge([Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0), source="paper")])[0] == "not reproduced"
 
 
 def test_paired_statistics_see_the_same_item_draws():
@@ -128,7 +128,7 @@ def test_paired_statistics_see_the_same_item_draws():
 
 def test_reported_claims_never_decide():
     x = _items([0.2, 0.21, 0.2], n=400)
-    main = Resampler(400, 3).mean_claim("main", _items([0.9, 0.9, 0.9], n=400), Bar(">=", 0.6))
+    main = Resampler(400, 3).mean_claim("main", _items([0.9, 0.9, 0.9], n=400), Bar(">=", 0.6), source="paper")
     side = Resampler(400, 3).mean_claim("side", x, Bar(">=", 0.6), reported=True)
     assert judge([main, side])[0] == "reproduced"
     assert side.decision == "no"
@@ -141,7 +141,7 @@ def test_claims_serialise_with_their_interval_and_decision(k):
     c = Resampler(100, k).mean_claim("acc", _items([0.8] * k, n=100), Bar(">=", 0.5), unit="%", scale=100)
     judge([c])
     d = evidence([c], [Gate("g", True)])
-    assert d["schema"] == 2 and d["claims"][0]["decision"] == "yes" and d["claims"][0]["low"] < d["claims"][0]["high"]
+    assert d["schema"] == 3 and d["claims"][0]["source"] == "lmlab" and d["claims"][0]["decision"] == "yes" and d["claims"][0]["low"] < d["claims"][0]["high"]
     assert d["claims"][0]["replicates"] == k and d["gates"][0]["passed"]
 
 
@@ -173,3 +173,59 @@ def test_a_claim_computed_for_all_resamples_at_once_equals_the_loop_over_them():
     assert fast.estimate == pytest.approx(slow.estimate, abs=1e-12)
     assert fast.replicate_estimates == pytest.approx(slow.replicate_estimates, abs=1e-12)
     assert (fast.se, fast.se_item, fast.df) == pytest.approx((slow.se, slow.se_item, slow.df), rel=1e-9)
+
+
+def _claim(level: float, source: str, bar=0.6, n=2000) -> "Claim":
+    return Resampler(n, 3).mean_claim("accuracy", _items([level] * 3, n=n), Bar(">=", bar), source=source)
+
+
+def test_only_a_paper_claim_that_fails_makes_not_reproduced():
+    """The rule of whose claim decides what: a decisive claim of ours at "no" holds the verdict at inconclusive and
+    says so; the paper's at "no" makes it "not reproduced"; a verdict of our claims alone is never "reproduced"."""
+    from lmlab.claims import deciding
+
+    ours_no = _claim(0.3, "lmlab")
+    status, text = judge([_claim(0.9, "paper"), ours_no])
+    assert ours_no.decision == "no" and status == "inconclusive" and "a claim of ours fails (accuracy)" in text
+    assert deciding([_claim(0.9, "paper"), ours_no])["source"] == "lmlab"
+    paper_no = _claim(0.3, "paper")
+    status, _ = judge([paper_no, _claim(0.9, "lmlab")])
+    assert status == "not reproduced"
+    decided = deciding([paper_no])
+    assert decided["kind"] == "claim" and decided["source"] == "paper" and decided["decision"] == "no"
+    ours_yes = _claim(0.9, "lmlab")
+    status, text = judge([ours_yes])
+    assert ours_yes.decision == "yes" and status == "inconclusive" and "no claim of the paper's decides" in text
+    assert judge([_claim(0.9, "paper"), _claim(0.9, "lmlab")])[0] == "reproduced"
+
+
+def test_declared_claims_carry_their_source_and_a_verdict_names_what_decided_it():
+    from lmlab.claims import Declared, declared, evidence
+
+    specs = [Declared("accuracy", "share right", ">= 0.6", "paper", "its Table 1: 0.8", bar_note="ours: 0.6"),
+             Declared("side", "a side number", ">= 0", "lmlab", "a check of ours", decisive=False)]
+    c = declared(specs, "accuracy").attach(_claim(0.3, "lmlab"))
+    side = declared(specs, "side").attach(_claim(0.3, "lmlab"))
+    assert c.source == "paper" and c.where == "its Table 1: 0.8" and side.reported
+    status, _ = judge([c, side])
+    d = evidence([c, side])
+    assert status == "not reproduced" and d["deciding"]["name"] == "accuracy"
+    assert d["deciding"]["bar"] == ">= +0.6" and "its Table 1" in d["deciding"]["text"]
+    assert [x["source"] for x in d["claims"]] == ["paper", "lmlab"]
+    with pytest.raises(KeyError):
+        declared(specs, "missing")
+
+
+def test_a_claim_whose_arms_sit_at_a_ceiling_decides_nothing():
+    """Both arms at 100% in every replicate: a difference of exactly 0 with no spread, which a non-inferiority bar
+    would call "yes" whatever the method did; it is open, and says why."""
+    from lmlab.claims import at_bound
+
+    cot = np.ones((3, 60))
+    latent = np.ones((3, 60))
+    c = Resampler(60, 3).mean_claim("accuracy r - CoT", latent - cot, Bar(">=", -0.01), source="paper")
+    c.ceiling = at_bound(latent, cot)
+    status, _ = judge([c])
+    assert c.decision == "open" and "ceiling" in c.reason and status == "inconclusive"
+    assert at_bound(np.zeros((3, 5)), np.zeros((3, 5))).startswith("every arm at the floor")
+    assert at_bound(np.ones((3, 5)), np.r_[np.ones(14), 0.0].reshape(3, 5)) == ""

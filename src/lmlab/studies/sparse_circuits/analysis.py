@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.studies.base import Verdict
+from lmlab.studies.sparse_circuits.declared import CLAIMS  # noqa: F401  (the claims: whose each is, and why)
 from lmlab.studies.sparse_circuits.circuit_analysis import model_figure, model_verdict
 from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
 from lmlab.studies.sparse_circuits.toy_analysis import toy_seed_figure, toy_verdict
@@ -80,8 +81,9 @@ def with_toy(model: Verdict, toy: Verdict) -> Verdict:
     lists = {key: model.evidence.get(key, []) + toy.evidence.get(key, []) for key in ("claims", "gates")}
     numbers = {k: v for k, v in toy.evidence.items() if k not in ("claims", "gates", "schema")}
     summary = f"the model: {model.status}: {model.summary}. The addition toy: {toy.status}: {toy.summary}"
+    decided = (model if model.status == status or toy.status != status else toy).evidence.get("deciding")
     return Verdict(status=status, claim=CLAIM, summary=summary,
-                   evidence={**model.evidence, **lists, "toy": {**numbers, "status": toy.status}})
+                   evidence={**model.evidence, **lists, "deciding": decided, "toy": {**numbers, "status": toy.status}})
 
 
 def geco_figure(tables: dict[str, pd.DataFrame]):

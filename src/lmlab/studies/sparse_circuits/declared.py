@@ -1,0 +1,33 @@
+"""S4's claims, declared once (analysis.py shows them at its top; both halves, the toy and the model, read them
+here, since each half's module is imported by analysis.py)."""
+
+from __future__ import annotations
+
+from lmlab.claims import Declared
+
+PAPER = "Sparse Attention Post-Training for Mechanistic Interpretability (Draye et al., arXiv 2512.05865)"
+PAPER_EDGES = ("the paper's abstract and sparsity results: post-training keeps about 0.4% of the attention edges "
+               "at unchanged loss (GPT-2 and OLMo-7B, at their context lengths)")
+OURS_EDGES = ("ours: at most 5%, more lenient than the paper's 0.4% (a 'no' at 5% is a 'no' at 0.4%): every query "
+              "keeps at least its own edge, so on short sequences 0.4% lies below the floor of one edge a query; the "
+              "paper's number is printed beside ours as edges per query")
+PAPER_CIRCUITS = ("the paper's explained-effect figure (Greater-Than, IOI, Docstring, IOI-Long): the sparse model "
+                  "needs fewer heads for the same explained effect on most tasks (multipliers 0.6x, 2.0x, 1.3x, 1.6x; "
+                  "+0.33 in mean log2)")
+CLAIMS = [
+    Declared("edges kept", "kept attention edges over all causal edges, every head and layer, on held-out text",
+             "<= 5%", "paper", PAPER_EDGES, bar_note=OURS_EDGES),
+    Declared("held-out CE change", "the sparse model's held-out cross-entropy minus the dense model's",
+             "<= the constraint's slack", "paper", "the paper's objective: fewest edges subject to the dense "
+             "model's loss (a constraint CE <= tau)"),
+    Declared("exact match, sparse - dense", "on the addition toy, the sparse toy's exact match minus the dense one's",
+             ">= -2 points", "paper", "the paper's Figure 1 toy: the sparse toy still adds (unchanged loss)",
+             bar_note="ours: 2 points of exact match stand for 'unchanged loss' on the toy"),
+    Declared("mean log2 multiplier over the tasks", "log2 (heads the dense model needs / heads the sparse model "
+             "needs for 0.9 of the effect), mean over the tasks", ">= 0, interval above 0", "paper", PAPER_CIRCUITS),
+    Declared("log2 multiplier", "the same, one task", ">= 0, interval above 0", "paper",
+             PAPER_CIRCUITS + "; reported per task: the paper's own is below 1x on one of four", decisive=False),
+    Declared("toy log2 multiplier", "the multiplier on the addition toy's circuit tasks", ">= 0, interval above 0",
+             "lmlab", "our claim: the paper draws the toy's sparse graph but measures circuits on GPT-2 and OLMo; a "
+                      "smaller circuit on the toy is our extension of its claim"),
+]
