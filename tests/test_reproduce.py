@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -151,3 +152,34 @@ def test_the_reports_first_table_gives_each_verdict_in_one_line():
     gate = dict(name="post-training converged", passed=False, blocks="all", why="a long story")
     assert headline("inconclusive", {"claims": [claim], "gates": [gate]}) == "post-training converged: failed"
     assert headline("inconclusive", {"claims": [], "gates": []}) == ""
+    # a verdict of today names what decided it, whose claim it is, and where the paper says it
+    from lmlab.claims import Bar, Resampler, deciding
+
+    c = Resampler(200, 3).mean_claim("edges kept", np.full((3, 200), 0.02), Bar("<=", 0.05), unit="%", scale=100,
+                                     source="paper", where="its abstract: about 0.4%", bar_note="ours: 5%")
+    c.decide()
+    line = headline("reproduced", {"claims": [c.as_dict()], "deciding": deciding([c])})
+    assert line.startswith("edges kept: +2.0% [+2.0, +2.0] (bar <= +5%; yes); the paper's claim (its abstract")
+    assert line.endswith("bar: ours: 5%")
+    ours = Resampler(200, 3).mean_claim("toy multiplier", np.full((3, 200), -1.0), Bar(">=", 0.0), source="lmlab",
+                                        where="our extension")
+    ours.decide()
+    assert "a claim of ours (our extension)" in headline("inconclusive", {"deciding": deciding([c, ours])})
+
+
+def test_each_studys_doc_carries_its_declared_claims():
+    """docs/studies/*.md hold the table `lmlab claims STUDY --markdown` prints, so the doc's claims, bars and
+    sources are the code's; and every declared claim says whose it is and where or why."""
+    from pathlib import Path
+
+    from lmlab.report import claims_markdown, declared_claims
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "studies"
+    for study, name in (("knockout", "knockout"), ("quantize", "quantize"), ("filler", "filler"),
+                        ("sparse-circuits", "sparse-circuits"), ("latent", "latent")):
+        text = (docs / f"{name}.md").read_text(encoding="utf-8")
+        inside = text.split("<!-- claims:begin -->\n")[1].split("<!-- claims:end -->")[0]
+        assert inside == claims_markdown(study), f"docs/studies/{name}.md: run lmlab claims {study} --markdown"
+        for c in declared_claims(study):
+            assert c.source in ("paper", "lmlab") and c.where, (study, c.name)
+        assert any(c.source == "paper" and c.decisive for c in declared_claims(study)), study

@@ -280,6 +280,23 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
 
 @app.command()
 @friendly
+def claims(study: str = typer.Argument(..., help="knockout, quantize, filler, sparse-circuits or latent"),
+           markdown: bool = typer.Option(False, help="print the Markdown table the study's doc carries")):
+    """What a study checks: each claim, its statistic and bar, whose it is (the paper's, with where the paper states
+    it, or ours, with why) and whether it decides the verdict or is reported."""
+    from lmlab.report import claims_markdown, declared_claims
+
+    if markdown:
+        print(claims_markdown(study), end="")
+        return
+    rows = [[c.name, c.bar, c.source, c.where + (f" Bar: {c.bar_note}" if c.bar_note else ""),
+             "decisive" if c.decisive else "reported"] for c in declared_claims(study)]
+    out.print(_table(f"{study}: the claims", ["claim", "bar", "whose", "where, or why", "decides"], rows,
+                     keep=("whose",)))
+
+
+@app.command()
+@friendly
 def verdict(run_dirs: list[Path] = typer.Argument(..., help="finished run folders")):
     """Judge finished runs again from their tables with this lmlab's claims (their sources and bars), rewriting each
     run's verdict.json and figure; the tables stay as they are. Then `lmlab report` shows the new verdicts."""

@@ -123,6 +123,27 @@ def headline(status: str, evidence: dict) -> str:
             f"(bar {bar.get('direction', '')} {scale * float(bar.get('value', 0)):+g}{unit})")
 
 
+def declared_claims(study: str) -> list:
+    """The claims a study declares (its analysis module's CLAIMS): name, statistic, bar, whose, where, decisive."""
+    import importlib
+
+    if study not in STUDIES:
+        raise LmlabError(f"no study '{study}'; the studies: {', '.join(STUDIES)}")
+    module = importlib.import_module(STUDIES[study].verdict.target.split(":")[0])
+    return list(module.CLAIMS)
+
+
+def claims_markdown(study: str) -> str:
+    """A study's declared claims as a Markdown table (the study's doc carries it; a test keeps the two equal)."""
+    lines = ["| claim | statistic | bar | whose | where the paper states it, or why it is ours | decides |",
+             "|---|---|---|---|---|---|"]
+    for c in declared_claims(study):
+        where = c.where + (f" Bar: {c.bar_note}" if c.bar_note else "")
+        lines.append(f"| {c.name} | {c.statistic} | {c.bar} | {c.source} | {where} | "
+                     f"{'decisive' if c.decisive else 'reported'} |")
+    return "\n".join(lines) + "\n"
+
+
 def forest_png(claims: list[dict]) -> str:
     """The verdict's claims as a forest plot, one row each on its own scale: the estimate (a dot, coloured by the
     decision), its 95% interval over replicates and items, the bar it is checked against (dashed, the side the
