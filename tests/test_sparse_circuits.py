@@ -464,6 +464,17 @@ def test_verdict_can_go_each_way():
     assert _v(mixed, 0.01, 0.02).status == "inconclusive"
 
 
+def test_a_sparse_model_as_dense_as_its_original_never_says_yes_on_the_model_half():
+    """Negative controls on the model: a post-training that kept every edge ("no" on the paper's edges claim) and a
+    sparse model that needs as many heads on every task (its multiplier open, never "yes")."""
+    dense = _v({t: (8, 4) for t in TASKS}, 1.0, 0.02)
+    got = {c["name"]: c["decision"] for c in dense.evidence["claims"]}
+    assert got["edges kept"] == "no" and dense.status == "not reproduced"
+    same = _v({t: (6, 6) for t in TASKS}, 0.01, 0.02)
+    mean = next(c for c in same.evidence["claims"] if c["name"] == "mean log2 multiplier over the tasks")
+    assert mean["decision"] in ("no", "open") and mean["source"] == "paper" and same.status != "reproduced"
+
+
 def test_verdict_waits_for_convergence_and_power():
     good = {t: (8, 4) for t in TASKS}
     # the training trace over its bound at the end (+0.2 nats): a miss does not count (GECO still pulling the loss

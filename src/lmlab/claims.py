@@ -175,6 +175,11 @@ class Claim:
     def sizing(self, seconds: float = 0.0, seconds_per_replicate: float | None = None) -> dict:
         """Seeds and items at which this claim, at its estimate, clears its bar with 80% power; its time at this
         run's pace (`seconds` for the whole run; `seconds_per_replicate`: what one more replicate costs)."""
+        if self.ceiling:
+            self.decides_at = {"seeds": self.replicates, "items": self.n,
+                               "text": "a run whose arms leave the ceiling or floor (a harder task, or a smaller "
+                                       "budget): there no number of seeds or items decides it"}
+            return self.decides_at
         distance = abs(self.estimate - self.bar.value)
         if self.effect is not None:
             distance = max(distance, abs(self.effect))
@@ -379,8 +384,8 @@ def _label(c: Claim) -> str:
 def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     """What decided the verdict, on claims already decided: for "not reproduced" the first decisive paper claim at
     "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed gate that blocks
-    everything, else the first decisive claim of ours at "no", else the first failed gate, else the first open
-    decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its name, source, where and bar."""
+    everything, else the first decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or
+    every claim's "yes") from deciding, else the first open decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its name, source, where and bar."""
     status = _status(claims, gates)
     decisive = [c for c in claims if not c.reported]
     failed = [g for g in gates if not g.passed]
@@ -390,11 +395,14 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     elif status == "reproduced":
         pick = next(c for c in decisive if c.source == "paper")
     else:
+        paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
+        all_yes = bool(decisive) and all(c.decision == "yes" for c in decisive)
         pick = (next((g for g in failed if g.blocks == "all"), None)
                 or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
-                or next((g for g in failed), None)
-                or next((c for c in decisive if c.decision != "yes" and c.source == "paper"), None)
-                or next((c for c in decisive if c.decision != "yes"), None)
+                or (next((g for g in failed if g.blocks == "no"), None) if paper_no else None)
+                or (next((g for g in failed if g.blocks == "yes"), None) if all_yes else None)
+                or next((c for c in decisive if c.decision == "open" and c.source == "paper"), None)
+                or next((c for c in decisive if c.decision == "open"), None)
                 or (decisive[0] if decisive else None))
     if pick is None:
         return {"status": status, "kind": "none", "text": "no claim decides"}
