@@ -1,6 +1,6 @@
 """S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422).
 
-Recipe (METHODS.md S1, checked against the paper's text):
+Recipe (checked against the paper's text):
  1. greedy short answers to 3-shot QA prompts; correct = a SQuAD-normalised gold alias occurs in it;
  2. per dataset (the sets differ in accuracy, so a pooled probe would learn the set; `probes=pooled`
     keeps one), a class-balanced logistic probe per layer on the residual stream (block output) at
