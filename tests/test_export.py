@@ -25,7 +25,15 @@ from lmlab.studies.quantize.recipe import load_task
 # Run with no lmlab module importable or imported: the folder, transformers and compressed-tensors only.
 LOADER = r"""
 import sys
-sys.path = [p for p in sys.path if "lmlab" not in p and not p.endswith("/src")]
+
+
+class NoLmlab:  # lmlab cannot be imported (the venv stays on the path wherever the checkout lies)
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "lmlab":
+            raise ImportError("lmlab is not importable in this process")
+
+
+sys.meta_path.insert(0, NoLmlab())
 import json, torch
 from safetensors.torch import load_file, save_file
 import transformers

@@ -337,6 +337,20 @@ def test_each_decisive_knockout_claim_says_no_or_open_where_the_effect_is_absent
     assert _decisions(small)[("d", "E_Q flips - control flips")] == "yes", small.summary
 
 
+def test_a_replicate_whose_patched_questions_sit_on_one_side_fails_a_gate_not_a_claim():
+    """Every patched question of one replicate Q-Anchored: Q - A is undefined there; a gate says so in words."""
+    rows = _planted()
+    for row in rows:
+        if row["kind"] == "patching" and row["replicate"] == 1:
+            row["group"] = "Q"
+    thin = verdict(from_rows("knockout", rows))
+    assert thin.status == "inconclusive", thin.summary
+    assert ("d: patched Q- and A-Anchored samples in every replicate: FAILED (in 1 of 3 replicates the patched "
+            "questions hold no Q- or no A-Anchored sample") in thin.summary
+    gates = {g["name"]: g["passed"] for g in verdict(from_rows("knockout", _planted())).evidence["gates"]}
+    assert gates["d: patched Q- and A-Anchored samples in every replicate"] is True
+
+
 def test_no_control_draw_is_never_the_clean_row_and_leaves_the_verdict_open():
     """A set whose questions have no token outside E_Q has no control rows: its claims against the control cannot be
     computed, and a failed gate says why (never E_Q's flip rate read as 'E_Q minus control')."""

@@ -168,6 +168,20 @@ def patching_claims(patch: pd.DataFrame, dataset: str, seed: int = 0) -> list:
     return claims
 
 
+def patching_split(patch: pd.DataFrame, dataset: str) -> tuple[int, int] | None:
+    """(replicates whose patched E_Q questions lack a Q- or an A-Anchored sample, replicates), or None when the
+    set was not patched."""
+    if patch.empty or "flipped" not in patch:
+        return None
+    patch = _replicate(patch[patch.dataset == dataset])
+    if "condition" in patch:
+        patch = patch[patch.condition == "eq"]
+    if patch.empty:
+        return None
+    groups = patch.groupby("replicate").group.agg(lambda g: {"Q", "A"} <= set(g))
+    return int((~groups).sum()), int(len(groups))
+
+
 def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
     return ko.assign(replicate=ko["replicate"] if "replicate" in ko else 0)
 
@@ -245,6 +259,13 @@ def verdict(result) -> Verdict:
         set_c, counts = set_claims(ko[ko.dataset == dataset], late, dataset, seed)
         sets[dataset] = counts
         claims += set_c + patching_claims(patch, dataset, seed)
+        thin = patching_split(patch, dataset)
+        if thin is not None:
+            gates.append(Gate(f"{dataset}: patched Q- and A-Anchored samples in every replicate", thin[0] == 0,
+                              why=f"in {thin[0]} of {thin[1]} replicates the patched questions hold no Q- or no "
+                                  f"A-Anchored sample, so Q - A is undefined there",
+                              remedy="more questions (--per-dataset), so that each replicate's split puts patched "
+                                     "questions on both sides"))
         notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
                      f"{100 * counts['control_flip_rate']:.0f}%")
         gates.append(Gate(f"{dataset}: random-token control drawn", counts["n_control"] >= MIN_GROUP,
