@@ -1,5 +1,7 @@
 """Small helpers shared by the study tests."""
 
+from contextlib import contextmanager
+
 import torch
 
 # (atol, rtol) per dtype for a quantity of scale 1: float32 the atol most tests here use with torch.allclose's rtol;
@@ -79,3 +81,14 @@ def near(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: fl
 
 def max_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).abs().max())
+
+
+@contextmanager
+def using(model, impl):
+    """The model under another attention implementation for the block, its own afterwards."""
+    old = model.config._attn_implementation
+    model.set_attn_implementation(impl)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)

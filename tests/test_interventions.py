@@ -4,14 +4,12 @@ The reference here is a hand-written eager attention registered under another na
 code with lmlab's attention function (own K/V repetition, own masking, own softmax).
 """
 
-from contextlib import contextmanager
-
 import pytest
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from helpers import max_diff, near
+from helpers import max_diff, near, using
 from lmlab import LmlabError
 from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchResid, SparseAttention,
                                  intervene)
@@ -35,16 +33,6 @@ def hand_eager(module, query, key, value, attention_mask, scaling=None, dropout=
 
 AttentionInterface.register(HAND, hand_eager)
 AttentionMaskInterface.register(HAND, eager_mask)
-
-
-@contextmanager
-def using(model, impl):
-    old = model.config._attn_implementation
-    model.set_attn_implementation(impl)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(old)
 
 
 def logits(lm, enc):

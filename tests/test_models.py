@@ -79,7 +79,7 @@ def test_bad_model_specs_are_one_clear_sentence(tmp_path):
     bad = tmp_path / "t5"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8}))
-    with pytest.raises(LmlabError, match="architecture 't5' is not supported; supported families: bert, gemma3"):
+    with pytest.raises(LmlabError, match="architecture 't5' is not supported: not a decoder-only language model among those checked"):
         load_model(str(bad))
 
 

@@ -60,8 +60,24 @@ def friendly(fn: Callable) -> Callable:
 
 @app.command()
 @friendly
-def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now")):
+def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now"),
+           architectures: bool = typer.Option(False, "--architectures",
+                                              help="every architecture transformers registers: supported (each "
+                                                   "intervention checked on a tiny random instance) or refused, "
+                                                   "and why"),
+           markdown: bool = typer.Option(False, "--markdown", help="with --architectures: print it as Markdown")):
     """List the embedded, test and cached models (read from their config.json; no weights load)."""
+    if architectures:
+        from lmlab.models.architectures import counts, markdown as as_markdown, table
+
+        if markdown:
+            typer.echo(as_markdown(), nl=False)
+            return
+        rows = [[name, row["status"], row["reason"]] for name, row in table()["types"].items()]
+        supported, total = counts()
+        out.print(_table(f"architectures: {supported} of {total} supported (transformers {table()['transformers']})",
+                         ["model_type", "status", "what is refused, and why"], rows, keep=("model_type",)))
+        return
     from lmlab.models import EMBEDDED, cache_dir
     from lmlab.models.catalog import TINY_NAMES, TINY_SHAPES, describe_folder
     from lmlab.models.embedded import cached_model_dir, is_cached

@@ -3,7 +3,8 @@
     with intervene(model, Knockout(...), AblateHeads(...), Capture("pattern", "z")) as (ko, ab, cap):
         model(**batch)
 
-Every intervention here is checked in tests against an independent computation on two families.
+Every intervention here is checked in tests against an independent computation on two families
+(tests/test_interventions.py), and the core ones on a tiny instance of every architecture (tests/architectures.py).
 """
 
 from lmlab.interventions.attention import IMPL

@@ -1,7 +1,14 @@
 """Where each model family keeps its layers, attention, heads and MLP.
 
-One table (`FAMILIES`) describes every supported family; `layout_of(model)` resolves it against a
-loaded model. Studies and interventions ask the layout, never `if family == ...` chains.
+`layout_of(model)` finds them in the module tree and the config (`discover`): the block list (the module
+list as long as the config's layers whose blocks hold an attention), each block's attention (the module
+whose forward calls transformers' attention interface, which lmlab's attention function replaces), its
+output projection (the linear layer fed by the concatenated heads), the MLP and its activation, the word
+embeddings. `FAMILIES` keeps the families whose paths were spelled out before discovery (the embedded
+models' among them, so their layouts stay as they were) and the encoders. `architectures.json` records,
+for each architecture transformers registers, whether the conformance checks of tests/architectures
+passed on a tiny random instance of it; a refused architecture is refused here with its reason.
+Studies and interventions ask the layout, never `if family == ...` chains.
 
 Vocabulary follows TransformerLens: `resid_pre`/`resid_post` are a block's input/output, `z` is the
 input of the attention output projection split into heads, `pattern` is the post-softmax attention,
@@ -76,12 +83,21 @@ def supported_families() -> str:
 
 
 def family_of(model_type: str) -> str:
-    try:
+    """The family a `config.model_type` belongs to: a spelled-out one of FAMILIES, else the type itself (its
+    layout is discovered); an architecture the conformance checks refused raises with their reason."""
+    if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
-    except KeyError:
-        raise LmlabError(
-            f"architecture '{model_type}' is not supported; supported families: {supported_families()}"
-        ) from None
+    from lmlab.models.architectures import refusal
+
+    why = refusal(model_type)
+    if why:
+        raise LmlabError(f"architecture '{model_type}' is not supported: {why}")
+    return model_type
+
+
+def is_causal(model_type: str) -> bool:
+    spec = FAMILIES.get(MODEL_TYPES.get(model_type, ""))
+    return spec.causal if spec else True
 
 
 def get_submodule(root: nn.Module, path: str) -> nn.Module:
@@ -128,6 +144,8 @@ class Layout:
         return get_submodule(self.blocks[layer], self.spec.mlp)
 
     def mlp_act(self, layer: int) -> nn.Module:
+        if not self.spec.mlp_act:
+            raise LmlabError(f"the MLP of this {self.family} model has no activation module of its own to hook")
         return get_submodule(self.blocks[layer], self.spec.mlp_act)
 
     def mlp_out(self, layer: int) -> nn.Module:
@@ -138,11 +156,178 @@ class Layout:
                     kv_heads=self.n_kv_heads, head_dim=self.head_dim, d_model=self.d_model)
 
 
-def layout_of(model: nn.Module) -> Layout:
-    """Resolve the family table against `model`; a clear error for unsupported architectures."""
+# --- discovery: where an architecture not spelled out in FAMILIES keeps its parts
+_LAYER_PATHS = ("model.layers", "layers", "model.language_model.layers", "transformer.h", "h", "gpt_neox.layers",
+                "model.decoder.layers", "transformer.blocks", "transformer.layers", "model.transformer.h")
+_O_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "wo", "Wo", "o", "proj", "out", "out_lin", "o_b_proj")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "ff")
+_ACT_NAMES = ("act_fn", "act", "activation_fn", "activation", "act_layer", "activation_function", "act_func")
+_FLAT_MLP = (("fc1", "fc2"), ("fc_in", "fc_out"), ("dense_h_to_4h", "dense_4h_to_h"))
+_GATE_NAMES = ("gate_proj", "w1", "gate_up_proj", "fc1_g", "wi_0")
+_ATTN_MARKERS = ("ALL_ATTENTION_FUNCTIONS", "attention_interface")
+_calls_cache: dict[type, bool] = {}
+
+
+def calls_attention_interface(module) -> bool:
+    """Whether the module's forward dispatches through transformers' attention interface (the function lmlab's
+    attention replaces): its source names the interface."""
+    cls = type(module)
+    if cls not in _calls_cache:
+        import inspect
+
+        try:
+            source = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            source = ""
+        _calls_cache[cls] = any(marker in source for marker in _ATTN_MARKERS)
+    return _calls_cache[cls]
+
+
+def _is_linear(module) -> bool:
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def _in_features(module) -> int:
+    weight = module.weight
+    return weight.shape[0] if type(module).__name__ == "Conv1D" else weight.shape[1]
+
+
+def _is_activation(module) -> bool:
+    import transformers.activations as acts
+    from torch import nn
+
+    kinds = tuple(c for c in vars(acts).values() if isinstance(c, type) and issubclass(c, nn.Module))
+    return isinstance(module, kinds) or type(module).__module__.startswith("torch.nn.modules.activation")
+
+
+def _find_blocks(model, n_layers: int):
+    """(path, ModuleList): a known path first, else the first module list of n_layers blocks holding an attention."""
+    from torch import nn
+
+    for path in _LAYER_PATHS:
+        try:
+            found = get_submodule(model, path)
+        except AttributeError:
+            continue
+        if isinstance(found, nn.ModuleList) and len(found) == n_layers:
+            return path, found
+    for path, found in model.named_modules():
+        if isinstance(found, nn.ModuleList) and len(found) == n_layers and len(found) and any(
+                calls_attention_interface(m) for m in found[0].modules()):
+            return path, found
+    return None, None
+
+
+def discover(model: nn.Module) -> FamilySpec:
+    """A FamilySpec read off `model`'s module tree and config; LmlabError with one sentence where a part the
+    studies need is not there."""
     config = _text_config(model.config)
-    family = family_of(getattr(model.config, "model_type", "?"))
-    spec = FAMILIES[family]
+    model_type = getattr(model.config, "model_type", "?")
+    n_layers = getattr(config, "num_hidden_layers", None)
+    path, blocks = _find_blocks(model, n_layers)
+    if blocks is None:
+        raise LmlabError(f"architecture '{model_type}': no list of {n_layers} blocks holding an attention that "
+                         f"calls transformers' attention interface was found")
+    block = blocks[0]
+    attns = [name for name, m in block.named_modules() if name and calls_attention_interface(m)]
+    if not attns:
+        raise LmlabError(f"architecture '{model_type}': its attention does not call transformers' attention "
+                         f"interface, so lmlab cannot reach its heads")
+    attn = min(attns, key=len)
+    if not all(_has(b, attn) and calls_attention_interface(get_submodule(b, attn)) for b in blocks):
+        raise LmlabError(f"architecture '{model_type}': not every block has an attention at '{attn}' (a hybrid of "
+                         f"attention and other mixing layers)")
+    attn_module = get_submodule(block, attn)
+    n_heads = config.num_attention_heads
+    o_proj = next((f"{attn}.{n}" for n in _O_NAMES if _has(attn_module, n) and _is_linear(getattr(attn_module, n))
+                   and _in_features(getattr(attn_module, n)) % n_heads == 0), None)
+    parent = attn.rpartition(".")[0]
+    if o_proj is None and parent and _has(block, f"{parent}.output.dense"):  # BERT's layout: attention.output.dense
+        o_proj = f"{parent}.output.dense"
+    if o_proj is None:
+        raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
+                         f"(looked for {', '.join(_O_NAMES)})")
+    mlp = next((n for n in _MLP_NAMES if all(_has(b, n) for b in blocks)), None)
+    if mlp is None and _has(block, "intermediate.dense") and _has(block, "output.dense"):  # BERT's layout
+        act = next((n for n in ("intermediate_act_fn", *_ACT_NAMES) if _has(block, f"intermediate.{n}")), None)
+        linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m))
+        return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp="intermediate",
+                          mlp_act=f"intermediate.{act}" if act else "", gate_proj=None, mlp_out="output.dense",
+                          gated_mlp=False, quant_linears=linears, word_embeddings=_embedding_path(model))
+    flat = next(((i, o) for i, o in _FLAT_MLP if _has(block, i) and _has(block, o)), None)
+    if mlp is None and flat is not None:  # the MLP's layers sit in the block itself (OPT, XGLM): its output layer
+        act = next((n for n in _ACT_NAMES if _has(block, n)), None)
+        linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m))
+        return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=flat[1], mlp_act=act or "",
+                          gate_proj=None, mlp_out=flat[1], gated_mlp=False, quant_linears=linears,
+                          word_embeddings=_embedding_path(model))
+    if mlp is None:
+        raise LmlabError(f"architecture '{model_type}': no MLP sub-block (looked for {', '.join(_MLP_NAMES)})")
+    mlp_module = get_submodule(block, mlp)
+    act = next((n for n in _ACT_NAMES if _has(mlp_module, n) and hasattr(getattr(mlp_module, n), "register_forward_hook")),
+               None)
+    if act is None:  # an activation module found by its class, one level down
+        act = next((n for n, m in mlp_module.named_children() if _is_activation(m)), None)
+    if act and not all(_has(b, f"{mlp}.{act}") for b in blocks):  # dense blocks before mixture-of-experts ones
+        act = None
+    gate = next((n for n in _GATE_NAMES if all(_has(b, f"{mlp}.{n}") for b in blocks)), None)
+    linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m) and not _is_router(n, m, config))
+    return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp,
+                      mlp_act=f"{mlp}.{act}" if act else "", gate_proj=f"{mlp}.{gate}" if gate else None,
+                      mlp_out=mlp, gated_mlp=gate is not None, quant_linears=linears,
+                      word_embeddings=_embedding_path(model))
+
+
+def _embedding_path(model) -> tuple[str, ...]:
+    embeddings = model.get_input_embeddings()
+    path = next((n for n, m in model.named_modules() if m is embeddings), None)
+    return (path,) if path else ()
+
+
+def _has(module, path: str) -> bool:
+    try:
+        get_submodule(module, path)
+        return True
+    except AttributeError:
+        return False
+
+
+def _is_router(name: str, module, config) -> bool:
+    """A mixture of experts' router: a linear layer with one output per expert (not quantized by XTC)."""
+    experts = [getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts",
+                                                   "moe_num_experts")]
+    width = module.weight.shape[0] if _is_linear(module) and type(module).__name__ != "Conv1D" else None
+    return any(e and width == e for e in experts) and name.rsplit(".", 1)[-1] in ("gate", "router", "router_proj",
+                                                                                 "wg", "classifier")
+
+
+def _config_value(config, name: str):
+    """A config value, or None where it is missing or varies per layer (the config then refuses a global read)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers raises its own error for per-layer attributes
+        return None
+
+
+def spec_of(model: nn.Module) -> FamilySpec:
+    model_type = getattr(model.config, "model_type", "?")
+    family = family_of(model_type)
+    if family in FAMILIES:
+        return FAMILIES[family]
+    found = model.__dict__.get("_lmlab_spec")
+    if found is None:  # found once per model: its module tree does not change under lmlab's edits
+        found = model.__dict__["_lmlab_spec"] = discover(model)
+    return found
+
+
+def layout_of(model: nn.Module) -> Layout:
+    """Resolve the family's parts against `model`; a clear error for unsupported architectures."""
+    config = _text_config(model.config)
+    spec = spec_of(model)
+    family = spec.family
     blocks = None
     for path in spec.layers:
         try:
@@ -154,9 +339,11 @@ def layout_of(model: nn.Module) -> Layout:
         raise LmlabError(f"could not find the layers of this {family} model (looked for {', '.join(spec.layers)})")
     n_heads = config.num_attention_heads
     d_model = config.hidden_size
-    head_dim = getattr(config, "head_dim", None) or d_model // n_heads
-    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-    d_mlp = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * d_model
+    head_dim = _config_value(config, "head_dim") or d_model // n_heads
+    if family not in FAMILIES:  # z's head size is what the output projection reads per head
+        head_dim = _in_features(get_submodule(blocks[0], spec.o_proj)) // n_heads
+    n_kv = _config_value(config, "num_key_value_heads") or n_heads
+    d_mlp = _config_value(config, "intermediate_size") or _config_value(config, "n_inner") or 4 * d_model
     ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return Layout(family=family, spec=spec, n_layers=len(blocks), n_heads=n_heads, n_kv_heads=n_kv,
                   head_dim=head_dim, d_model=d_model, d_mlp=d_mlp, context_length=ctx, blocks=list(blocks))

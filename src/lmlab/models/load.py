@@ -32,7 +32,7 @@ from lmlab.models.catalog import (check_hub_model, check_model_spec,  # noqa: F4
 from lmlab.models.batch import module_device, pad_sequences
 from lmlab.models.placement import Placement, dispatch
 from lmlab.models.scratch import ScratchSpec, build_scratch
-from lmlab.models.layout import FAMILIES, Layout, family_of, layout_of
+from lmlab.models.layout import Layout, family_of, is_causal, layout_of
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,10 +118,10 @@ def _default_dtype(device: torch.device, dtype: torch.dtype | str | None) -> tor
 
 
 def _auto_class(model_type: str, head: str | None):
-    family = family_of(model_type)
+    family_of(model_type)  # a refused architecture stops here, before any weights load
     if head == "classifier":
         return AutoModelForSequenceClassification
-    if head == "base" or (head is None and not FAMILIES[family].causal):
+    if head == "base" or (head is None and not is_causal(model_type)):
         return AutoModel
     return AutoModelForCausalLM
 

@@ -1,0 +1,392 @@
+"""The conformance checks behind `lmlab models --architectures`: every causal-LM type transformers registers, a tiny
+random instance of it, and each of lmlab's interventions against a computation written here.
+
+The references share no code with lmlab's attention function: the architecture's own eager attention from its
+modeling file (its scaling, soft-capping, sinks and masks as transformers wrote them) with blocked pairs written
+into its mask; the heads' slice of the output projection's input edited by a plain forward pre-hook; the residual
+stream from `output_hidden_states`; the pattern from `output_attentions`; greedy tokens from `generate`.
+
+`python tests/architectures.py --write` runs every type (a few minutes on 2 cores) and writes the table the package
+ships (src/lmlab/models/architectures.json) and the one in docs/models.md; tests/test_architectures.py checks each
+row again, so the table cannot claim what the checks do not show.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import signal
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from helpers import using
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "src" / "lmlab" / "models" / "architectures.json"
+DOC = ROOT / "docs" / "models.md"
+BUILD_SECONDS = 20  # a type whose tiny instance takes longer to build and run is recorded as not checked
+MAX_PARAMS = 50_000_000  # nor one whose config keeps a part at full size (a vision or audio tower): minutes to check
+
+# Generic sizes, set wherever a config class takes the key (its attribute map followed); the rest keep defaults.
+SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+             intermediate_size=64, head_dim=8, max_position_embeddings=512, pad_token_id=1, bos_token_id=0,
+             eos_token_id=0, rotary_dim=8, partial_rotary_factor=1.0, num_experts=4, num_local_experts=4,
+             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+             n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
+             qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, qk_head_dim=8, n_group=1, topk_group=1,
+             image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64)
+# state-space and recurrent mixers: a config that names one of these has layers that are not attention
+RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config",
+                  "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
+
+CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
+          "generation")
+PARTIAL = {"mlp activation": "ARM (S3's intervention) unavailable"}  # a check whose failure leaves the rest usable
+
+
+def causal_types() -> list[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _kwargs(cls) -> dict:
+    fields = set(getattr(cls, "__dataclass_fields__", {})) | set(inspect.signature(cls.__init__).parameters)
+    amap = getattr(cls, "attribute_map", {}) or {}
+    out = {}
+    for key, value in SIZES.items():
+        if key in fields:
+            out[key] = value
+        elif amap.get(key) in fields:
+            out[amap[key]] = value
+    return out
+
+
+def tiny_config(model_type: str, vocab_size: int):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    kwargs = _kwargs(cls)
+    if "vocab_size" in kwargs or "vocab_size" in set(getattr(cls, "__dataclass_fields__", {})) | set(
+            inspect.signature(cls.__init__).parameters):
+        kwargs["vocab_size"] = vocab_size
+    for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        try:
+            kwargs[name] = sub(**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {})).to_dict()
+        except Exception:  # noqa: BLE001 - a sub-config that will not shrink keeps its defaults
+            pass
+    if "kv_lora_rank" in kwargs and "num_key_value_heads" in kwargs:  # latent attention shares no K/V heads
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
+    return cls(**kwargs)
+
+
+def tiny_model(model_type: str, seed: int = 0):
+    """(model, tokenizer): a tiny random instance of `model_type` with lmlab's tiny BPE tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from lmlab.models.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = tiny_config(model_type, len(tokenizer))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config).eval()
+    return model, tokenizer
+
+
+@contextmanager
+def _time_limit(seconds: int):
+    def stop(*_):
+        raise TimeoutError(f"over {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+REF = "conformance_reference"
+
+
+def _reference_attention(module, query, key, value, attention_mask, **kwargs):
+    """The architecture's own eager attention, with the pairs the test blocks written into its mask."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        from transformers.models.llama.modeling_llama import eager_attention_forward as eager
+    block = module.__dict__.get("_conformance_block")
+    if block is not None:
+        q, k = query.shape[2], key.shape[2]
+        base = attention_mask[..., :k] if attention_mask is not None else torch.zeros(1, 1, q, k, dtype=query.dtype)
+        attention_mask = base.expand(query.shape[0], query.shape[1], q, k).masked_fill(
+            block[..., :q, :k], torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_reference():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(REF, _reference_attention)
+    AttentionMaskInterface.register(REF, eager_mask)
+
+
+def _close(a, b, scale=None) -> float:
+    """max |a - b| relative to the scale of b (1 at least)."""
+    scale = max(float(b.abs().max()), 1.0) if scale is None else scale
+    return float((a.float() - b.float()).abs().max()) / scale
+
+
+TOL = 1e-4
+
+
+@contextmanager
+def _ignoring_the_table():
+    """Checks judge the architecture itself, not what the shipped table said about it last time."""
+    import lmlab.models.architectures as shipped
+
+    old = shipped.refusal
+    shipped.refusal = lambda model_type: None
+    try:
+        yield
+    finally:
+        shipped.refusal = old
+
+
+def run_checks(model, tokenizer) -> dict[str, str]:
+    """{check: "" (passed) or why it failed}."""
+    with _ignoring_the_table():
+        return _run_checks(model, tokenizer)
+
+
+def _run_checks(model, tokenizer) -> dict[str, str]:
+    from lmlab.generation import greedy_answers
+    from lmlab.interventions import AblateHeads, Capture, EditMLPAct, Knockout, intervene
+    from lmlab.models.layout import layout_of
+    from lmlab.models.load import LoadedModel
+
+    _register_reference()
+    layout = layout_of(model)
+    lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout, name=model.config.model_type, source="tiny")
+    ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
+                        tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
+    other = ids.flip(1)
+    enc = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    last, head = layout.n_layers - 1, min(1, layout.n_heads - 1)
+    out: dict[str, str] = {}
+
+    def logits(**kw):
+        with torch.no_grad():
+            return model(**enc, **kw).logits
+
+    def record(name, diff, changed=None):
+        if diff > TOL:
+            out[name] = f"differs from the independent computation (max relative difference {diff:.1e})"
+        elif changed is not None and changed < 1e-6:
+            out[name] = "changed nothing where the reference changed the output"
+        else:
+            out[name] = ""
+
+    with using(model, "sdpa") if model.config._attn_implementation != "eager" else using(model, "eager"):
+        plain = logits()
+    with intervene(lm, Capture("resid_pre", "z", "mlp_out")):
+        routed = logits()
+    record("forward", _close(routed, plain))
+
+    keys = torch.zeros_like(ids, dtype=torch.bool)
+    keys[:, 2] = True
+    with intervene(lm, Knockout(keys, layers=[last])):
+        got = logits()
+    block = torch.zeros(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
+    block[:, 0, 3:, 2] = True
+    attn = layout.attn(last)
+    attn._conformance_block = block
+    try:
+        with using(model, REF):
+            expected = logits()
+    finally:
+        del attn._conformance_block
+    with using(model, REF):
+        clean = logits()
+    record("knockout", _close(got, expected), changed=_close(expected, clean))
+
+    d = layout.head_dim
+
+    def by_hand(edit):
+        handle = layout.o_proj(last).register_forward_pre_hook(lambda m, a: (edit(a[0].clone()),))
+        try:
+            with using(model, "eager"):
+                return logits()
+        finally:
+            handle.remove()
+
+    def zero(x):
+        x[..., head * d:(head + 1) * d] = 0
+        return x
+
+    with intervene(lm, AblateHeads({last: [head]})):
+        got = logits()
+    record("head ablation", _close(got, by_hand(zero)), changed=_close(got, plain))
+
+    seen = {}
+    handle = layout.o_proj(last).register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach().clone()))
+    try:
+        with torch.no_grad(), using(model, "eager"):
+            model(input_ids=other, attention_mask=torch.ones_like(other))
+    finally:
+        handle.remove()
+    with intervene(lm, Capture("z", layers=last)) as cap, torch.no_grad():
+        model(input_ids=other, attention_mask=torch.ones_like(other))
+    ref_z = cap["z", last]
+
+    def patch(x):
+        x[..., head * d:(head + 1) * d] = seen["x"][..., head * d:(head + 1) * d]
+        return x
+
+    with intervene(lm, AblateHeads({last: [head]}, mode="patch", reference={last: ref_z})):
+        got = logits()
+    record("head patching", _close(got, by_hand(patch)), changed=_close(got, plain))
+
+    with intervene(lm, Capture("resid_pre")) as cap, torch.no_grad():
+        hidden = model(**enc, output_hidden_states=True).hidden_states
+    record("residual", max(_close(cap["resid_pre", l], hidden[l]) for l in range(layout.n_layers)))
+
+    with intervene(lm, Capture("pattern")) as cap:
+        logits()
+    with using(model, "eager"), torch.no_grad():
+        attentions = model(**enc, output_attentions=True).attentions
+    attentions = [a for a in attentions if a is not None]
+    if len(attentions) != layout.n_layers:
+        out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {layout.n_layers} layers"
+    else:
+        record("pattern", max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
+
+    # the MLP activation (ARM's edit, S3): zeroed at the last layer, that layer's MLP output no longer depends on its
+    # input (only the output layer's bias is left), read by a plain hook on the MLP
+    if layout.spec.mlp_act:
+        seen.clear()
+        handle = layout.mlp_out(last).register_forward_hook(
+            lambda m, a, o: seen.setdefault("y", (o[0] if isinstance(o, tuple) else o).detach()))
+        try:
+            with intervene(lm, EditMLPAct(lambda a, layer: a * 0, layers=last)):
+                got = logits()
+        finally:
+            handle.remove()
+        spread = float((seen["y"] - seen["y"][:, :1]).abs().max())
+        out["mlp activation"] = "" if spread < 1e-6 and _close(got, plain) > 1e-6 else (
+            "zeroing the activation found in the MLP left that MLP's output depending on its input")
+    else:
+        out["mlp activation"] = "unavailable: the MLP has no activation module of its own (ARM, S3, needs one)"
+
+    prompts = [ids[0, :6].tolist(), ids[1, :6].tolist()]
+    got = greedy_answers(lm, prompts, max_new_tokens=5, stop_at_newline=False, share_prefix=False)
+    stop = {int(t) for t in ([model.generation_config.eos_token_id] if isinstance(
+        model.generation_config.eos_token_id, int) else (model.generation_config.eos_token_id or []))}
+    expected = []
+    for p in prompts:
+        with torch.no_grad():
+            seq = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)[0, len(p):]
+        toks = []
+        for t in seq.tolist():
+            if t in stop or t in {tokenizer.eos_token_id}:
+                break
+            toks.append(t)
+        expected.append(toks)
+    out["generation"] = "" if got == expected else f"greedy tokens {got} where generate gives {expected}"
+    return out
+
+
+def classify(model_type: str) -> dict:
+    """One row of the table: {status, reason, checks: {name: "" or why}}."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from lmlab.errors import LmlabError
+
+    cls = CONFIG_MAPPING[model_type]
+    t0 = time.time()
+    from lmlab.models.layout import MODEL_TYPES, is_causal
+
+    if model_type in MODEL_TYPES and not is_causal(model_type):
+        return dict(status="supported", reason="", note="an encoder, for S2's classifiers: its interventions are "
+                                                        "checked in tests/test_interventions.py and test_quant.py")
+    try:
+        config_defaults = cls()
+    except Exception:  # noqa: BLE001
+        config_defaults = None
+    if config_defaults is not None and getattr(config_defaults, "is_encoder_decoder", False):
+        return dict(status="refused", reason="an encoder-decoder model: lmlab's decoder studies take decoder-only "
+                                             "language models (its decoder reads an encoder through cross-attention)")
+    text = getattr(config_defaults, "text_config", None) or config_defaults
+    if text is not None and any(getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS):
+        return dict(status="refused", reason="state-space or recurrent layers beside (or instead of) attention: "
+                                             "no attention to knock out in those layers")
+    try:
+        with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, tokenizer = tiny_model(model_type)
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal with its reason
+        return dict(status="refused", reason=f"not checked: a tiny random instance from its config does not build "
+                                             f"or run here ({type(exc).__name__})")
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > MAX_PARAMS:
+        if model_type in MODEL_TYPES:
+            return dict(status="supported", reason="", note=f"spelled out in FAMILIES; {n_params / 1e6:.0f} M "
+                        "parameters at tiny sizes, so checked on its embedded model instead")
+        return dict(status="refused", reason=f"not checked: its config does not shrink to a tiny instance here "
+                                             f"({n_params / 1e6:.0f} M parameters at lmlab's tiny sizes)")
+    try:
+        checks = run_checks(model, tokenizer)
+    except LmlabError as exc:
+        return dict(status="refused", reason=str(exc).split(": ", 1)[-1])
+    except Exception as exc:  # noqa: BLE001
+        return dict(status="refused", reason=f"a conformance check raised {type(exc).__name__}: "
+                                             f"{str(exc).splitlines()[0][:120]}")
+    failed = {k: v for k, v in checks.items() if v and not (k in PARTIAL and v.startswith("unavailable"))}
+    partial = [f"{PARTIAL[k]}: {v.partition(': ')[2]}" for k, v in checks.items() if k in PARTIAL and v
+               and k not in failed]
+    if partial and not failed:
+        return dict(status="supported", reason="partly: " + "; ".join(partial), checks=checks,
+                    seconds=round(time.time() - t0, 2))
+    if failed:
+        name = next(iter(failed))
+        return dict(status="refused", reason=f"{name}: {failed[name]}", checks=checks,
+                    seconds=round(time.time() - t0, 2))
+    return dict(status="supported", reason="", checks=checks, seconds=round(time.time() - t0, 2))
+
+
+def write() -> None:
+    import transformers
+
+    torch.set_num_threads(1)
+    rows = {}
+    for model_type in causal_types():
+        rows[model_type] = classify(model_type)
+        print(f"{model_type}: {rows[model_type]['status']} {rows[model_type]['reason']}", flush=True)
+    table = {"transformers": transformers.__version__, "types": {k: {"status": v["status"], "reason": v["reason"]}
+                                                                   for k, v in rows.items()}}
+    TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    from lmlab.models.architectures import markdown
+
+    text = DOC.read_text(encoding="utf-8")
+    head, _, rest = text.partition("<!-- architectures:begin -->")
+    _, _, tail = rest.partition("<!-- architectures:end -->")
+    DOC.write_text(f"{head}<!-- architectures:begin -->\n{markdown()}<!-- architectures:end -->{tail}",
+                   encoding="utf-8")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        write()
+    else:
+        for t in sys.argv[1:]:
+            print(t, json.dumps(classify(t), indent=1))

@@ -1,0 +1,72 @@
+"""Every architecture's row of `lmlab models --architectures` checked again here (tests/architectures.py), the checks'
+own negative controls, and docs/models.md equal to the table. `pytest -m architectures -k phi3` runs one type."""
+
+import dataclasses
+
+import pytest
+
+import architectures as conf
+from lmlab import LmlabError
+from lmlab.cli import main
+from lmlab.models import layout as layout_module
+from lmlab.models.architectures import counts, markdown, refusal, table
+
+ROWS = table()["types"]
+CHECKED = [t for t in conf.causal_types() if t in ROWS]
+
+
+@pytest.mark.architectures
+@pytest.mark.parametrize("model_type", CHECKED)
+def test_each_architecture_is_what_the_table_says(model_type):
+    """A supported type passes every check again; a refused one is refused by lmlab with the table's reason (and,
+    where the refusal came from a check, that check fails again)."""
+    row = ROWS[model_type]
+    if row["status"] == "refused":
+        with pytest.raises(LmlabError, match="is not supported: "):
+            layout_module.family_of(model_type)
+        if row["reason"].startswith(("not checked", "an encoder-decoder", "state-space")):
+            return  # decided before any check ran: building its instance again proves nothing more
+    got = conf.classify(model_type)
+    assert (got["status"], got["reason"].split(" (max")[0]) == (row["status"], row["reason"].split(" (max")[0]), got
+
+
+def test_the_checks_fail_on_a_wrong_layout_and_a_broken_knockout(monkeypatch):
+    """Negative controls of the suite itself: an output projection named wrong (the query projection, the same shape
+    in a tiny llama) fails head ablation and patching; a knockout that blocks nothing fails the knockout check."""
+    model, tokenizer = conf.tiny_model("llama")
+    real = layout_module.spec_of
+    monkeypatch.setattr(layout_module, "spec_of", lambda m: dataclasses.replace(real(m), o_proj="self_attn.q_proj"))
+    wrong = conf.run_checks(model, tokenizer)
+    assert wrong["head ablation"] and wrong["head patching"], wrong
+    monkeypatch.setattr(layout_module, "spec_of", real)
+    from lmlab.interventions.edits import Knockout
+
+    monkeypatch.setattr(Knockout, "block", lambda self, layer, ctx: None)
+    broken = conf.run_checks(model, tokenizer)
+    assert broken["knockout"] and not broken["head ablation"], broken
+
+
+def test_the_table_counts_and_docs_models_md_carries_it(capsys):
+    supported, total = counts()
+    assert supported >= 95 and total >= len(conf.causal_types())  # a floor: a change that drops architectures fails
+    assert refusal("llama") is None and refusal("mamba")
+    main(["models", "--architectures", "--markdown"])
+    printed = capsys.readouterr().out
+    assert printed == markdown()
+    doc = conf.DOC.read_text(encoding="utf-8")
+    inside = doc.split("<!-- architectures:begin -->\n")[1].split("<!-- architectures:end -->")[0]
+    assert inside == printed, "regenerate with: python tests/architectures.py --write"
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_discovery_finds_what_the_spelled_out_families_say(name):
+    """Discovery, run on the families FAMILIES spells out, names the same parts (so dropping an entry from FAMILIES
+    would change nothing for its models)."""
+    from lmlab.models.tiny import build_tiny
+
+    model, _ = build_tiny(name)
+    found, listed = layout_module.discover(model), layout_module.spec_of(model)
+    for part in ("attn", "o_proj", "mlp", "mlp_act", "mlp_out", "gate_proj"):
+        assert getattr(found, part) == getattr(listed, part), part
+    assert set(found.quant_linears) == set(listed.quant_linears)
+    assert found.layers[0] in listed.layers and found.word_embeddings[0] in listed.word_embeddings
