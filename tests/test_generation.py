@@ -208,3 +208,15 @@ def test_the_generation_cache_benchmark_gives_both_loops_the_same_answers():
     assert [r["case"] for r in rows] == ["S3, batch 64: copying", "S3, batch 64: in place"]
     assert all(r["value"] > 0 for r in rows) and "answers identical: 64 of 64" in rows[0]["setup"]
     assert generation.IN_PLACE and generation.LEAVE_AT == 8  # the loop is left as it runs
+
+
+def test_a_generation_past_the_context_is_refused_before_it_starts():
+    """tiny-gpt2's learned positions end at 256: a 250-token prompt with 8 new tokens would index past them."""
+    from lmlab import LmlabError
+    from lmlab.models import load_model
+
+    lm = load_model("tiny-gpt2")
+    with pytest.raises(LmlabError, match="a prompt of 250 tokens and 8 new ones are longer than tiny-gpt2's context "
+                                         "of 256 tokens"):
+        greedy_answers(lm, [[5] * 250], max_new_tokens=8)
+    assert len(greedy_answers(lm, [[5] * 240], max_new_tokens=8, stop_at_newline=False)[0]) <= 8

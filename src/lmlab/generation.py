@@ -16,6 +16,7 @@ import torch
 from rich.progress import Progress
 from transformers.cache_utils import DynamicLayer
 
+from lmlab.errors import LmlabError
 from lmlab.interventions import Capture, intervene
 from lmlab.models import LoadedModel
 from lmlab.models.load import check_context
@@ -274,6 +275,12 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
     """
     if not prompts:
         return []
+    limit = lm.layout.context_length
+    longest = max(len(p) for p in prompts)
+    if limit is not None and longest + max_new_tokens > limit:  # learned positions would index past their table
+        raise LmlabError(f"a prompt of {longest} tokens and {max_new_tokens} new ones are longer than {lm.name}'s "
+                         f"context of {limit} tokens; shorten the prompt, generate fewer tokens, or use a model "
+                         f"with a longer context")
     stop = stop_tokens(lm)
     generator = torch.Generator(device=lm.device).manual_seed(seed * 1_000_003) if temperature > 0 else None
     with Progress(transient=True) as bar:
