@@ -194,7 +194,10 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         else:
             out[name] = ""
 
-    with using(model, "sdpa") if model.config._attn_implementation != "eager" else using(model, "eager"):
+    base = model.config._attn_implementation
+    if base not in ("sdpa", "eager"):  # a model lmlab's function already runs: its own default back
+        base = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    with using(model, base):
         plain = logits()
     with intervene(lm, Capture("resid_pre", "z", "mlp_out")):
         routed = logits()
@@ -375,8 +378,9 @@ def write() -> None:
     table = {"transformers": transformers.__version__, "types": {k: {"status": v["status"], "reason": v["reason"]}
                                                                    for k, v in rows.items()}}
     TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    from lmlab.models.architectures import markdown
+    from lmlab.models.architectures import markdown, table as shipped
 
+    shipped.cache_clear()  # the checks above read the table as it was; the page shows the one just written
     text = DOC.read_text(encoding="utf-8")
     head, _, rest = text.partition("<!-- architectures:begin -->")
     _, _, tail = rest.partition("<!-- architectures:end -->")

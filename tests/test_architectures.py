@@ -70,3 +70,41 @@ def test_discovery_finds_what_the_spelled_out_families_say(name):
         assert getattr(found, part) == getattr(listed, part), part
     assert set(found.quant_linears) == set(listed.quant_linears)
     assert found.layers[0] in listed.layers and found.word_embeddings[0] in listed.word_embeddings
+
+
+def test_attention_sinks_join_the_softmax_as_the_model_has_them():
+    """GPT-OSS's per-head sinks: lmlab's pattern equals the model's own (rows summing to less than 1), and every
+    check passes; with the sinks dropped from lmlab's function the forward check fails (the sinks matter)."""
+    import torch
+
+    from lmlab.interventions import Capture, attention, intervene
+    from lmlab.models.load import LoadedModel
+
+    model, tokenizer = conf.tiny_model("gpt_oss")
+    with torch.no_grad():
+        model.model.layers[0].self_attn.sinks.fill_(2.0)  # a sink that takes a visible share of every row
+    checks = conf.run_checks(model, tokenizer)
+    assert not any(v for k, v in checks.items() if k != "mlp activation"), checks  # its experts: no activation
+    with conf._ignoring_the_table():
+        lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout_module.layout_of(model), name="gpt_oss",
+                         source="tiny")
+        with intervene(lm, Capture("pattern", layers=0)) as cap, torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6, 7, 8, 9]]))
+    assert float(cap["pattern", 0].sum(-1).max()) < 0.99
+    real = attention.lmlab_attention
+
+    def without_sinks(module, *args, **kwargs):
+        kwargs.pop("s_aux", None)
+        sinks = module.__dict__["_parameters"].pop("sinks")
+        try:
+            return real(module, *args, **kwargs)
+        finally:
+            module._parameters["sinks"] = sinks
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(attention.IMPL, without_sinks)
+    try:
+        assert conf.run_checks(model, tokenizer)["forward"]
+    finally:
+        attention.register()

@@ -22,6 +22,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from lmlab.errors import LmlabError
+
 IMPL = "lmlab"
 
 
@@ -69,8 +71,12 @@ def allowed_pairs(attention_mask, module, q_len: int, kv_len: int, device) -> to
 
 
 def explicit_attention(module, query, key, value, attention_mask, plan: LayerPlan, scaling, dropout, softcap=None,
-                       ctx: AttnContext | None = None):
-    """Scores -> edits -> softmax -> pattern readers -> weighted values; returns z as (B, Q, H, D)."""
+                       ctx: AttnContext | None = None, sinks=None):
+    """Scores -> edits -> softmax -> pattern readers -> weighted values; returns z as (B, Q, H, D).
+
+    `sinks` (H,): a learned logit per head that joins every query's softmax as one more key with no value (GPT-OSS's
+    attention sinks): the pattern over the real keys then sums to less than 1, and a query whose every key is
+    blocked reads nothing."""
     n_rep = query.shape[1] // key.shape[1]  # grouped-query attention: one K/V head serves n_rep query heads
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -92,7 +98,13 @@ def explicit_attention(module, query, key, value, attention_mask, plan: LayerPla
         g = edit.gate(plan.layer, scores, allowed, ctx)
         if g is not None:
             gate = g if gate is None else gate * g
-    weights = torch.softmax(scores, dim=-1) if gate is None else gated_softmax(scores, gate)
+    if sinks is not None:
+        if gate is not None:
+            raise LmlabError("the sparse attention gate is not defined for an attention with sinks")
+        sink = sinks.reshape(1, -1, 1, 1).float().expand(scores.shape[0], -1, scores.shape[2], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1) if gate is None else gated_softmax(scores, gate)
     # A row with no allowed key (a padded query, or one whose every key was knocked out) reads nothing.
     weights = torch.nan_to_num(weights, nan=0.0)
     for edit in plan.score_edits:
@@ -123,16 +135,19 @@ def gated_softmax(scores: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 def lmlab_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     plan: LayerPlan | None = getattr(module, "_lmlab_plan", None)
     softcap = kwargs.get("softcap")
-    if plan is None and softcap is None:
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None:
+        sinks = getattr(module, "sinks", None)
+    if plan is None and softcap is None and sinks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     plan = plan or LayerPlan(layer=-1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     ctx = AttnContext(layer=plan.layer, batch=query.shape[0], q_len=query.shape[2], kv_len=key.shape[2],
                       n_heads=query.shape[1], device=query.device)
-    if plan.explicit or softcap is not None:
+    if plan.explicit or softcap is not None or sinks is not None:
         z, weights = explicit_attention(module, query, key, value, attention_mask, plan, scaling, dropout,
-                                        softcap=softcap, ctx=ctx)
+                                        softcap=softcap, ctx=ctx, sinks=sinks)
     else:
         z, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                             dropout=dropout, **kwargs)
