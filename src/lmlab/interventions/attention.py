@@ -136,8 +136,8 @@ def lmlab_attention(module, query, key, value, attention_mask, scaling=None, dro
     plan: LayerPlan | None = getattr(module, "_lmlab_plan", None)
     softcap = kwargs.get("softcap")
     sinks = kwargs.pop("s_aux", None)
-    if sinks is None:
-        sinks = getattr(module, "sinks", None)
+    if sinks is None:  # a sink kept as the module's parameter (read from its dict: no AttributeError per call)
+        sinks = module._parameters.get("sinks")
     if plan is None and softcap is None and sinks is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)

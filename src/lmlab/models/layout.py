@@ -78,10 +78,6 @@ MODEL_TYPES: dict[str, str] = {
 }
 
 
-def supported_families() -> str:
-    return ", ".join(sorted(FAMILIES))
-
-
 def family_of(model_type: str) -> str:
     """The family a `config.model_type` belongs to: a spelled-out one of FAMILIES, else the type itself (its
     layout is discovered); an architecture the conformance checks refused raises with their reason."""
@@ -250,35 +246,37 @@ def discover(model: nn.Module) -> FamilySpec:
     if o_proj is None:
         raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
                          f"(looked for {', '.join(_O_NAMES)})")
+    mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
+    linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m) and not _is_router(n, m, config))
+    return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp, mlp_act=mlp_act or "",
+                      gate_proj=gate, mlp_out=mlp_out, gated_mlp=gate is not None, quant_linears=linears,
+                      word_embeddings=_embedding_path(model))
+
+
+def _find_mlp(model_type: str, blocks) -> tuple[str, str | None, str | None, str]:
+    """(the MLP, its activation, its gate projection, the module whose output is its contribution), as paths in a
+    block: a sub-block every block has, BERT's intermediate/output pair, or an MLP whose layers sit in the block
+    itself (OPT, XGLM). The activation and the gate only where every block has them (dense blocks before mixture-
+    of-experts ones share neither)."""
+    block = blocks[0]
     mlp = next((n for n in _MLP_NAMES if all(_has(b, n) for b in blocks)), None)
-    if mlp is None and _has(block, "intermediate.dense") and _has(block, "output.dense"):  # BERT's layout
+    if mlp is None and _has(block, "intermediate.dense") and _has(block, "output.dense"):
         act = next((n for n in ("intermediate_act_fn", *_ACT_NAMES) if _has(block, f"intermediate.{n}")), None)
-        linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m))
-        return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp="intermediate",
-                          mlp_act=f"intermediate.{act}" if act else "", gate_proj=None, mlp_out="output.dense",
-                          gated_mlp=False, quant_linears=linears, word_embeddings=_embedding_path(model))
+        return "intermediate", f"intermediate.{act}" if act else None, None, "output.dense"
     flat = next(((i, o) for i, o in _FLAT_MLP if _has(block, i) and _has(block, o)), None)
-    if mlp is None and flat is not None:  # the MLP's layers sit in the block itself (OPT, XGLM): its output layer
-        act = next((n for n in _ACT_NAMES if _has(block, n)), None)
-        linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m))
-        return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=flat[1], mlp_act=act or "",
-                          gate_proj=None, mlp_out=flat[1], gated_mlp=False, quant_linears=linears,
-                          word_embeddings=_embedding_path(model))
+    if mlp is None and flat is not None:
+        return flat[1], next((n for n in _ACT_NAMES if _has(block, n)), None), None, flat[1]
     if mlp is None:
         raise LmlabError(f"architecture '{model_type}': no MLP sub-block (looked for {', '.join(_MLP_NAMES)})")
-    mlp_module = get_submodule(block, mlp)
-    act = next((n for n in _ACT_NAMES if _has(mlp_module, n) and hasattr(getattr(mlp_module, n), "register_forward_hook")),
+    module = get_submodule(block, mlp)
+    act = next((n for n in _ACT_NAMES if _has(module, n) and hasattr(getattr(module, n), "register_forward_hook")),
                None)
     if act is None:  # an activation module found by its class, one level down
-        act = next((n for n, m in mlp_module.named_children() if _is_activation(m)), None)
-    if act and not all(_has(b, f"{mlp}.{act}") for b in blocks):  # dense blocks before mixture-of-experts ones
+        act = next((n for n, m in module.named_children() if _is_activation(m)), None)
+    if act and not all(_has(b, f"{mlp}.{act}") for b in blocks):
         act = None
     gate = next((n for n in _GATE_NAMES if all(_has(b, f"{mlp}.{n}") for b in blocks)), None)
-    linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m) and not _is_router(n, m, config))
-    return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp,
-                      mlp_act=f"{mlp}.{act}" if act else "", gate_proj=f"{mlp}.{gate}" if gate else None,
-                      mlp_out=mlp, gated_mlp=gate is not None, quant_linears=linears,
-                      word_embeddings=_embedding_path(model))
+    return mlp, f"{mlp}.{act}" if act else None, f"{mlp}.{gate}" if gate else None, mlp
 
 
 def _embedding_path(model) -> tuple[str, ...]:
