@@ -270,7 +270,7 @@ def test_without_answers_the_attention_claims_decide_and_the_gains_are_priced(tm
     assert names == ["Mless - None peak attention", "Mful - None peak attention"]
     assert result.verdict.status in ("inconclusive", "not reproduced")
     if result.verdict.status == "inconclusive":
-        assert "every claim run: FAILED" in result.verdict.summary and "paired problems" in result.verdict.summary
+        assert "every paper claim measured: FAILED" in result.verdict.summary and "paired problems" in result.verdict.summary
     assert (result.path / "figure.png").is_file()
 
 

@@ -261,7 +261,7 @@ def _row(variant, rate, correct, tokens, latents=2.0, losses=(0.05, 0.049), repl
     t = np.array(tokens, dtype=float)
     return [{"kind": "variant", "variant": variant, "rate": rate, "replicate": replicate, "accuracy": c.mean(),
              "tokens": t.mean(), "latents": latents if rate > 1 else 0.0, "seconds_per_problem": 0.01,
-             "loss_q3": losses[0], "loss_q4": losses[1],
+             "loss_q3": losses[0], "loss_q4": losses[1], "used_latents": 1.0 if rate > 1 else 0.0,
              **({"forced_accuracy": forced} if forced is not None else {})}] + [
         {"kind": "problem", "variant": variant, "replicate": replicate, "idx": i, "correct": int(x), "tokens": int(n),
          "latents": 0} for i, (x, n) in enumerate(zip(c, t))]
@@ -458,3 +458,47 @@ def test_accuracy_claims_at_the_ceiling_decide_nothing():
     got = _status(top)[1]
     assert got["accuracy r=16 - CoT"] == "open" and got["accuracy r=16 - CoT, a gain"] == "open"
     assert top.status == "inconclusive" and "ceiling" in top.summary
+
+
+def test_cot_below_the_ceiling_decides_once_converged_and_waits_while_still_learning():
+    """CoT at 75%: a plateau there leaves the accuracy claims room either way (a latent gain reproduces, a drop
+    is "not reproduced"); the same CoT still in its loss drop, or converged no better than answer-only, is a
+    training not finished: every decision waits."""
+    def rows(cot_correct, cot_losses, latent_correct, answer_only=None):
+        out = []
+        for r in range(3):
+            out += _row("cot", 1, np.roll(cot_correct, 3 * r), [40] * 200, replicate=r, losses=cot_losses)
+            out += _row("answer-only", 0, answer_only or [1] * 40 + [0] * 160, [4] * 200, replicate=r)
+            out += _row("r16", 16, np.roll(latent_correct, 3 * r), [25] * 200, replicate=r)
+        return verdict(from_rows("latent", pd.DataFrame(out)))
+
+    cot = [1] * 150 + [0] * 50
+    gain = [1] * 170 + [0] * 30  # the 150 CoT gets right and 20 more
+    up = rows(cot, (0.05, 0.049), gain)
+    assert up.status == "reproduced", up.summary
+    assert "CoT models learned the task: FAILED" not in up.summary
+    down = rows(cot, (0.05, 0.049), [1] * 120 + [0] * 80)
+    assert down.status == "not reproduced" and _status(down)[1]["accuracy r=16 - CoT"] == "no", down.summary
+    learning = rows(cot, (0.166, 0.137), gain)
+    assert learning.status == "inconclusive" and "CoT models learned the task: FAILED" in learning.summary
+    assert "still learning" in learning.summary
+    no_better = rows([1] * 50 + [0] * 150, (0.05, 0.049), [1] * 70 + [0] * 130, answer_only=[1] * 60 + [0] * 140)
+    assert no_better.status == "inconclusive" and "not above answer-only" in no_better.summary
+
+
+def test_a_result_and_its_verdict_render_in_a_notebook():
+    """`_repr_html_` (what Jupyter shows): the verdict's status and the line that decided it, every claim with its
+    interval and whose it is, the failed gates, the figure inlined and the key rows; text is escaped."""
+    import re
+
+    same = [1] * 190 + [0] * 10
+    result = _result(("r4", 4, same, [35] * 200, {}), ("r16", 16, same, [25] * 200, {}))
+    result.verdict = result.verdicts["model"] = verdict(result)
+    page = result._repr_html_()
+    assert result.verdict.status in page and "<img" in page and "base64," in page and "Key rows" in page
+    for claim in result.verdict.evidence["claims"]:
+        assert claim["name"].replace("<", "&lt;").replace(">", "&gt;") in page
+    assert "<td>paper</td>" in page and "[" in page
+    claims_only = result.verdict._repr_html_()
+    assert "<img" not in claims_only and "Claim checked" in claims_only
+    assert not re.search(r"<td>[^<]*[<>][^<]*</td>", claims_only)  # every cell escaped

@@ -256,7 +256,7 @@ def test_a_profile_that_runs_only_some_cells_prices_the_rest():
     result.seconds = 120.0
     demo = verdict(result)
     assert _decisions(demo) == {"teacher - 2-bit Budget-C": "yes"}
-    assert demo.status == "inconclusive" and "every claim run: FAILED" in demo.summary
+    assert demo.status == "inconclusive" and "every paper claim measured: FAILED" in demo.summary
     assert "KD steps, about" in demo.summary and "--bits 2,1 --budgets A,C" in demo.summary
 
 

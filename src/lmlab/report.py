@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from lmlab.claims import headline  # noqa: F401  (the report's one line a study; re-exported)
 from lmlab.environment import describe
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
@@ -75,8 +76,8 @@ def _section(run: Path) -> dict:
     return dict(anchor=run.name, study=study, title=spec.title if spec else study, model=", ".join(result.models),
                 status=result.verdict.status, summary=result.verdict.summary, seconds=result.seconds, complete=True,
                 headline=headline(result.verdict.status, result.verdict.evidence),
-                paper=spec.paper if spec else "", seed_file=spec.seed_file if spec else "",
-                seed_summary=spec.seed_summary if spec else "", claim=result.verdict.claim, figure=figure,
+                paper=spec.paper if spec else "", citation=spec.citation if spec else "",
+                paper_figure=spec.paper_figure if spec else "", claim=result.verdict.claim, figure=figure,
                 key_html=key.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.3g}"),
                 evidence=json.dumps({m: v.evidence for m, v in result.verdicts.items()} if len(rows) > 1
                                     else result.verdict.evidence, indent=1, default=str),
@@ -88,39 +89,6 @@ def _section(run: Path) -> dict:
 
 
 DECISION_COLORS = {"yes": "#2e7d32", "no": "#c62828", "open": "#b58900"}
-
-
-def headline(status: str, evidence: dict) -> str:
-    """The one line that decided a verdict, from the verdict's `deciding` record (the claim or gate, whose claim it
-    is and its bar: claims.deciding); for a verdict stored without one: for "not reproduced" the first claim that failed, for "reproduced" the
-    first decisive claim, for "inconclusive" the first failed gate that kept it open, else the first open claim;
-    as "name: estimate [low, high] (bar)". "" for a verdict without claims (the study's summary says why)."""
-    decided = evidence.get("deciding") or {}
-    if decided.get("kind") == "claim":
-        who = "the paper's claim" if decided.get("source") == "paper" else "a claim of ours"
-        return (f"{decided['line']}; {who}"
-                + (f" ({decided['where']})" if decided.get("where") else "")
-                + (f"; bar: {decided['bar_note']}" if decided.get("bar_note") else ""))
-    if decided.get("kind") == "gate":
-        return f"a validity check of ours: {decided['text']}"
-    claims = [c for c in evidence.get("claims", []) if not c.get("reported")]
-    failed = [g for g in evidence.get("gates", []) if not g.get("passed")]
-    if failed and (status == "inconclusive" or not claims):
-        gate = next((g for g in failed if g.get("blocks") == "all"), failed[0])
-        return f"{gate['name']}: failed"
-    wanted = {"not reproduced": "no", "reproduced": "yes"}.get(status, "open")
-    claim = next((c for c in claims if c.get("decision") == wanted), claims[0] if claims else None)
-    if claim is None:
-        return ""
-    scale, unit = float(claim.get("scale", 1.0) or 1.0), claim.get("unit", "")
-
-    def num(x):
-        return "nan" if x is None or x != x else f"{scale * float(x):+.{2 if abs(scale * float(x)) < 10 else 1}f}"
-
-    bar = claim.get("bar", {})
-    name = claim["name"] + (f" ({claim['group']})" if claim.get("group") else "")
-    return (f"{name}: {num(claim.get('estimate'))}{unit} [{num(claim.get('low'))}, {num(claim.get('high'))}] "
-            f"(bar {bar.get('direction', '')} {scale * float(bar.get('value', 0)):+g}{unit})")
 
 
 def declared_claims(study: str) -> list:

@@ -13,7 +13,7 @@ entries (`scope`, below):
             depend on the batch's composition and its padding, as theirs do);
     "row"   each sequence of the batch on its own (the call at batch size 1; independent of batching);
     "token" each position's d_mlp entries on their own (lmlab's earlier reading).
-DECISION: p_min defaults to 0.02 as METHODS.md reads the paper; the authors' code uses 0.2 (pmin) by
+DECISION: p_min defaults to 0.02 as we read the paper; the authors' code uses 0.2 (pmin) by
 default, available as `p_min=0.2`.
 Seeded: the same generator seed gives the same edit.
 """

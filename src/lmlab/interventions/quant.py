@@ -1,6 +1,6 @@
 """XTC weight and activation quantization (Wu et al., arXiv 2206.01859), and packed checkpoints.
 
-Weights (METHODS.md S2), per group (one group per linear matrix, one per row of the word embeddings):
+Weights (as in the paper), per group (one group per linear matrix, one per row of the word embeddings):
     1 bit   alpha = mean|w|;                 w_b = alpha * sign(w)          (sign(0) = +1)
     2 bits  delta = 0.7 mean|w|; alpha = mean |w| over |w| > delta;  w_t = alpha * sign(w) * [|w| > delta]
     4, 8    symmetric uniform, scale = max|w| / (2^(b-1) - 1)

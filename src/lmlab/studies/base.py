@@ -201,12 +201,17 @@ class StudyConfig(BaseModel):
 
 
 class Verdict(BaseModel):
-    """The seed's qualitative claim, checked on the table, with the numbers behind the answer."""
+    """The paper's qualitative claim, checked on the table, with the numbers behind the answer."""
 
     status: Status
     claim: str
     summary: str
     evidence: dict[str, Any] = {}
+
+    def _repr_html_(self) -> str:
+        from lmlab.claims import verdict_html
+
+        return verdict_html(self.status, self.claim, self.summary, self.evidence)
 
 
 @dataclass(frozen=True)
@@ -214,13 +219,13 @@ class StudySpec:
     name: str  # registry key and CLI command, e.g. "knockout"
     title: str
     paper: str
-    seed_file: str  # the seed figure description in shared/seeds
+    citation: str  # the paper: authors, title and arXiv id
     config: type[StudyConfig]
     run: Callable[..., pd.DataFrame]  # run(config, run_dir, lm=None)
     figure: Callable[..., Any]  # figure(result, fig=None) -> matplotlib Figure (or the SubFigure it drew on)
     verdict: Callable[[Any], Verdict]  # verdict(result) -> Verdict, on one model's result
     default_model: str
-    seed_summary: str = ""  # the paper's figure and numbers, in our words, shown beside ours in the report
+    paper_figure: str = ""  # the paper's figure and numbers, in our words, shown beside ours in the report
     summary: Callable[[Any], pd.DataFrame] | None = None  # one model's key rows for the report
     full_models: tuple[str, ...] = ()  # `lmlab reproduce --profile full` runs these (default: default_model)
     loads_model: bool = True  # False: the study builds its own model in the run (it takes no LoadedModel)

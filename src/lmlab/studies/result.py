@@ -5,7 +5,7 @@ On disk, in the run folder:
     tables/NAME.csv and tables/NAME.parquet   one file pair per named table
     meta.json                                  {model: {...}} what the run counted and chose
     verdict.json                               {"overall": Verdict, "models": {model: Verdict}}
-    figure.png / figure.svg                    the seed's figure (a row of panels per model)
+    figure.png / figure.svg                    the paper's figure (a row of panels per model)
 `load_result(folder)` reads them back; `result.figure` is redrawn from the tables when not in memory.
 """
 
@@ -94,10 +94,36 @@ class StudyResult:
 
     @property
     def figure(self):
-        """The seed's figure: one row of panels per model (drawn from the tables if not in memory)."""
+        """The paper's figure: one row of panels per model (drawn from the tables if not in memory)."""
         if self._figure is None:
             self._figure = draw(self)
         return self._figure
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the study and its models, the verdict (and each model's where there are several), the
+        figure, and the key rows."""
+        import base64
+        from html import escape
+
+        title = self.spec.title if self.study in STUDIES or self._spec is not None else self.study
+        parts = [f"<h3>{escape(title)}</h3><p>{escape(', '.join(self.models))}"
+                 + (f"; run folder <code>{escape(str(self.path))}</code>" if self.path else "") + "</p>",
+                 self.verdict._repr_html_()]
+        if len(self.verdicts) > 1:
+            parts += [f"<p><b>{escape(m)}</b></p>" + v._repr_html_() for m, v in self.verdicts.items()]
+        png = self.path / "figure.png" if self.path else None
+        if png is not None and png.is_file():
+            data = png.read_bytes()
+        else:
+            buf = io.BytesIO()
+            self.figure.savefig(buf, format="png", dpi=90)
+            data = buf.getvalue()
+        parts.append(f'<img alt="figure" style="max-width:100%" src="data:image/png;base64,'
+                     f'{base64.b64encode(data).decode()}">')
+        key = self.summary()
+        if len(key):
+            parts.append("<details><summary>Key rows</summary>" + key.to_html(index=False, na_rep="") + "</details>")
+        return "".join(parts)
 
     def summary(self) -> pd.DataFrame:
         """The key rows for the report, per model."""

@@ -119,7 +119,7 @@ def claims_and_gates(result):
         sd = np.sqrt(ASSUMED_DISCORDANCE)
         needed = int(np.ceil((Z_80 * sd / PAPER_GAIN) ** 2))
         cost = needed * 4 * per  # w/o, Mless, Mful and ARM on every problem
-        gates.append(Gate("every claim run", False, blocks="yes",
+        gates.append(Gate("every paper claim measured", False, blocks="yes",
                           why="the accuracy gains are not generated in this profile",
                           remedy=f"the paper's +{100 * PAPER_GAIN:.0f}-point gain at 80% power needs about {needed:,} "
                                  f"paired problems (if {100 * ASSUMED_DISCORDANCE:.0f}% of pairs disagree), about "

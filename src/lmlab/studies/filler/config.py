@@ -44,7 +44,7 @@ class Config(StudyConfig):
     arm_p1: list[float] | None = Field(None, description="ARM's P1 percentiles tried on dev (the paper: 99.5, 90)")
     arm_scope: Literal["call", "row", "token"] = Field("call", description="ARM statistics over the whole activation "
                                                        "tensor of a call (the authors' code), each sequence, or each token")
-    arm_p_min: float = Field(0.02, description="ARM's least edited share (METHODS.md 0.02; the authors' code 0.2)")
+    arm_p_min: float = Field(0.02, description="ARM's least edited share (0.02 as we read the paper; the authors' code 0.2)")
     def check_inputs(self, models: bool = True) -> None:
         """The benchmark's name, and a gsm8k:PATH / math500:PATH file read and parsed (the first bad row named)."""
         super().check_inputs(models)

@@ -1,6 +1,6 @@
-"""S3 · Meaningless tokens and the Activation Redistribution Module (Shi et al., arXiv 2510.01032), seed 003.
+"""S3 · Meaningless tokens and the Activation Redistribution Module (Shi et al., arXiv 2510.01032).
 
-Recipe (METHODS.md S3):
+Recipe:
  - prompt = instruction ("Please reason step by step, and put your final answer within \\boxed{}.")
    + inserted tokens + problem; Mless = 55 x " /", Mful = 55 x " he", between the instruction and the
    problem by default, inside the user turn for chat-template models. Prompts are assembled from token

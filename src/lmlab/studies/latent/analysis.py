@@ -7,14 +7,17 @@ while the token count falls. Both are checked, and an accuracy claim whose arms 
 problem of every replicate decides nothing (`claims.at_bound`): at the ceiling neither a gain nor a loss can show.
 Gates:
 - replicates: one training run cannot decide a claim about a training method (blocks every decision);
-- the CoT models learned the task (accuracy >= 90% each; blocks every decision);
+- the CoT models learned the task (blocks every decision): each CoT replicate scores at least 90%, or, below that,
+  its training loss is flat over its last quarter (the training check below) and it scores above its replicate's
+  answer-only model. A CoT model that plateaued below the ceiling is what leaves the accuracy claims room to show
+  or fail; one still in its loss drop is a training not finished, whichever way it would tilt latent - CoT;
 - the method was exercised: every rate's models wrote at least 0.1 latent tokens a problem (blocks every decision);
-- the latent models learned to read their codes (METHODS, S0, turn 4): each scores above its replicate's
+- the latent models learned to read their codes: each scores above its replicate's
   answer-only model, and no lower with the true codes forced than with its own by more than 5 points (blocks
   every decision: a failed training is never a finding);
 - training converged: no model's training loss still falling over its last quarter by more than 10% of the
   third quarter's and by more than 0.01 nats per token (a heuristic; blocks "not reproduced");
-- the chain is needed (METHODS, S0, turn 4): answer-only at least 30 points below CoT, or latents have nothing to
+- the chain is needed: answer-only at least 30 points below CoT, or latents have nothing to
   carry and the test is too weak to call the claim reproduced (blocks "reproduced").
 """
 
@@ -32,7 +35,7 @@ POINT = 0.01  # "within about one point" of accuracy
 MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not exercised
 STILL_LEARNING = (0.10, 0.01)  # last-quarter loss drop (relative, nats/token) that means training had not converged
 COT_LEARNED = 0.90
-CHAIN_NEEDED = 0.30  # answer-only at least this far below CoT (METHODS, S0, turn 4)
+CHAIN_NEEDED = 0.30  # answer-only at least this far below CoT
 FORCED_SLACK = 0.05  # forced true codes may score at most this much below the model's own codes
 LEVEL = 0.5  # tokens: a difference under half a token is level, not a rise
 PAPER_FIGURE = ("the paper's figure of accuracy and trace length vs the compression rate r (Llama-3.2-3B): the "
@@ -130,15 +133,27 @@ def _claims(result, k: int) -> list:
 
 def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
     gates = [replicates_gate(k)]
+    answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
+    unlearned = []
+    for row in v[v["variant"] == "cot"].sort_values("replicate").itertuples():
+        acc, ao = float(row.accuracy), float(answer_only.get(row.replicate, np.nan))
+        if acc >= COT_LEARNED:
+            continue
+        if (q := still_learning(row._asdict())):
+            unlearned.append(f"replicate {int(row.replicate)}: {100 * acc:.1f}% and still learning "
+                             f"({q[0]:.3f} -> {q[1]:.3f} nats/token)")
+        elif np.isfinite(ao) and acc <= ao:
+            unlearned.append(f"replicate {int(row.replicate)}: {100 * acc:.1f}%, not above answer-only's {100 * ao:.1f}%")
     cot_acc = v[v["variant"] == "cot"].sort_values("replicate")["accuracy"]
-    gates.append(Gate("CoT models learned the task", bool((cot_acc >= COT_LEARNED).all()),
-                      why="CoT accuracy " + ", ".join(f"{100 * a:.1f}%" for a in cot_acc)
-                          + f" (needs {100 * COT_LEARNED:.0f}% each)", remedy="more --steps"))
+    gates.append(Gate("CoT models learned the task", not unlearned,
+                      why="; ".join(unlearned) if unlearned else
+                      "CoT accuracy " + ", ".join(f"{100 * a:.1f}%" for a in cot_acc)
+                      + f" (each at {100 * COT_LEARNED:.0f}% or more, or converged above answer-only)",
+                      remedy="more --steps"))
     idle = [f"r={int(row.rate)} replicate {int(row.replicate)}" for row in v[v["variant"].str.startswith("r")].itertuples()
             if float(row.latents) < MIN_LATENTS]
     gates.append(Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
                       if idle else "every latent model writes codes", remedy="more --steps"))
-    answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
     unread = []
     for row in v[v["variant"].str.startswith("r")].itertuples():
         ao = float(answer_only.get(row.replicate, np.nan))

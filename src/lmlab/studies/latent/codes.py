@@ -9,7 +9,7 @@ or a multi-token word is never cut between latent and text, and a shorter segmen
 whole number of segments, drawn per example (`draw_m`): 0 for about 1/7 of examples, otherwise up to 40%
 of the chain and never into its final step.
 
-VQ-VAE (our own, about 30 lines of quantizer: METHODS.md asks for the codebook and commitment losses
+VQ-VAE (our own, about 30 lines of quantizer: the paper's codebook and commitment losses
 exactly, which vector-quantize-pytorch replaces by default with EMA codebook updates, and it would add
 einops/einx as dependencies for a nearest-neighbour lookup): as in the paper, it is trained on chunks of
 the whole sequence (question, chain and answer), each conditioned on the prompt, and applied to the chain

@@ -30,6 +30,10 @@ class Config(StudyConfig):
     n_layers: int | None = Field(None, ge=1, description="scratch model: layers")
     batch_size: int | None = Field(None, ge=1, description="sequences per training step")
     lr: float | None = Field(None, gt=0, description="learning rate of the CoT and latent models")
+    moves: int | None = Field(None, ge=1, description="turtle and walk: moves per walk (default: 8 for the turtle, "
+                                                      "7-9 for the walk)")
+    grid: int | None = Field(None, ge=2, le=10, description="turtle and walk: side of the walled square grid "
+                                                          "(default: 4 for the turtle, 6 for the walk)")
     max_steps_per_problem: int = Field(4, ge=2, description="arithmetic: reasoning steps per problem (2..this)")
     data: str = Field("turtle", description="turtle (a walk steered by turns, the default), walk (a maze-style "
                                             "grid walk), classes (ProsQA-style class chains), arithmetic (short "
@@ -76,5 +80,7 @@ def check_config(config: Config) -> None:
     if config.model not in ("scratch", *sorted(PRETRAINED)):
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
                          f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
+    if config.task not in ("turtle", "walk") and (config.moves is not None or config.grid is not None):
+        raise LmlabError(f"--moves and --grid set the turtle and walk tasks' size, not {config.task}'s")
     if config.task not in (*DATA, "gsm8k"):
         raise LmlabError(f"unknown --data '{config.data}'; use turtle, walk, classes, arithmetic, gsm8k or gsm8k:PATH")

@@ -1,10 +1,10 @@
-"""S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275), seed 000.
+"""S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275).
 
 1. Data (data/generated/planning.py): by default a generated turtle walk (turns and steps relative to a heading
    on a walled grid) whose step-by-step trace opens with a plan that restates the prompt and then restates the
    heading or position each step computes, about 75 tokens (the paper's from-scratch setting, a Keys-Finding
    Maze, has traces whose early words "support textual coherence rather than core reasoning"); the answer alone
-   needs the whole walk composed in one pass, so the chain is needed (METHODS, S0, turn 4); `--data walk` the
+   needs the whole walk composed in one pass, so the chain is needed (else latents would have nothing to carry); `--data walk` the
    earlier absolute-move grid walk; `--data classes` ProsQA-style class chains;
    `--data arithmetic` the short +/- chains (data/generated/reasoning.py), where every computed value is
    needed later, kept as a stress test; `--data gsm8k:PATH` a GSM8K jsonl file. Splits are disjoint.
@@ -74,10 +74,14 @@ from lmlab.train.loop import PerReplicate
 def load_problems(config: Config) -> dict:
     n_test = config.size("n_test")
     n_dev = min(n_test, 200)  # the dev split only measures the VQ-VAE's reconstruction
+    walk = {}
+    if config.task in ("turtle", "walk"):
+        moves, grid = config.size("moves"), config.size("grid")
+        walk = ({"min_moves": moves, "max_moves": moves} if moves else {}) | ({"size": grid} if grid else {})
     if config.task == "turtle":
-        return generate_turtle_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
+        return generate_turtle_problems(config.size("n_train"), n_dev, n_test, seed=config.seed, **walk)
     if config.task == "walk":
-        return generate_walk_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
+        return generate_walk_problems(config.size("n_train"), n_dev, n_test, seed=config.seed, **walk)
     if config.task == "classes":
         return generate_class_problems(config.size("n_train"), n_dev, n_test, seed=config.seed)
     if config.task == "arithmetic":

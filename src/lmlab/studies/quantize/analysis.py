@@ -112,7 +112,7 @@ def claims_and_gates(result, tasks: list[str]):
     gates = [replicates_gate(k), _teachers_gate(scores[(scores.bits == 32) & scores.task.isin(tasks)], cells),
              _learned_gate(students, cells), _converged_gate(students, _best_budget(cells))]
     if missing:
-        gates.append(Gate("every claim run", False, why="not run in this profile: " + "; ".join(missing),
+        gates.append(Gate("every paper claim measured", False, why="not run in this profile: " + "; ".join(missing),
                           remedy=f"--bits 2,1 --budgets A,C (the quick profile); {_price(result, cells)}", blocks="yes"))
     return claims, gates
 
@@ -123,7 +123,7 @@ def _best_budget(cells) -> str | None:
 
 
 def _claims(cells, sampler, tasks: list[str]) -> tuple[list, list[str]]:
-    """The seed's claims on the task average, each from the cells it needs: 2-bit close to the teacher, 1-bit below
+    """The paper's claims on the task average, each from the cells it needs: 2-bit close to the teacher, 1-bit below
     2-bit, Budget-C >= Budget-A at each width, and the C-A gap larger at 1 bit; (claims, those the run lacks)."""
     best = _best_budget(cells)
     unit = dict(unit=" points", n_unit="test examples", group=", ".join(tasks))

@@ -1,10 +1,10 @@
-"""S2 · Extreme quantization with distillation, XTC (Wu et al., arXiv 2206.01859), seed 002.
+"""S2 · Extreme quantization with distillation, XTC (Wu et al., arXiv 2206.01859).
 
-Recipe (METHODS.md S2): the teacher is the full-precision model fine-tuned per task. Each student starts
+Recipe (the paper's): the teacher is the full-precision model fine-tuned per task. Each student starts
 as a copy of the teacher, is quantized (Q, K, V, attention output, FFN in/out per matrix; word
 embeddings per row; 8-bit per-token activations; see interventions/quant.py), and is trained from
 step 0 with one-stage KD only (logits KL or MSE + attention-score MSE + hidden-state MSE, weights 1,
-no label loss; train/kd.py) on the foundation's training loop. Budgets (METHODS decision): B = 3x
+no label loss; train/kd.py) on the foundation's training loop. Budgets (our decision): B = 3x
 and C = 6x the epochs of A, same schedule shape (linear decay after one warm-up epoch). The warm-up is at most a
 third of Budget-A (config.student_warmup): the paper's Budget-A is 3 epochs, one of them warm-up, and a 1-epoch
 Budget-A that warmed up for its whole epoch ended at its peak rate, never decaying (at lr 1e-3 on fact-qnli its

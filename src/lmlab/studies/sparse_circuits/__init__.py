@@ -1,4 +1,4 @@
-"""S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865), seed 004."""
+"""S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865)."""
 
 from lmlab.lazy import Lazy, lazy_exports
 from lmlab.studies.base import StudySpec, register
@@ -8,12 +8,14 @@ SPEC = register(StudySpec(
     name="sparse-circuits",
     title="S4 · Sparse attention post-training and circuit size",
     paper="Draye et al., arXiv 2512.05865",
-    seed_file="004_30b276bc91f098ce.txt",
+    citation=("Draye, Lei, Pan, Posner and Schölkopf, "
+              "\"Sparse Attention Post-Training for Mechanistic Interpretability\", "
+              "arXiv 2512.05865"),
     config=Config, run=Lazy(f"{__name__}.recipe:run"),
     figure=Lazy(f"{__name__}.analysis:figure"), verdict=Lazy(f"{__name__}.analysis:verdict"),
     default_model="smollm2-135m",
     full_models=("smollm2-135m", "gemma3-270m"),
-    seed_summary="Explained effect vs number of heads kept, dense vs sparse model, four tasks. Multipliers "
+    paper_figure="Explained effect vs number of heads kept, dense vs sparse model, four tasks. Multipliers "
                  "(dense heads / sparse heads at equal explained effect): Greater-Than 0.6x, IOI 2.0x (GPT-2), "
                  "Docstring 1.3x, IOI-Long 1.6x (OLMo-7B); the sparse models keep about 0.4% of attention edges "
                  "at unchanged loss.",

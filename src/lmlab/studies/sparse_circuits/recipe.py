@@ -1,4 +1,4 @@
-"""S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865), seed 004.
+"""S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865).
 
 1. Dense circuit discovery on four generated tasks (data/generated/circuits.py): heads ranked by
    attribution patching (circuits.py), explained effect EE(N) with the top N heads kept and every other
@@ -27,7 +27,7 @@
 4. The toy of the paper's Figure 1 (toy.py, toy_study.py): 4 layers trained from scratch on 2-digit addition,
    five problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained, k times
    (`--seeds`), the replicates trained together as one stacked module; each replicate's circuit for the ones
-   digit is found dense and sparse, which draws the seed's figure at toy scale (explained effect vs heads kept,
+   digit is found dense and sparse, which draws the paper's figure at toy scale (explained effect vs heads kept,
    the multiplier over replicates); its attention edges are drawn dense above, sparse below.
 
 Under a launch (`torchrun -m lmlab sparse-circuits`, docs/scaling.md) discovery is shared out by task (the

@@ -1,4 +1,4 @@
-"""S4 on the addition toy: the seed's figure at toy scale and the toy's claims, read from the tables alone.
+"""S4 on the addition toy: the paper's figure at toy scale and the toy's claims, read from the tables alone.
 
 Claims (lmlab.claims; each an estimate over the k replicates with an interval over replicates and items):
 - edges kept <= 5% ("a few per cent or fewer"): the deterministic gate's kept share of causal edges, per test
@@ -22,8 +22,8 @@ settings, and seed 0 on an H100 at 5 and 15 replicates) it failed 6 times, by +0
 final sparse toy's held-out answer CE stayed within -0.012 to +0.0035 nats of its dense toy's (the failed six +0.001
 to +0.0035; the slack is 0.03): GECO holds the sampled gate's training CE at its bound
 by oscillating about it (100-step means of one replicate ran -0.008 to +0.012 nats), so where the last quarter fell
-in that swing decided the gate, not a loss the measured model bought. METHODS' "a run whose constraint is still
-violated at the end has not converged" stands for "not reproduced" (a GECO still pulling the CE down would give
+in that swing decided the gate, not a loss the measured model bought. Our rule that "a run whose constraint is
+still violated at the end has not converged" stands for "not reproduced" (a GECO still pulling the CE down would give
 edges back); a sparsity shown at the measured model's unchanged loss stands (docs/studies/sparse-circuits.md).
 """
 
@@ -286,7 +286,7 @@ def _effect_panel(left, task: str, found: dict, claims: list, n_tasks: int) -> N
 
 
 def toy_seed_figure(result, fig=None):
-    """The seed's figure at toy scale: per toy task, explained effect vs heads kept, dense vs sparse (each replicate a
+    """The paper's figure at toy scale: per toy task, explained effect vs heads kept, dense vs sparse (each replicate a
     thin line, their mean bold with the band over replicates) and the task's multiplier with its interval; and edges
     kept and exact match per replicate."""
     found = curves(result)

@@ -13,7 +13,7 @@ sparse-post-trained, each dissected dense and sparse.
    drift too: its CE over its bound by more than the gate allows, on average over that many steps.
 2. Each replicate is measured dense and sparse on the 200 test sequences (1000 problems): exact match per
    sequence, and the deterministic gate's kept share of causal edges per sequence.
-3. Circuit discovery on each replicate, dense and sparse (the seed's figure at toy scale): the toy's circuit tasks
+3. Circuit discovery on each replicate, dense and sparse (the paper's figure at toy scale): the toy's circuit tasks
    (toy.circuit_task, config.TOY_TASKS: the tens digit f of `a b + c d = e f`, its corrupted prompt changing c, or b
    so that the carry flips; toy_tasks picks them), heads ranked by attribution patching and the explained-effect
    curve with the top N heads kept (circuits.py, the same code as the model's discovery); heads needed for 0.9, and
