@@ -306,6 +306,12 @@ def test_verdict_can_go_each_way():
     assert unconverged.status == "inconclusive" and "training converged: FAILED" in unconverged.summary
     flat = verdict(_result(("r16", 16, worse, [25] * 200, {"losses": (0.046, 0.037)})))  # < 0.01 nats: done
     assert flat.status == "not reproduced"
+    # answer-only memorising its training set (its loss still falling) is a reference, not an arm: reported only
+    rows = pd.DataFrame([row for r in range(3) for row in _replicate_rows(r, [("r16", 16, worse, [25] * 200, {})])])
+    rows.loc[(rows["kind"] == "variant") & (rows["variant"] == "answer-only"), ["loss_q3", "loss_q4"]] = (0.19, 0.01)
+    memorising = verdict(from_rows("latent", rows))
+    gate = next(g for g in memorising.evidence["gates"] if g["name"] == "training converged")
+    assert memorising.status == "not reproduced" and gate["passed"] and "answer-only reference" in gate["why"]
     slightly = list(np.roll([1] * 188 + [0] * 12, 5))  # 1 point down, other problems wrong than CoT's
     unclear = verdict(_result(("r16", 16, slightly, [25] * 200, {}), shift=7))
     assert unclear.status == "inconclusive" and "to decide" in unclear.summary and "test problems" in unclear.summary

@@ -80,6 +80,7 @@ def test_a_failing_study_does_not_stop_the_others_and_shows_in_the_report(tmp_pa
 
 # --- the demo profile: every registered study has one, and `reproduce --profile demo` runs them all
 def test_every_registered_study_has_a_demo_profile_that_resolves_every_size():
+    from lmlab.reproduce import expected_seconds
     from lmlab.studies import STUDIES
     from lmlab.studies.base import load_profiles
 
@@ -91,7 +92,8 @@ def test_every_registered_study_has_a_demo_profile_that_resolves_every_size():
         config = spec.config(model=spec.default_model, profile="demo")
         for key in profiles["demo"]:
             assert config.size(key) == profiles["demo"][key]
-        assert profiles.get("seconds", {}).get("demo"), f"{name}: no measured demo time for the ETA"
+        assert expected_seconds(name, "demo") and expected_seconds(name, "quick"), f"{name}: no measured time"
+        assert "seconds" not in profiles, f"{name}: measured times live in the generated timings file"
 
 
 def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_path):
@@ -183,3 +185,18 @@ def test_each_studys_doc_carries_its_declared_claims():
         for c in declared_claims(study):
             assert c.source in ("paper", "lmlab") and c.where, (study, c.name)
         assert any(c.source == "paper" and c.decisive for c in declared_claims(study)), study
+
+
+def test_no_profiles_yaml_comment_carries_a_timing_or_a_machine():
+    """A profile keeps its lasting reasons; run times and machines live in the generated timings and results."""
+    import re
+    from importlib import resources
+
+    from lmlab.studies import STUDIES
+
+    timing = re.compile(r"\b\d+(\.\d+)? ?(s|sec|min|h|hours?|minutes?)\b|EPYC|Xeon|H100|H200|AVX|peak RSS", re.I)
+    for name, spec in STUDIES.items():
+        text = resources.files(spec.config.__module__.rpartition(".")[0]).joinpath("profiles.yaml").read_text()
+        comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+        found = [c for c in comments if timing.search(c)]
+        assert not found, f"{name}: {found}"

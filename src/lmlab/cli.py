@@ -101,7 +101,7 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
                 folder = entry.package_dir() if not entry.gguf_file else cached_model_dir(name)
                 rows.append([name, *shape(describe_folder(folder)), entry.description, status])
             else:
-                rows.append([name, "", "", "", "", entry.description, "installed; first load de-quantizes (~20 s)"])
+                rows.append([name, "", "", "", "", entry.description, "installed; its first load de-quantizes it, then it is cached"])
         except LmlabError as exc:
             rows.append([name, "", "", "", "", entry.description, f"[red]missing[/]: {exc}"])
     for name in TINY_NAMES:
@@ -195,8 +195,9 @@ def _ratio(row: dict) -> str:
 @app.command()
 @friendly
 def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
-                  "quick", help="demo (a first run, ~14 min on 2 cores with --jobs 2), quick (up to an hour a study on 2 "
-                                "cores, S2 about 1 h 10 min) or full (the papers' sizes, a GPU)"),
+                  "quick", help="demo (a first run: minutes a study on 2 cores, run with --jobs 2), quick (up to about an "
+                                "hour a study on 2 cores; the progress table estimates the time left) or full (the "
+                                "papers' sizes, a GPU)"),
               out_dir: Path = typer.Option(Path("runs"), "--out", help="root folder of the run directories"),
               seed: int = typer.Option(0, help="random seed for every study"),
               seeds: Optional[int] = typer.Option(None, min=1, help="replicates per cell for every study that draws "
@@ -257,7 +258,7 @@ def _bf16_note(dtype: str, device: str) -> None:
         return
     if dtype == "auto" and resolve_device(device) == "cpu" and "AMX" in bf16_hardware():
         err.print("note: this CPU computes bf16 in hardware (AMX); --dtype bfloat16 trains under bf16 autocast, "
-                  "1.4x faster a step on a 2-core Xeon, with numbers that differ from float32's in rounding (docs/install.md)")
+                  "faster a step on such a CPU, with numbers that differ from float32's in rounding (docs/install.md)")
 
 
 def _progress_table(profile: str, started: float, names: list[str], outcomes: list, running: list[str],
@@ -292,6 +293,26 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
     from lmlab.report import build_report
 
     out.print(f"report: {build_report(run_dirs, out_file)}")
+
+
+@app.command()
+@friendly
+def results(run_dirs: list[Path] = typer.Argument(..., help="finished run folders, or roots holding them"),
+            records: Path = typer.Option(Path("runs/results.jsonl"), help="the record of every run read so far "
+                                         "(JSON lines; a run read again replaces its own record)"),
+            out_file: Path = typer.Option(Path("runs/results.md"), "--out", help="the Markdown page to write"),
+            timings: Path = typer.Option(None, help="also update this timings file (lmlab's own: "
+                                         "src/lmlab/timings.json, which reproduce reads)")):
+    """Record finished runs and write the results page from every record: each run's verdict, what decided it, its
+    time and the machine it ran on; nothing typed in by hand."""
+    import shlex
+
+    from lmlab.results import update
+
+    args = [str(p) for p in run_dirs] + ["--records", str(records), "--out", str(out_file)]
+    command = "lmlab results " + " ".join(shlex.quote(a) for a in args + (["--timings", str(timings)] if timings else []))
+    new = update(run_dirs, records, out_file, timings, command)
+    out.print(f"results: {len(new)} run(s) recorded in {records}; {out_file}" + (f"; {timings}" if timings else ""))
 
 
 @app.command()
@@ -469,8 +490,14 @@ def _study_command(spec):
         result = run_study(spec, settings, out_dir)
         if result is None:  # another process of a launch: rank 0 reports
             return
-        out.print(f"{spec.title}: [bold]{result.verdict.status}[/] — {result.verdict.summary}")
-        out.print(f"outputs in {result.path}")
+        from lmlab.claims import headline
+
+        decided = headline(result.verdict.status, result.verdict.evidence)
+        out.print(f"{spec.title}: [bold]{result.verdict.status}[/]", highlight=False)
+        if decided:
+            out.print(f"decided by: {decided}", highlight=False)
+        out.print(f"the whole verdict: {result.verdict.summary}", highlight=False)
+        out.print(f"outputs in {result.path} (lmlab report {result.path} draws it as HTML)", highlight=False)
 
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [

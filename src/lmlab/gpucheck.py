@@ -46,12 +46,10 @@ TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 
 # each study on the GPU, in three lanes that run side by side (and beside the suite): (name, command arguments,
 # time limit in seconds). S0's demo gives the verdict the CPU gave at seed 0 (docs/studies); the S4 toy's quick profile
-# is the one that decides it. Measured on one H100 beside the suite: S0's demo 183 s and quick 307 s, the S4 toy's
-# quick 179 s (its full sizes 323 s in an earlier run behind the toy's demo; cut at 302 s behind the quick), S1
-# 21 s, S3 on tiny-llama 31 s, S2 40 s. S0's quick runs at the sizes it was measured with there (3 replicates of 800
-# steps; the profile's 10 of 1200 train 10 VQ-VAEs a rate one after another, past a device call's 10 minutes).
-# --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's
-# quick profile on that model (SmolLM2's GGUF, brought over: 209 s)
+# is the one that decides it; each limit leaves room over what the step took on a GPU beside the suite. S0's quick
+# runs 3 replicates of 800 steps (the profile's 10 of 1200 train 10 VQ-VAEs a rate one after another, past a device
+# call's 10 minutes). --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's quick profile on that
+# model (SmolLM2's GGUF, brought over)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
      ("S1 knockout, tiny-llama", ["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),

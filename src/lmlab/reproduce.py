@@ -8,7 +8,7 @@ that finished (their run folders are complete) and resumes the one that was inte
 With `jobs` > 1 each study runs in a process of its own (spawned), with the CPU threads shared out between
 the processes, the longest expected study first. On 2 CPU cores two one-thread processes get more from the
 cores than one process of two threads: the small models' matrix products and elementwise steps split poorly
-over two threads (a toy training step: 1.53x faster on two threads than on one).
+over two threads (a toy training step gains far less than twice from a second thread).
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ class Outcome:
 
 
 def expected_seconds(name: str, profile: str) -> float | None:
-    """The study's measured run time for the profile (its profiles.yaml `seconds`, on the machine named there)."""
-    from lmlab.studies.base import load_profiles
+    """The study's measured run time for the profile: its entry in the timings file that `lmlab results` writes
+    from finished run folders (the machine it was measured on is recorded beside it); None where none is."""
+    from lmlab.results import load_timings
 
-    spec = STUDIES[name]
-    table = load_profiles(spec.config.__module__.rpartition(".")[0]).get("seconds") or {}
-    value = table.get(profile)
+    value = (load_timings().get(name) or {}).get(profile, {}).get("seconds")
     return float(value) if value else None
 
 

@@ -59,8 +59,8 @@ class Config(StudyConfig):
             read_math_file(kind, path)
 
     batch_size: int | None = Field(None, ge=1, description="prompts generated together (CPU: 64, a chunk in one batch; "
-                                                          "decoding is bound by reading the weights, so 64 rows cost "
-                                                          "21% less than 2 x 32; a GPU: 1024 in quick)")
+                                                          "decoding is bound by reading the weights, so larger batches "
+                                                          "cost less a row; a GPU: 1024 in quick)")
 
 
 def unknown_benchmark(name: str):

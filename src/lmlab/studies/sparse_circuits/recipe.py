@@ -47,7 +47,7 @@ post-training text and post-training: that model is measured, with the earlier r
 a model of its own, still trains on one device).
 
 DECISIONS for CPU minutes: quick post-trains 20 steps of 16 sequences x 128 tokens (a step of SmolLM2-135M
-takes about 16 s on 2 cores), 12 prompt pairs per task (underpowered, said so) and a coarse N grid; the
+takes seconds on a CPU), 12 prompt pairs per task (underpowered, said so) and a coarse N grid; the
 toy is 64 wide. The q/k projections train at 10x the learning rate (the gates read only them; issue 18).
 The full profile (GPU) uses 64 prompts, 2000 steps of 16 sequences, held-out text at the model's context.
 """

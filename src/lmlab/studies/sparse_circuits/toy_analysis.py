@@ -252,8 +252,8 @@ def toy_verdict(result, claim: str, seconds: float = 0.0, model_run: bool = Fals
             + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_dense"]) + ". ")
     text = head + text + ("" if model_run else (
         f". The four tasks on the model need --circuits with 64 prompt pairs a task and sparse post-training to "
-        f"convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 sequences; about 16 s a step for "
-        "SmolLM2-135M on 2 CPU cores, 9 hours: a GPU's work)"))
+        f"convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 sequences of SmolLM2-135M: hours on a "
+        "CPU, a GPU's work; `lmlab sparse-circuits --circuits` prices it at its own pace)"))
     scope = ("Scope: this run: a 4-layer transformer trained from scratch on 2-digit addition (the paper's Figure 1 "
              "illustration); the paper measures sparsity and circuits on GPT-2 and OLMo-7B")
     return Verdict(status=status, claim="On the addition toy: " + claim, summary=text + ". " + scope,

@@ -1,0 +1,210 @@
+"""`lmlab results RUN_DIR...`: the record of measured runs, generated from their run folders.
+
+Each finished run folder gives one record: the study, its model(s), profile, seed and replicates, whether it ran
+at the profile's sizes, its verdict and the line that decided it (whose claim, its interval and bar, or the
+validity check that kept it open), its run time over every session, the machine (CPU, AVX-512 or not, cores,
+threads, load average; or the GPU), lmlab's version and when it finished. Nothing is typed in by hand.
+
+- The records are kept in a JSON-lines file (`--records`); a run read again replaces its own record (same run
+  folder name and finish time), so the file keeps the runs whose folders are gone.
+- The Markdown page (`--out`) is rendered from every record: the latest run of each study and profile first, then
+  every run by study, newest first.
+- The timings file (`--timings`, the one `lmlab reproduce` reads to order the studies and estimate the time left)
+  takes, for each study and profile, the run time of its latest record made with the study's default model at the
+  profile's own sizes (a run with a size changed on the command line times something else).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from lmlab.claims import headline
+from lmlab.environment import machine
+from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
+
+TIMINGS = Path(__file__).with_name("timings.json")
+
+
+@dataclass
+class Record:
+    study: str
+    run: str  # the run folder's name
+    model: str
+    profile: str
+    seed: int
+    seeds: int | None
+    sizes: str  # "profile" (the profile's own sizes) or the sizes set on the command line
+    verdict: str
+    decided: str
+    seconds: float
+    machine: str
+    gpu: str | None
+    lmlab: str | None
+    finished: str
+    environment: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.run, self.finished
+
+
+def _size_fields(study: str) -> set[str]:
+    from lmlab.studies import STUDIES
+    from lmlab.studies.base import load_profiles
+
+    spec = STUDIES[study]
+    table = load_profiles(spec.config.__module__.rpartition(".")[0])
+    names: set[str] = set()
+    for profile in ("demo", "quick", "full"):
+        names |= set(table.get(profile) or {})
+    for variant in (table.get("variants") or {}).values():
+        for sizes in variant.values():
+            names |= set(sizes or {})
+    return names
+
+
+def read_record(run: Path) -> Record:
+    """One finished run folder's record; one sentence when the folder holds no finished run."""
+    from lmlab.studies import STUDIES
+
+    manifest_file, verdict_file, config_file = run / "manifest.json", run / "verdict.json", run / "config.yaml"
+    if not (manifest_file.is_file() and verdict_file.is_file() and config_file.is_file()):
+        raise LmlabError(f"{run} holds no finished study run (manifest.json, verdict.json and config.yaml)")
+    manifest = json.loads(manifest_file.read_text())
+    if manifest.get("status") != "complete":
+        raise LmlabError(f"{run} is not complete ({manifest.get('status')}): rerun its command to finish it")
+    study = manifest.get("study", "")
+    if study not in STUDIES:
+        raise LmlabError(f"{run} is a run of '{study}', which is not a study of this lmlab")
+    config = yaml.safe_load(config_file.read_text()) or {}
+    overall = json.loads(verdict_file.read_text())["overall"]
+    fields = _size_fields(study)
+    changed = sorted(k for k in fields if config.get(k) is not None)
+    env = manifest.get("environment") or {}
+    if not env and manifest.get("children"):  # a several-model run: its first child ran on the same machine
+        child = Path(manifest["children"][0]) / "manifest.json"
+        env = json.loads(child.read_text()).get("environment", {}) if child.is_file() else {}
+    return Record(study=study, run=run.name, model=str(config.get("model", manifest.get("model", ""))),
+                  profile=str(config.get("profile", "")), seed=int(config.get("seed", 0) or 0),
+                  seeds=config.get("seeds"),
+                  sizes="profile" if not changed else ", ".join(f"{k} {config[k]}" for k in changed),
+                  verdict=overall["status"], decided=headline(overall["status"], overall.get("evidence", {})),
+                  seconds=float(manifest.get("run_seconds", manifest.get("seconds", 0.0)) or 0.0),
+                  machine=machine(env) if env else "not recorded", gpu=env.get("gpu"), lmlab=env.get("lmlab"),
+                  finished=str(manifest.get("finished", "")), environment=env)
+
+
+def run_folders(paths: list[Path]) -> list[Path]:
+    """The finished run folders in `paths` (a run folder itself, or a folder of them such as reproduce's --out)."""
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path).expanduser()
+        if not path.exists():
+            raise LmlabError(f"no run folder at {path}")
+        if (path / "manifest.json").is_file():
+            found.append(path)
+        else:
+            found += sorted(p.parent for p in path.glob("*/manifest.json"))
+    if not found:
+        raise LmlabError(f"no finished run folders under {', '.join(map(str, paths))}")
+    return found
+
+
+def load_records(path: Path) -> list[Record]:
+    if not path.is_file():
+        return []
+    return [Record(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def merge(records: list[Record], new: list[Record]) -> list[Record]:
+    """`records` with `new` added; a record of the same run and finish time is replaced. Oldest first."""
+    keys = {r.key for r in new}
+    return sorted([r for r in records if r.key not in keys] + new, key=lambda r: r.finished)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render(records: list[Record], command: str) -> str:
+    """The Markdown page: the latest run of each study and profile, then every run by study."""
+    from lmlab.studies import STUDIES
+
+    order = {name: i for i, name in enumerate(STUDIES)}
+    lines = ["# Results", "",
+             "Generated from the records of finished run folders by `lmlab results` (the last time: "
+             f"`{command}`); do not edit by hand. Each row is one finished run: its",
+             "verdict and the line that decided it, the run time over its sessions, and the machine it ran on (a load",
+             "average above the threads means the cores were shared, so the time is not a timing). \"sizes\" says",
+             "whether the run used the profile's own sizes or which it set.", ""]
+    latest: dict[tuple[str, str], Record] = {}
+    for r in records:
+        latest[(r.study, r.profile)] = r  # records are oldest first
+    lines += ["## The latest run of each study and profile", "",
+              "| study | profile | seed | verdict | what decided it | time | machine |", "|---|---|---|---|---|---|---|"]
+    for (study, profile), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
+        lines.append(f"| {study} | {profile}{'' if r.sizes == 'profile' else ' (' + _cell(r.sizes) + ')'} | {r.seed} | "
+                     f"**{r.verdict}** | {_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} |")
+    for study in sorted({r.study for r in records}, key=lambda s: order.get(s, 99)):
+        spec = STUDIES.get(study)
+        lines += ["", f"## {spec.title if spec else study}", "",
+                  "| finished | model | profile | seed | replicates | sizes | verdict | what decided it | time | machine "
+                  "| lmlab |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted((r for r in records if r.study == study), key=lambda r: r.finished, reverse=True):
+            lines.append(f"| {r.finished[:16].replace('T', ' ')} | {_cell(r.model)} | {r.profile} | {r.seed} | "
+                         f"{r.seeds if r.seeds is not None else 'profile'} | {_cell(r.sizes)} | **{r.verdict}** | "
+                         f"{_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} | "
+                         f"{r.lmlab or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def timings(records: list[Record]) -> dict:
+    """{study: {profile: {seconds, machine, seed, finished}}} from the latest record of each study and profile run
+    with the study's default model at the profile's sizes, on a CPU (a GPU's time says nothing of a CPU's)."""
+    from lmlab.studies import STUDIES
+
+    out: dict[str, dict] = {}
+    for r in records:
+        spec = STUDIES.get(r.study)
+        if spec is None or r.sizes != "profile" or r.model != spec.default_model or r.gpu:
+            continue
+        out.setdefault(r.study, {})[r.profile] = {"seconds": round(r.seconds), "machine": r.machine,
+                                                  "seed": r.seed, "finished": r.finished}
+    return out
+
+
+def load_timings(path: Path = TIMINGS) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def update(paths: list[Path], records_file: Path, out: Path | None, timings_file: Path | None,
+           command: str) -> list[Record]:
+    """Read the run folders, merge their records into `records_file`, render `out` and update `timings_file`
+    (entries of studies and profiles these records do not time are kept)."""
+    new = [read_record(p) for p in run_folders(paths)]
+    records = merge(load_records(records_file), new)
+    atomic_write(records_file, "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records))
+    if out is not None:
+        atomic_write(out, render(records, command))
+    if timings_file is not None:
+        table = load_timings(timings_file)
+        for study, profiles in timings(records).items():
+            table.setdefault(study, {}).update(profiles)
+        atomic_write(timings_file, json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return new
