@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -96,9 +97,12 @@ def test_every_registered_study_has_a_demo_profile_that_resolves_every_size():
         assert "seconds" not in profiles, f"{name}: measured times live in the generated timings file"
 
 
-def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory):
+    """`reproduce --profile demo` over every study on tiny models, and its report: (outcomes, progress, root)."""
     from lmlab.studies import STUDIES
 
+    tmp_path = tmp_path_factory.mktemp("demo")
     models = dict(TINY, **{"sparse-circuits": "tiny-llama", "latent": "scratch"})
     small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32),
                            "latent": dict(rates=[16], n_train=300, n_test=12, steps=12, seeds=2,
@@ -107,6 +111,15 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
     seen = []
     outcomes = reproduce(tmp_path, profile="demo", models=models, overrides=small, say=lambda s: None,
                          progress=lambda names, done, running, left: seen.append((running, len(done), left)))
+    build_report([tmp_path], tmp_path / "report.html")
+    assert [o.study for o in outcomes] == list(STUDIES)
+    return outcomes, seen, tmp_path
+
+
+def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tiny_demo):
+    from lmlab.studies import STUDIES
+
+    outcomes, seen, tmp_path = tiny_demo
     assert [o.study for o in outcomes] == list(STUDIES)
     assert all(o.status == "ok" and o.verdict in ("reproduced", "not reproduced", "inconclusive") for o in outcomes)
     assert seen[0] == ([list(STUDIES)[0]], 0, seen[0][2]) and seen[-1] == ([], len(STUDIES), 0.0)
@@ -114,7 +127,7 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
     assert sorted(knockout.table("answer").dataset.unique()) == ["geo-continent"]  # the demo's own set
     toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)
     assert toy.table("curve").empty and len(toy.table("toy")) == 2 * 3 and toy.verdict.evidence.get("part") == "toy"
-    page = build_report([tmp_path], tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
     for o in outcomes:
         assert STUDIES[o.study].title in page
     assert page.count('class="v ') >= 2 * len(outcomes)  # a badge in the table and one per section
@@ -127,6 +140,11 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tmp_pa
     assert env["transformers"] == transformers.__version__ and env["accelerate"] and env["datasets"]
     assert env["cpu"] and env["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device auto
     assert f"transformers {transformers.__version__}" in page
+    assert isinstance(env["avx512f"], bool) and env["threads"] >= 1 and env["cores"] >= 1
+    from lmlab.results import read_record
+
+    record = read_record(Path(outcomes[0].path))  # the record `lmlab results` keeps of a real run folder
+    assert (record.study, record.verdict, record.sizes) == ("knockout", outcomes[0].verdict, "per_dataset 12")
 
 
 def test_time_left_scales_the_measured_shares_by_this_machines_pace():
@@ -200,3 +218,36 @@ def test_no_profiles_yaml_comment_carries_a_timing_or_a_machine():
         comments = [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
         found = [c for c in comments if timing.search(c)]
         assert not found, f"{name}: {found}"
+
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+CHECK = """<script>window.addEventListener("load", () => {
+const rows = [...document.querySelectorAll("#verdicts tr.study")], imgs = [...document.images];
+const out = {height: window.innerHeight, images: imgs.length,
+             broken: imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length,
+             rows: rows.map(r => ({bottom: r.getBoundingClientRect().bottom, badge: r.cells[2].innerText.trim(),
+                                   decided: r.cells[3].innerText.trim()}))};
+const pre = document.createElement("pre"); pre.id = "lmlab-check"; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);});</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (`make test` installs Debian's chromium where it can)")
+def test_the_report_reads_in_a_real_browser(tiny_demo):
+    """Opened in headless Chromium at 1400x1000: the first screen shows one row a study with its verdict and the
+    line that decided it, and every image (figures, claim plots) loads."""
+    import re
+    import subprocess
+
+    outcomes, _, root = tiny_demo
+    page = root / "report-checked.html"
+    page.write_text((root / "report.html").read_text() + CHECK)
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
+                          "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="lmlab-check">([^<]*)</pre>', dom)
+    assert found, dom[-2000:]
+    check = json.loads(found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))
+    assert len(check["rows"]) == len(outcomes) and check["images"] >= len(outcomes) and check["broken"] == 0
+    for row, o in zip(check["rows"], outcomes):
+        assert row["bottom"] <= check["height"], f"{o.study}'s row is below the first screen"
+        assert row["badge"] == o.verdict and row["decided"], row
