@@ -92,3 +92,20 @@ def using(model, impl):
         yield
     finally:
         model.set_attn_implementation(old)
+
+
+def check_declared_columns(result) -> None:
+    """Every non-empty table a study's run hands to its analysis is declared in the study's COLUMNS (beside its
+    CLAIMS) and carries every column declared there: a column renamed on one side fails here, not in a verdict."""
+    import importlib
+
+    from lmlab.studies import STUDIES
+
+    module = importlib.import_module(STUDIES[result.study].verdict.target.split(":")[0])
+    declared = module.COLUMNS
+    tables = {name: t for name, t in result.tables.items() if len(t)}
+    undeclared = {name: [c for c in t.columns if c != "model"] for name, t in tables.items() if name not in declared}
+    assert not undeclared, f"{result.study}: tables not declared in COLUMNS: {undeclared}"
+    for name, table in tables.items():
+        missing = [c for c in declared[name] if c not in table.columns]
+        assert not missing, f"{result.study}: table {name!r} lacks the declared columns {missing}"

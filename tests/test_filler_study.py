@@ -184,6 +184,9 @@ def test_study_runs_end_to_end_on_a_tiny_model_and_resumes(tmp_path, monkeypatch
     test = t[(t.kind == "answer") & (t.split == "test") & (t.sweep.fillna("") == "")]
     assert test.groupby("condition").size().to_dict() == {"ARM": 15, "Mful": 15, "Mless": 15, "w/o": 15}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
+    from helpers import check_declared_columns
+
+    check_declared_columns(whole)
 
     real = interrupt_on_call(monkeypatch, s3m, "greedy_answers", 3)  # in ARM tuning, the shared call recorded
     with pytest.raises(KeyboardInterrupt):

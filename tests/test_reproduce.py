@@ -127,6 +127,15 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tiny_d
     assert sorted(knockout.table("answer").dataset.unique()) == ["geo-continent"]  # the demo's own set
     toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)
     assert toy.table("curve").empty and len(toy.table("toy")) == 2 * 3 and toy.verdict.evidence.get("part") == "toy"
+    from helpers import check_declared_columns
+
+    failures = []
+    for o in outcomes:
+        try:
+            check_declared_columns(load_result(o.path))
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)
     page = (tmp_path / "report.html").read_text()
     for o in outcomes:
         assert STUDIES[o.study].title in page

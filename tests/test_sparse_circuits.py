@@ -543,6 +543,9 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, tiny_smol):
         run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
     monkeypatch.undo()
     result = run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
+    from helpers import check_declared_columns
+
+    check_declared_columns(result)
     table = result.long()
     assert set(table[table["kind"] == "multiplier"]["task"]) == set(TASKS)
     assert (result.path / "figure.png").is_file() and (result.path / "toy_figure.png").is_file()

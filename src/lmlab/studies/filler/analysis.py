@@ -44,6 +44,17 @@ CLAIMS = [
     Declared("Mful - None peak attention", "as above, with ' he' inserted", "<= 0, interval below 0", "paper",
              "the paper's attention figure, as above"),
 ]
+
+# The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
+# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
+COLUMNS = {
+    "answer": ("split", "condition", "sweep", "id", "sample", "level", "correct", "pred", "scored_by", "gold",
+               "new_tokens", "hit_budget"),
+    "tuning": ("c", "p1", "dev_accuracy", "chosen"),
+    "mlp": ("condition", "problem", "near_zero_share", "mean_abs"),
+    "pace": ("seconds_per_answer", "max_new_tokens", "tokens"),
+    "profile": ("view", "condition", "problem", "position", "head", "layer", "attention"),
+}
 CAPABLE = 0.20  # the w/o accuracy below which the model cannot show the paper's gain (a gate of ours)
 PAPER_RANGE = "1.5B-8B math and instruct models (Qwen2.5-Math-1.5B to Llama-3.1-8B) on MATH-500, up to 2,048 new tokens"
 

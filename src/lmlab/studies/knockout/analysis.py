@@ -50,6 +50,18 @@ CLAIMS = [
              "<= -10 pp, interval below 0", "lmlab", "a check of ours on the split; reported only: both gaps are "
              "built in by the split", decisive=False),
 ]
+
+# The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
+# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
+COLUMNS = {
+    "probe_skipped": ("replicate", "probe_set", "correct_train", "incorrect_train", "needed"),
+    "answer": ("id", "dataset", "subject", "popularity", "answer", "correct", "eq_tokens", "eq_source", "split"),
+    "detection": ("replicate", "probe_set", "layer", "n_test", "method", "auroc", "low", "high", "note"),
+    "knockout": ("id", "dataset", "replicate", "probe_set", "layer", "condition", "p_clean", "p_knock", "delta_p",
+                 "rel_change", "y_hat", "flipped", "group", "group_eq", "group_best"),
+    "patching": ("id", "dataset", "replicate", "condition", "flipped", "group"),
+    "probe": ("replicate", "probe_set", "layer", "cv_auroc", "test_auroc", "best", "n_train", "n_test"),
+}
 N_BOOT = 2000
 COLORS = ["tab:blue", "tab:orange", "tab:purple", "tab:green", "tab:red", "tab:brown"]
 FAR = -10.0  # the reported Q-A gap's bar: "far below" as 10 pp (ours; the gap decides nothing)

@@ -1,4 +1,5 @@
-"""S1 measurements that drive the model: prompt encoding, the knockout sweep, token patching.
+"""S1 measurements that drive the model: prompt encoding, the knockout sweep and its control draw, ΔP and the flip
+rule, token patching.
 
 The S1 knockout sweep for one sample, re-running only what it must.
 
@@ -233,3 +234,41 @@ def patching_rows(jobs, feats, group, probe, clean_feats) -> list[dict]:
         rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],
                          condition=condition, flipped=int(before != after)))
     return rows
+
+
+def knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int) -> list[dict]:
+    """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw, each
+    condition's split by its own flips: ŷ is the probe's clean prediction, ΔP = 100 (p_knock(ŷ) - p_clean(ŷ)), and a
+    sample flips when p_knock(ŷ) falls below 0.5. `control` None: the question has no token outside E_Q to draw, and it gets
+    no control row (a control is a real draw, never the clean row)."""
+    rows = []
+    for k in layers:
+        probe = probes[k]
+        p_clean = float(probe.p_true(clean[k].numpy())[0])
+        y_hat = int(p_clean >= 0.5)
+        pc = p_clean if y_hat else 1 - p_clean
+        for cond, hidden in (("eq", eq), ("control", control)):
+            if hidden is not None and k in hidden:  # no control draw (no question token outside E_Q): no row
+                p = float(probe.p_true(hidden[k].numpy())[0])
+                pk = p if y_hat else 1 - p
+                rows.append(dict(kind="knockout", replicate=replicate, id=item.id, dataset=item.dataset,
+                                 probe_set=probe_set, layer=k, condition=cond, p_clean=pc, p_knock=pk,
+                                 delta_p=100 * (pk - pc), rel_change=(pk - pc) / pc, y_hat=y_hat,
+                                 flipped=int(pk < 0.5)))
+    eq_flip = {r["layer"]: r["flipped"] for r in rows if r["condition"] == "eq"}
+    for r in rows:
+        r["group"] = "Q" if r["flipped"] else "A"  # at this layer, by this condition's own flip
+        r["group_eq"] = "Q" if eq_flip[r["layer"]] else "A"  # the E_Q split at this layer
+    return rows
+
+
+def control_draws(answered, encoded, seeds) -> list[list]:
+    """Per question, one control draw per replicate (as many random non-E_Q question tokens as E_Q has), drawn for
+    every question in order from each replicate's own generator, so that a resumed or sharded run draws the same."""
+    rngs = [random.Random(seed) for seed in seeds]
+    out = []
+    for item in answered:
+        enc = encoded[item.id]
+        pool = [p for p in enc["question"] if p not in set(enc["eq"])]
+        out.append([sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None for rng in rngs])
+    return out

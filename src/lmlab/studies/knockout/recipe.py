@@ -56,8 +56,8 @@ from lmlab.generation import greedy_answers, last_token_features, prefix_cache
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
-from lmlab.studies.knockout.measure import (encode_item, patching_features, patching_rows, sweep, sweep_layers,
-                                            sweep_prefix)
+from lmlab.studies.knockout.measure import (control_draws, encode_item, knockout_rows, patching_features,
+                                            patching_rows, sweep, sweep_layers, sweep_prefix)
 from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
 
@@ -132,50 +132,13 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
     return fitted, split, rows
 
 
-def _knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int) -> list[dict]:
-    """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw, each
-    condition's split by its own flips. `control` None: the question has no token outside E_Q to draw, and it gets
-    no control row (a control is a real draw, never the clean row)."""
-    rows = []
-    for k in layers:
-        probe = probes[k]
-        p_clean = float(probe.p_true(clean[k].numpy())[0])
-        y_hat = int(p_clean >= 0.5)
-        pc = p_clean if y_hat else 1 - p_clean
-        for cond, hidden in (("eq", eq), ("control", control)):
-            if hidden is not None and k in hidden:  # no control draw (no question token outside E_Q): no row
-                p = float(probe.p_true(hidden[k].numpy())[0])
-                pk = p if y_hat else 1 - p
-                rows.append(dict(kind="knockout", replicate=replicate, id=item.id, dataset=item.dataset,
-                                 probe_set=probe_set, layer=k, condition=cond, p_clean=pc, p_knock=pk,
-                                 delta_p=100 * (pk - pc), rel_change=(pk - pc) / pc, y_hat=y_hat,
-                                 flipped=int(pk < 0.5)))
-    eq_flip = {r["layer"]: r["flipped"] for r in rows if r["condition"] == "eq"}
-    for r in rows:
-        r["group"] = "Q" if r["flipped"] else "A"  # at this layer, by this condition's own flip
-        r["group_eq"] = "Q" if eq_flip[r["layer"]] else "A"  # the E_Q split at this layer
-    return rows
-
-
-def _controls(config, answered, encoded, seeds) -> list[list]:
-    """Per question, one control draw per replicate (as many random non-E_Q question tokens as E_Q has), drawn for
-    every question in order from each replicate's own generator, so that a resumed or sharded run draws the same."""
-    rngs = [random.Random(seed) for seed in seeds]
-    out = []
-    for item in answered:
-        enc = encoded[item.id]
-        pool = [p for p in enc["question"] if p not in set(enc["eq"])]
-        out.append([sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None for rng in rngs])
-    return out
-
-
 def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds):
     """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes: E_Q and every
     replicate's control draw in one batch, each replicate's probes reading the hidden states."""
     bests = {f["best"] for fitted in fits for f in fitted.values()}
     layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
     done = run_dir.done("knockout")
-    controls = _controls(config, answered, encoded, seeds)
+    controls = control_draws(answered, encoded, seeds)
     swept = [n for n in range(len(answered)) if probe_set_of.get(n) is not None]
     mine = {n for n in swept if answered[n].id not in done and parallel.mine(n)}  # every N-th per process
     # the few-shot prompt every question starts with runs once, up to the first token any knockout changes; it is
@@ -194,7 +157,7 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, see
                 for r, fitted in enumerate(fits):
                     if name in fitted:
                         control = res.controls[r] if controls[n][r] is not None else None  # never the clean row
-                        rows += _knockout_rows(item, name, res.eq, control, res.clean, fitted[name]["probes"],
+                        rows += knockout_rows(item, name, res.eq, control, res.clean, fitted[name]["probes"],
                                                layers, r)
                 run_dir.record("knockout", item.id, rows)
             bar.advance(task)

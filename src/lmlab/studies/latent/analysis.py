@@ -58,6 +58,17 @@ CLAIMS = [
              bar_note="ours: half a token of rise is level (more lenient than the figure's fall, so a 'no' here "
                       "is a rise the figure does not show)"),
 ]
+
+# The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
+# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
+COLUMNS = {
+    "problem": ("variant", "replicate", "tokens", "latents", "idx", "correct", "forced_correct"),
+    "variant": ("variant", "rate", "replicate", "seed", "accuracy", "acc_lo", "acc_hi", "tokens", "latents",
+                "used_latents", "seconds_per_problem", "n_test",
+                "loss_q3", "loss_q4", "vq_dev_token_acc", "vq_dev_computed_acc", "vq_dev_copied_acc",
+                "vq_dev_chunk_exact", "codebook_used", "train_m_share", "train_m0_share", "tokens_per_code",
+                "forced_accuracy", "forced_lo", "forced_hi", "forced_tokens", "forced_m_share"),
+}
 SCOPE_PAPER = ("Llama-3.2-3B and Llama-3.1-8B fine-tuned on math (GSM8K, MATH), and models trained from scratch on "
                "Keys-Finding Maze and ProsQA")
 

@@ -45,6 +45,14 @@ CLAIMS = [
              ">= 0, interval above 0", "paper", PAPER_TABLE + ": the budget matters most at 1 bit (about +0.7 "
              "points more); reported only: no CPU-sized run resolves 0.7 points", decisive=False),
 ]
+
+# The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
+# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
+COLUMNS = {
+    "pred": ("task", "bits", "budget", "replicate", "idx", "pred", "label"),
+    "score": ("task", "metric", "bits", "budget", "replicate", "seed", "score", "steps", "loss_q3", "loss_q4",
+              "dev_last", "dev_rise", "packed_bytes", "fp32_bytes", "file_bytes"),
+}
 SCOPE_PAPER = "BERT-base (110M) on the 8 GLUE tasks, with data augmentation and up to 18 epochs on MNLI"
 
 

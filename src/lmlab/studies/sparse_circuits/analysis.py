@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.studies.base import Verdict
-from lmlab.studies.sparse_circuits.declared import CLAIMS  # noqa: F401  (the claims: whose each is, and why)
+from lmlab.studies.sparse_circuits.declared import CLAIMS, COLUMNS  # noqa: F401  (the claims, whose each is and why; the tables' columns)
 from lmlab.studies.sparse_circuits.circuit_analysis import model_figure, model_verdict
 from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
 from lmlab.studies.sparse_circuits.toy_analysis import toy_seed_figure, toy_verdict

@@ -31,3 +31,31 @@ CLAIMS = [
              "lmlab", "our claim: the paper draws the toy's sparse graph but measures circuits on GPT-2 and OLMo; a "
                       "smaller circuit on the toy is our extension of its claim"),
 ]
+
+# The tables the recipe hands to the analysis, and the columns each always carries (a test checks them on a run;
+# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
+COLUMNS = {
+    # the model half (--circuits)
+    "task": ("variant", "task", "clean_metric", "accuracy", "corrupted_metric", "metric", "total_heads", "components",
+             "replicate"),
+    "ranking": ("variant", "task", "rank", "layer", "index", "score", "replicate"),
+    "verify": ("task", "n_heads", "value"),
+    "verify_component": ("task", "layer", "index", "attribution", "activation"),
+    "sparsity": ("variant", "value", "replicate", "ce", "edges_per_query", "tokens", "fallback", "n_sequences",
+                 "ce_diff", "lo", "hi", "tau_slack", "multiplier", "final_ema", "converged", "steps", "batch",
+                 "train_tokens", "n_prompts"),
+    "sparse_seq": ("replicate", "ce_diff", "idx", "kept"),
+    "geco": ("replicate", "ce", "multiplier", "step", "tau", "ema", "kept_edges"),
+    "curve": ("variant", "task", "n_heads", "value", "replicate", "lo", "hi", "note"),
+    "heads_needed": ("variant", "task", "total_heads", "value", "replicate", "note"),
+    "multiplier": ("task", "value", "replicate", "note", "dense_heads", "sparse_heads"),
+    "per_prompt": ("variant", "task", "n_heads", "values", "replicate"),
+    # the addition toy
+    "toy": ("variant", "value", "ce", "kept", "edges_per_query", "replicate", "seed", "floor", "fallback", "lambda",
+            "final_ema", "converged", "tau", "steps", "dense_final_loss", "rollbacks"),
+    "toy_geco": ("ce", "replicate", "tau", "step", "ema", "multiplier", "kept_edges"),
+    "toy_per_prompt": ("variant", "replicate", "task", "n_heads", "values"),
+    "toy_ranking": ("variant", "replicate", "task", "rank", "layer", "index", "score"),
+    "toy_seq": ("kept", "edges_per_query", "replicate", "idx", "dense_em", "sparse_em"),
+    "toy_task": ("variant", "replicate", "task", "clean_metric", "accuracy", "corrupted_metric", "total_heads"),
+}
