@@ -45,8 +45,11 @@ RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand
                   "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
 
 CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
-          "generation")
-PARTIAL = {"mlp activation": "ARM (S3's intervention) unavailable"}  # a check whose failure leaves the rest usable
+          "sparse gate", "quantized weights", "generation")
+# a check whose "unavailable" leaves the rest usable, and what it takes away (the study needing it refuses by name)
+PARTIAL = {"mlp activation": "ARM (S3's intervention) unavailable",
+           "sparse gate": "sparse attention (S4's post-training) unavailable",
+           "quantized weights": "XTC quantization (S2) unavailable"}
 
 
 def causal_types() -> list[str]:
@@ -91,11 +94,19 @@ def tiny_model(model_type: str, seed: int = 0):
 
     from lmlab.models.tiny import tiny_tokenizer
 
+    from lmlab.models.layout import calls_attention_interface
+
     tokenizer = tiny_tokenizer()
     config = tiny_config(model_type, len(tokenizer))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config).eval()
+        if any(calls_attention_interface(m) and getattr(m, "is_causal", True) is False for m in model.modules()):
+            # an encoder's causal-LM head (RoBERTa, ELECTRA, ...) is bidirectional unless its config says
+            # `is_decoder`, as a decoder checkpoint of it does: built as that checkpoint would be
+            config.is_decoder = True
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config).eval()
     return model, tokenizer
 
 
@@ -121,6 +132,8 @@ def _reference_attention(module, query, key, value, attention_mask, **kwargs):
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
         from transformers.models.llama.modeling_llama import eager_attention_forward as eager
+    if module.__dict__.get("_conformance_gate"):
+        attention_mask = _gated_mask(module, query, key, attention_mask, kwargs)
     block = module.__dict__.get("_conformance_block")
     if block is not None:
         q, k = query.shape[2], key.shape[2]
@@ -128,6 +141,91 @@ def _reference_attention(module, query, key, value, attention_mask, **kwargs):
         attention_mask = base.expand(query.shape[0], query.shape[1], q, k).masked_fill(
             block[..., :q, :k], torch.finfo(query.dtype).min)
     return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def _gated_mask(module, query, key, attention_mask, kwargs):
+    """The deterministic sparse gate (Draye et al.) as a mask: a pair is kept where its score (scaled, soft-capped,
+    with the model's additive mask) is above 0; a query that keeps nothing keeps its own position."""
+    n_rep = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(n_rep, dim=1)
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    scores = (query.float() @ k.float().transpose(2, 3)) * scaling
+    if kwargs.get("softcap") is not None:
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+    q, n = query.shape[2], key.shape[2]
+    base = attention_mask[..., :n] if attention_mask is not None else torch.zeros(1, 1, q, n, dtype=query.dtype)
+    if base.dtype == torch.bool:
+        base = torch.zeros(base.shape, dtype=query.dtype).masked_fill(~base, torch.finfo(query.dtype).min)
+    if attention_mask is None and getattr(module, "is_causal", False):  # a causal attention without a mask
+        base = base.masked_fill(torch.ones(q, n, dtype=torch.bool).triu(n - q + 1), torch.finfo(query.dtype).min)
+    allowed = base > torch.finfo(base.dtype).min / 2
+    kept = ((scores + base.float()) > 0) & allowed
+    own = torch.zeros(q, n, dtype=torch.bool)
+    own[torch.arange(q), torch.arange(n - q, n)] = True
+    kept = kept | (~kept.any(-1, keepdim=True) & own)
+    return base.expand(kept.shape).masked_fill(~kept, torch.finfo(query.dtype).min)
+
+
+def _ternary(w: torch.Tensor) -> torch.Tensor:
+    """XTC's 2-bit weights over one group (Wu et al.): delta = 0.7 mean|w|, alpha = mean |w| above delta."""
+    a = w.abs()
+    keep = a > 0.7 * a.mean()
+    return a[keep].mean() * torch.sign(w) * keep
+
+
+def _check_quantized(model, ids) -> str:
+    """S2's weights on a copy of the model: exactly the linear layers of every block are quantized (a router, with
+    one output per expert, aside), each to the ternary values computed here; the word embeddings row by row; a
+    forward with 8-bit inputs runs. "unavailable: ..." where the blocks keep experts as 3-D tensors."""
+    import copy
+
+    from torch import nn
+    from torch.nn.utils import parametrize
+    from transformers.pytorch_utils import Conv1D
+
+    from lmlab.errors import LmlabError
+    from lmlab.interventions.quant import quantize_model
+    from lmlab.models.layout import layout_of
+
+    copied = copy.deepcopy(model)
+    config = getattr(copied.config, "text_config", None) or copied.config
+    experts = {getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts",
+                                                  "moe_num_experts")} - {None}
+    blocks = layout_of(copied).blocks
+    stacked = [n for b in blocks for n, p in b.named_parameters() if p.dim() == 3]
+
+    def router(m):
+        return isinstance(m, nn.Linear) and m.weight.shape[0] in experts
+
+    expected = {(i, n): m.weight.detach().clone() for i, b in enumerate(blocks) for n, m in b.named_modules()
+                if isinstance(m, (nn.Linear, Conv1D)) and not router(m)}
+    embedding = copied.get_input_embeddings()
+    with torch.no_grad():
+        rows = embedding(ids).clone()  # the rows as the embedding module gives them (Gemma's scale included)
+    try:
+        quantize_model(copied, bits=2)
+    except LmlabError as exc:
+        if stacked:
+            return f"unavailable: {exc}"
+        return f"refused a model whose blocks are linear layers ({exc})"
+    got = {(i, n) for i, b in enumerate(blocks) for n, m in b.named_modules()
+           if parametrize.is_parametrized(m, "weight")}
+    if got != set(expected):
+        wrong = sorted(got ^ set(expected))[:3]
+        return f"the quantized layers are not the blocks' linear layers (differ at {wrong})"
+    if stacked:
+        return f"left experts stacked in 3-D tensors unquantized ({stacked[0]})"
+    with torch.no_grad():
+        worst = max(_close(dict(b.named_modules())[n].weight, _ternary(w)) for (i, n), w in expected.items()
+                    for b in [blocks[i]])
+        looked_up = embedding(ids)
+        rows_worst = _close(looked_up, torch.stack([torch.stack([_ternary(r) for r in row]) for row in rows]))
+        out = copied(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    if max(worst, rows_worst) > TOL:
+        return f"quantized weights differ from XTC's ternary values (max relative difference {max(worst, rows_worst):.1e})"
+    if not torch.isfinite(out).all():
+        return "the quantized model's forward gives non-finite logits"
+    return ""
 
 
 def _register_reference():
@@ -153,7 +251,7 @@ def _ignoring_the_table():
     import lmlab.models.architectures as shipped
 
     old = shipped.refusal
-    shipped.refusal = lambda model_type: None
+    shipped.refusal = lambda model_type, encoder=False: None
     try:
         yield
     finally:
@@ -167,6 +265,7 @@ def run_checks(model, tokenizer) -> dict[str, str]:
 
 
 def _run_checks(model, tokenizer) -> dict[str, str]:
+    from lmlab.errors import LmlabError
     from lmlab.generation import greedy_answers
     from lmlab.interventions import AblateHeads, Capture, EditMLPAct, Knockout, intervene
     from lmlab.models.layout import layout_of
@@ -210,12 +309,17 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     block = torch.zeros(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
     block[:, 0, 3:, 2] = True
     attn = layout.attn(last)
-    attn._conformance_block = block
-    try:
-        with using(model, REF):
-            expected = logits()
-    finally:
-        del attn._conformance_block
+
+    def reference(mark, value):
+        """The logits under the reference attention, the last layer's attention marked for it."""
+        setattr(attn, mark, value)
+        try:
+            with using(model, REF):
+                return logits()
+        finally:
+            delattr(attn, mark)
+
+    expected = reference("_conformance_block", block)
     with using(model, REF):
         clean = logits()
     record("knockout", _close(got, expected), changed=_close(expected, clean))
@@ -271,6 +375,20 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     else:
         record("pattern", max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
 
+    # the deterministic sparse gate (S4's edit at evaluation) on the last layer against the eager attention whose
+    # mask keeps only the pairs with a positive score
+    from lmlab.interventions.edits import SparseAttention
+
+    try:
+        with intervene(lm, SparseAttention(layers=[last], sample=False)):
+            got = logits()
+    except LmlabError as exc:
+        out["sparse gate"] = f"unavailable: {exc}"
+    else:
+        record("sparse gate", _close(got, reference("_conformance_gate", True)), changed=_close(got, clean))
+
+    out["quantized weights"] = _check_quantized(model, ids)
+
     # the MLP activation (ARM's edit, S3): zeroed at the last layer, that layer's MLP output no longer depends on its
     # input (only the output layer's bias is left), read by a plain hook on the MLP
     if layout.spec.mlp_act:
@@ -307,6 +425,20 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     return out
 
 
+def _run_or_refuse(run, model, tokenizer):
+    """(the checks, None), or (None, a refused row) where running them raised: lmlab's one-sentence refusal, or
+    any other error named."""
+    from lmlab.errors import LmlabError
+
+    try:
+        return run(model, tokenizer), None
+    except LmlabError as exc:
+        return None, dict(status="refused", reason=str(exc).split(": ", 1)[-1])
+    except Exception as exc:  # noqa: BLE001
+        return None, dict(status="refused", reason=f"a conformance check raised {type(exc).__name__}: "
+                                                   f"{str(exc).splitlines()[0][:120]}")
+
+
 def classify(model_type: str) -> dict:
     """One row of the table: {status, reason, checks: {name: "" or why}}."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -315,9 +447,9 @@ def classify(model_type: str) -> dict:
 
     cls = CONFIG_MAPPING[model_type]
     t0 = time.time()
-    from lmlab.models.layout import MODEL_TYPES, is_causal
+    from lmlab.models.layout import FAMILIES, MODEL_TYPES
 
-    if model_type in MODEL_TYPES and not is_causal(model_type):
+    if model_type in MODEL_TYPES and not FAMILIES[MODEL_TYPES[model_type]].causal:
         return dict(status="supported", reason="", note="an encoder, for S2's classifiers: its interventions are "
                                                         "checked in tests/test_interventions.py and test_quant.py")
     try:
@@ -347,13 +479,9 @@ def classify(model_type: str) -> dict:
                         "parameters at tiny sizes, so checked on its embedded model instead")
         return dict(status="refused", reason=f"not checked: its config does not shrink to a tiny instance here "
                                              f"({n_params / 1e6:.0f} M parameters at lmlab's tiny sizes)")
-    try:
-        checks = run_checks(model, tokenizer)
-    except LmlabError as exc:
-        return dict(status="refused", reason=str(exc).split(": ", 1)[-1])
-    except Exception as exc:  # noqa: BLE001
-        return dict(status="refused", reason=f"a conformance check raised {type(exc).__name__}: "
-                                             f"{str(exc).splitlines()[0][:120]}")
+    checks, refused = _run_or_refuse(run_checks, model, tokenizer)
+    if refused:
+        return refused
     failed = {k: v for k, v in checks.items() if v and not (k in PARTIAL and v.startswith("unavailable"))}
     partial = [f"{PARTIAL[k]}: {v.partition(': ')[2]}" for k, v in checks.items() if k in PARTIAL and v
                and k not in failed]
@@ -367,6 +495,119 @@ def classify(model_type: str) -> dict:
     return dict(status="supported", reason="", checks=checks, seconds=round(time.time() - t0, 2))
 
 
+# --- encoders: what S2 (XTC's distillation of sequence classifiers) uses of them
+ENCODERS = ("bert", "roberta", "distilbert", "electra", "deberta-v2", "modernbert")
+
+
+def tiny_encoder(model_type: str, seed: int = 0):
+    """(model, tokenizer): a tiny random sequence classifier of `model_type` with lmlab's tiny BPE tokenizer."""
+    from transformers import AutoModelForSequenceClassification
+
+    from lmlab.models.tiny import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    config = tiny_config(model_type, len(tokenizer))
+    config.num_labels = 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config).eval()
+    return model, tokenizer
+
+
+def run_encoder_checks(model, tokenizer) -> dict[str, str]:
+    """{check: "" (passed) or why it failed} for an encoder: read as one (bidirectional), the forward with lmlab's
+    captures equal to the plain one, the residual stream, the pattern and the pre-softmax scores (S2's KD terms)
+    against `output_hidden_states` and `output_attentions`, a head's ablation against its slice of the output
+    projection's input zeroed by hand, and S2's quantized weights; a padded row in the batch."""
+    with _ignoring_the_table():
+        return _run_encoder_checks(model, tokenizer)
+
+
+def _run_encoder_checks(model, tokenizer) -> dict[str, str]:
+    from lmlab.interventions import AblateHeads, Capture, intervene
+    from lmlab.models.layout import layout_of
+    from lmlab.models.load import LoadedModel
+
+    layout = layout_of(model)
+    if layout.causal:
+        return {"encoder": "read as a causal decoder"}
+    lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout, name=model.config.model_type, source="tiny")
+    ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
+                        tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # right padding, as S2's batches have it
+    enc = dict(input_ids=ids, attention_mask=mask)
+    last, head, d = layout.n_layers - 1, min(1, layout.n_heads - 1), layout.head_dim
+    out: dict[str, str] = {}
+
+    def logits(**kw):
+        with torch.no_grad():
+            return model(**enc, **kw)
+
+    def record(name, diff, changed=None):
+        out[name] = "" if diff <= TOL and (changed is None or changed >= 1e-6) else (
+            f"differs from the independent computation (max relative difference {diff:.1e})" if diff > TOL
+            else "changed nothing where the reference changed the output")
+
+    base = model.config._attn_implementation
+    base = base if base in ("sdpa", "eager") else "eager"
+    with using(model, base):
+        plain = logits().logits
+    with intervene(lm, Capture("resid_pre", "z")):
+        record("forward", _close(logits().logits, plain))
+    with intervene(lm, Capture("resid_pre", "pattern", "scores")) as cap:
+        logits()
+    with using(model, "eager"):
+        ref = logits(output_hidden_states=True, output_attentions=True)
+    record("residual", max(_close(cap["resid_pre", l], ref.hidden_states[l]) for l in range(layout.n_layers)))
+    attentions = [a for a in ref.attentions if a is not None]
+    if len(attentions) != layout.n_layers:
+        out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {layout.n_layers} layers"
+    else:
+        keys = mask.bool()[:, None, None, :]
+        record("pattern", max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
+        record("scores", max(_close(cap["scores", l].masked_fill(~keys, float("-inf")).softmax(-1), attentions[l],
+                                    1.0) for l in range(layout.n_layers)))
+
+    def zero(module, args):
+        x = args[0].clone()
+        x[..., head * d:(head + 1) * d] = 0
+        return (x,)
+
+    with intervene(lm, AblateHeads({last: [head]})):
+        got = logits().logits
+    handle = layout.o_proj(last).register_forward_pre_hook(zero)
+    try:
+        with using(model, "eager"):
+            expected = logits().logits
+    finally:
+        handle.remove()
+    record("head ablation", _close(got, expected), changed=_close(got, plain))
+    out["quantized weights"] = _check_quantized(model, ids)
+    return out
+
+
+def classify_encoder(model_type: str) -> dict:
+    """One row of the encoders' table: {status, reason, checks}."""
+    from lmlab.errors import LmlabError
+
+    try:
+        with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, tokenizer = tiny_encoder(model_type)
+    except Exception as exc:  # noqa: BLE001
+        return dict(status="refused", reason=f"not checked: a tiny random instance from its config does not build "
+                                             f"here ({type(exc).__name__})")
+    checks, refused = _run_or_refuse(run_encoder_checks, model, tokenizer)
+    if refused:
+        return refused
+    failed = {k: v for k, v in checks.items() if v}
+    if failed:
+        name = next(iter(failed))
+        return dict(status="refused", reason=f"{name}: {failed[name]}", checks=checks)
+    return dict(status="supported", reason="", checks=checks)
+
+
 def write() -> None:
     import transformers
 
@@ -375,8 +616,13 @@ def write() -> None:
     for model_type in causal_types():
         rows[model_type] = classify(model_type)
         print(f"{model_type}: {rows[model_type]['status']} {rows[model_type]['reason']}", flush=True)
-    table = {"transformers": transformers.__version__, "types": {k: {"status": v["status"], "reason": v["reason"]}
-                                                                   for k, v in rows.items()}}
+    encoders = {}
+    for model_type in ENCODERS:
+        encoders[model_type] = classify_encoder(model_type)
+        print(f"{model_type} (encoder): {encoders[model_type]['status']} {encoders[model_type]['reason']}", flush=True)
+    table = {"transformers": transformers.__version__,
+             "types": {k: {"status": v["status"], "reason": v["reason"]} for k, v in rows.items()},
+             "encoders": {k: {"status": v["status"], "reason": v["reason"]} for k, v in encoders.items()}}
     TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     from lmlab.models.architectures import markdown, table as shipped
 
@@ -394,3 +640,5 @@ if __name__ == "__main__":
     else:
         for t in sys.argv[1:]:
             print(t, json.dumps(classify(t), indent=1))
+            if t in ENCODERS:
+                print(t, "(encoder)", json.dumps(classify_encoder(t), indent=1))

@@ -30,6 +30,60 @@ def test_each_architecture_is_what_the_table_says(model_type):
     assert (got["status"], got["reason"].split(" (max")[0]) == (row["status"], row["reason"].split(" (max")[0]), got
 
 
+@pytest.mark.architectures
+@pytest.mark.parametrize("model_type", conf.ENCODERS)
+def test_each_encoder_is_what_the_table_says(model_type):
+    """The encoders S2 distils: each row of the encoders' table checked again (read as an encoder, its captures,
+    head ablation and quantized weights against the independent computations)."""
+    row = table()["encoders"][model_type]
+    got = conf.classify_encoder(model_type)
+    assert (got["status"], got["reason"].split(" (max")[0]) == (row["status"], row["reason"].split(" (max")[0]), got
+
+
+def test_an_encoder_loads_as_one_and_a_decoder_head_as_a_decoder():
+    """RoBERTa is registered both as an encoder and (with `is_decoder`) as a causal LM: its config decides which
+    lmlab reads, so S2 takes the encoder path, never the decoder option, for an encoder checkpoint."""
+    from transformers import AutoConfig
+
+    from lmlab.models.layout import is_encoder
+
+    assert is_encoder(AutoConfig.for_model("roberta")) and is_encoder(AutoConfig.for_model("bert"))
+    assert not is_encoder(AutoConfig.for_model("roberta", is_decoder=True))
+    assert not is_encoder(AutoConfig.for_model("llama")) and not is_encoder(AutoConfig.for_model("gpt2"))
+    model, _ = conf.tiny_encoder("roberta")
+    assert not layout_module.layout_of(model).causal
+
+
+def test_the_quantized_weights_check_fails_where_a_linear_is_left_out(monkeypatch):
+    """Negative control of S2's check: a quantizer that skips one linear layer of each block fails it."""
+    import lmlab.interventions.quant as quant
+
+    model, tokenizer = conf.tiny_model("qwen3")
+    assert not conf._check_quantized(model, torch_ids())
+    real = quant.block_linears
+    monkeypatch.setattr(quant, "FAMILIES", {})  # every family through the per-block path
+    monkeypatch.setattr(quant, "block_linears", lambda block, config: real(block, config)[1:])
+    assert "not the blocks' linear layers" in conf._check_quantized(model, torch_ids())
+
+
+def test_the_sparse_gate_check_fails_on_a_gate_that_keeps_everything(monkeypatch):
+    """Negative control of S4's check: a gate that keeps every pair (dense attention) fails it."""
+    import torch
+
+    from lmlab.interventions.edits import SparseAttention
+
+    model, tokenizer = conf.tiny_model("llama")
+    assert not conf.run_checks(model, tokenizer)["sparse gate"]
+    monkeypatch.setattr(SparseAttention, "gate", lambda self, layer, scores, allowed, ctx: allowed.to(torch.float32))
+    assert conf.run_checks(model, tokenizer)["sparse gate"]
+
+
+def torch_ids():
+    import torch
+
+    return torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+
+
 def test_the_checks_fail_on_a_wrong_layout_and_a_broken_knockout(monkeypatch):
     """Negative controls of the suite itself: an output projection named wrong (the query projection, the same shape
     in a tiny llama) fails head ablation and patching; a knockout that blocks nothing fails the knockout check."""
@@ -84,7 +138,9 @@ def test_attention_sinks_join_the_softmax_as_the_model_has_them():
     with torch.no_grad():
         model.model.layers[0].self_attn.sinks.fill_(2.0)  # a sink that takes a visible share of every row
     checks = conf.run_checks(model, tokenizer)
-    assert not any(v for k, v in checks.items() if k != "mlp activation"), checks  # its experts: no activation
+    # its fused experts: no activation for ARM, no linear layers for XTC; its sinks: no sparse gate
+    assert not any(v for k, v in checks.items() if k not in ("mlp activation", "quantized weights", "sparse gate"))
+    assert all(checks[k].startswith("unavailable") for k in ("mlp activation", "quantized weights", "sparse gate"))
     with conf._ignoring_the_table():
         lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout_module.layout_of(model), name="gpt_oss",
                          source="tiny")

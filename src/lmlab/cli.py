@@ -62,7 +62,7 @@ def friendly(fn: Callable) -> Callable:
 @friendly
 def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now"),
            architectures: bool = typer.Option(False, "--architectures",
-                                              help="every architecture transformers registers: supported (each "
+                                              help="every causal-LM architecture transformers registers, and the encoders S2 takes: supported (each "
                                                    "intervention checked on a tiny random instance) or refused, "
                                                    "and why"),
            markdown: bool = typer.Option(False, "--markdown", help="with --architectures: print it as Markdown")):
@@ -77,6 +77,12 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
         supported, total = counts()
         out.print(_table(f"architectures: {supported} of {total} supported (transformers {table()['transformers']})",
                          ["model_type", "status", "what is refused, and why"], rows, keep=("model_type",)))
+        encoders = table()["encoders"]
+        n = sum(r["status"] == "supported" for r in encoders.values())
+        out.print(_table(f"encoders, for S2's classifiers: {n} of {len(encoders)} supported",
+                         ["model_type", "status", "what is refused, and why"],
+                         [[name, row["status"], row["reason"]] for name, row in encoders.items()],
+                         keep=("model_type",)))
         return
     from lmlab.models import EMBEDDED, cache_dir
     from lmlab.models.catalog import TINY_NAMES, TINY_SHAPES, describe_folder

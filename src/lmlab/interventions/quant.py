@@ -35,7 +35,7 @@ from torch.nn.utils import parametrize
 from transformers.pytorch_utils import Conv1D
 
 from lmlab.errors import LmlabError
-from lmlab.models.layout import get_submodule, layout_of
+from lmlab.models.layout import FAMILIES, block_linears, fused_experts, get_submodule, layout_of, text_config
 
 BITS = (1, 2, 4, 8, 32)
 
@@ -150,11 +150,23 @@ def quantized_weight(module: nn.Module) -> torch.Tensor:
 
 def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     """name -> (module, rowwise) for every weight XTC quantizes in `model` (its own modules, resolved through
-    its layout); a module type it cannot handle is named."""
+    its layout); a module type it cannot handle is named.
+
+    A family spelled out in the layout table lists its linears once for every block; a discovered one has each
+    block's linear layers found in that block (routers aside), so a model whose first blocks are dense and later
+    ones mixtures of experts quantizes what each block has. Experts stored as one 3-D tensor per matrix kind
+    (transformers' fused experts) are refused by name: their matrices are not linear layers, and the input of an
+    expert's second matrix is computed inside the experts' forward, where no 8-bit activation quantizer reaches."""
     layout = layout_of(model)
     out = {}
+    discovered = layout.family not in FAMILIES
     for layer in range(layout.n_layers):
-        for path in layout.spec.quant_linears:
+        block = layout.blocks[layer]
+        fused = fused_experts(block)
+        if fused:
+            raise LmlabError(f"cannot quantize the experts of layer {layer}: their matrices are stacked in 3-D "
+                             f"tensors ({', '.join(fused[:2])}), not linear layers, which XTC's quantizers need")
+        for path in block_linears(block, text_config(model.config)) if discovered else layout.spec.quant_linears:
             module = get_submodule(layout.blocks[layer], path)
             if not isinstance(module, (nn.Linear, Conv1D)):
                 raise LmlabError(f"cannot quantize {path} of layer {layer}: {type(module).__name__} is not a linear layer")

@@ -3,7 +3,8 @@ beside this file), read without torch.
 
 Each causal-LM type the transformers it was written with registers is "supported" (every intervention matched an
 independent computation on a tiny random instance of it) or "refused" with one sentence why. A type the table does
-not know (a newer transformers) is tried by discovery and is not marked checked.
+not know (a newer transformers) is tried by discovery and is not marked checked. The encoders S2 distils (BERT and
+its kin, loaded as sequence classifiers) have a table of their own, checked on what S2 uses of them.
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ PATH = Path(__file__).with_name("architectures.json")
 
 @lru_cache(maxsize=1)
 def table() -> dict:
-    """{"transformers": version, "types": {model_type: {"status", "reason"}}}."""
+    """{"transformers": version, "types": {model_type: {"status", "reason"}}, "encoders": {...the same}}."""
     data = json.loads(PATH.read_text(encoding="utf-8")) if PATH.exists() else {"transformers": "", "types": {}}
-    return {"transformers": data["transformers"], "types": dict(sorted(data["types"].items()))}
+    return {"transformers": data["transformers"], "types": dict(sorted(data["types"].items())),
+            "encoders": dict(sorted(data.get("encoders", {}).items()))}
 
 
-def refusal(model_type: str) -> str | None:
+def refusal(model_type: str, encoder: bool = False) -> str | None:
     """The reason a checked architecture is refused, or None (supported, or a causal LM the table does not know;
-    the families spelled out in the layout table are asked before this)."""
+    the families spelled out in the layout table are asked before this). `encoder`: the model is loaded as a
+    bidirectional encoder, judged by the encoders' table."""
+    if encoder:
+        row = table()["encoders"].get(model_type)
+        if row is None:
+            return ("not among the encoders checked (`lmlab models --architectures` lists them); BERT, RoBERTa, "
+                    "ELECTRA and their kin are")
+        return row["reason"] if row["status"] == "refused" else None
     row = table()["types"].get(model_type)
     if row is not None:
         return row["reason"] if row["status"] == "refused" else None
@@ -54,4 +63,11 @@ def markdown() -> str:
              "| model_type | status | what is refused, and why |", "|---|---|---|"]
     for name, row in table()["types"].items():
         lines.append(f"| {name} | {row['status']} | {row['reason'].replace('|', '/')} |")
+    encoders = table()["encoders"]
+    if encoders:
+        n = sum(r["status"] == "supported" for r in encoders.values())
+        lines += ["", f"Encoders, for S2's classifiers: {n} of {len(encoders)} supported.", "",
+                  "| model_type | status | what is refused, and why |", "|---|---|---|"]
+        for name, row in encoders.items():
+            lines.append(f"| {name} | {row['status']} | {row['reason'].replace('|', '/')} |")
     return "\n".join(lines) + "\n"

@@ -15,12 +15,16 @@ TINY_SHAPES = {"tiny-llama": dict(family="llama", layers=3, heads=4, kv_heads=2)
 
 def describe_config(config: dict) -> dict:
     """family, layers, heads and kv_heads of a Hugging Face config (as a dict)."""
-    from lmlab.models.layout import family_of
+    from types import SimpleNamespace
+
+    from lmlab.models.layout import family_of, is_encoder
 
     text = config.get("text_config") or config
     layers = text.get("num_hidden_layers", text.get("n_layer"))
     heads = text.get("num_attention_heads", text.get("n_head"))
-    return dict(family=family_of(config.get("model_type", "?")), layers=layers, heads=heads,
+    model_type = config.get("model_type", "?")
+    encoder = is_encoder(SimpleNamespace(model_type=model_type, is_decoder=config.get("is_decoder", False)))
+    return dict(family=family_of(model_type, encoder=encoder), layers=layers, heads=heads,
                 kv_heads=text.get("num_key_value_heads") or heads)
 
 

@@ -78,22 +78,31 @@ MODEL_TYPES: dict[str, str] = {
 }
 
 
-def family_of(model_type: str) -> str:
+def family_of(model_type: str, encoder: bool = False) -> str:
     """The family a `config.model_type` belongs to: a spelled-out one of FAMILIES, else the type itself (its
-    layout is discovered); an architecture the conformance checks refused raises with their reason."""
+    layout is discovered); an architecture the conformance checks refused (as a decoder, or as an encoder where
+    `encoder`) raises with their reason."""
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     from lmlab.models.architectures import refusal
 
-    why = refusal(model_type)
+    why = refusal(model_type, encoder=encoder)
     if why:
-        raise LmlabError(f"architecture '{model_type}' is not supported: {why}")
+        raise LmlabError(f"architecture '{model_type}' is not supported{' as an encoder' if encoder else ''}: {why}")
     return model_type
 
 
-def is_causal(model_type: str) -> bool:
+def is_encoder(config) -> bool:
+    """Whether a config describes a bidirectional encoder: a type transformers registers for masked language
+    modelling (BERT, RoBERTa, DeBERTa, ...) not configured as a decoder (`is_decoder`, which their causal-LM heads
+    set). Decoder-only language models are registered for no masked-LM head."""
+    model_type = getattr(config, "model_type", "")
     spec = FAMILIES.get(MODEL_TYPES.get(model_type, ""))
-    return spec.causal if spec else True
+    if spec is not None:
+        return not spec.causal
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
 
 
 def get_submodule(root: nn.Module, path: str) -> nn.Module:
@@ -103,7 +112,7 @@ def get_submodule(root: nn.Module, path: str) -> nn.Module:
     return module
 
 
-def _text_config(config):
+def text_config(config):
     """Gemma-3 multimodal configs keep the decoder's numbers in `text_config`."""
     return getattr(config, "text_config", None) or config
 
@@ -220,7 +229,7 @@ def _find_blocks(model, n_layers: int):
 def discover(model: nn.Module) -> FamilySpec:
     """A FamilySpec read off `model`'s module tree and config; LmlabError with one sentence where a part the
     studies need is not there."""
-    config = _text_config(model.config)
+    config = text_config(model.config)
     model_type = getattr(model.config, "model_type", "?")
     n_layers = getattr(config, "num_hidden_layers", None)
     path, blocks = _find_blocks(model, n_layers)
@@ -247,10 +256,10 @@ def discover(model: nn.Module) -> FamilySpec:
         raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
                          f"(looked for {', '.join(_O_NAMES)})")
     mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
-    linears = tuple(n for n, m in block.named_modules() if n and _is_linear(m) and not _is_router(n, m, config))
+    linears = block_linears(block, config)
     return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp, mlp_act=mlp_act or "",
                       gate_proj=gate, mlp_out=mlp_out, gated_mlp=gate is not None, quant_linears=linears,
-                      word_embeddings=_embedding_path(model))
+                      word_embeddings=_embedding_path(model), causal=not is_encoder(model.config))
 
 
 def _find_mlp(model_type: str, blocks) -> tuple[str, str | None, str | None, str]:
@@ -293,6 +302,17 @@ def _has(module, path: str) -> bool:
         return False
 
 
+def block_linears(block, config) -> tuple[str, ...]:
+    """Paths of the linear layers of one block that XTC quantizes: every linear (or GPT-2 Conv1D) in it but a
+    mixture of experts' router."""
+    return tuple(n for n, m in block.named_modules() if n and _is_linear(m) and not _is_router(n, m, config))
+
+
+def fused_experts(block) -> list[str]:
+    """Parameters of a block that stack one matrix per expert in a 3-D tensor (transformers' fused experts)."""
+    return [n for n, p in block.named_parameters() if p.dim() == 3 and "expert" in n]
+
+
 def _is_router(name: str, module, config) -> bool:
     """A mixture of experts' router: a linear layer with one output per expert (not quantized by XTC)."""
     experts = [getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts",
@@ -312,7 +332,7 @@ def _config_value(config, name: str):
 
 def spec_of(model: nn.Module) -> FamilySpec:
     model_type = getattr(model.config, "model_type", "?")
-    family = family_of(model_type)
+    family = family_of(model_type, encoder=is_encoder(model.config))
     if family in FAMILIES:
         return FAMILIES[family]
     found = model.__dict__.get("_lmlab_spec")
@@ -323,7 +343,7 @@ def spec_of(model: nn.Module) -> FamilySpec:
 
 def layout_of(model: nn.Module) -> Layout:
     """Resolve the family's parts against `model`; a clear error for unsupported architectures."""
-    config = _text_config(model.config)
+    config = text_config(model.config)
     spec = spec_of(model)
     family = spec.family
     blocks = None

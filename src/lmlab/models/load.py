@@ -32,7 +32,7 @@ from lmlab.models.catalog import (check_hub_model, check_model_spec,  # noqa: F4
 from lmlab.models.batch import module_device, pad_sequences
 from lmlab.models.placement import Placement, dispatch
 from lmlab.models.scratch import ScratchSpec, build_scratch
-from lmlab.models.layout import Layout, family_of, is_causal, layout_of
+from lmlab.models.layout import Layout, family_of, is_encoder, layout_of
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,11 +117,12 @@ def _default_dtype(device: torch.device, dtype: torch.dtype | str | None) -> tor
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 
-def _auto_class(model_type: str, head: str | None):
-    family_of(model_type)  # a refused architecture stops here, before any weights load
+def _auto_class(config, head: str | None):
+    encoder = is_encoder(config)
+    family_of(config.model_type, encoder=encoder)  # a refused architecture stops here, before any weights load
     if head == "classifier":
         return AutoModelForSequenceClassification
-    if head == "base" or (head is None and not is_causal(model_type)):
+    if head == "base" or (head is None and encoder):
         return AutoModel
     return AutoModelForCausalLM
 
@@ -132,7 +133,7 @@ def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_c
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     config = AutoConfig.from_pretrained(path_or_id, **kwargs)
-    cls = _auto_class(config.model_type, head)
+    cls = _auto_class(config, head)
     extra = {"num_labels": num_labels} if (head == "classifier" and num_labels) else {}
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # keep GGUF/weight-loading chatter out of the user's terminal

@@ -33,7 +33,7 @@ from lmlab.data.generated.selftext import sample_text
 from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce, metric_values
 from lmlab.interventions.export import export_compressed
-from lmlab.interventions.quant import quantize_model, save_packed
+from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
 from lmlab.runs import RunDir
@@ -85,6 +85,7 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     """XTC on a decoder: the teacher scored, then each student (bits x budget x replicate) distilled on
     self-sampled text, packed and scored (perplexity on held-out text, accuracy on the circuit tasks)."""
     names, budgets = _tasks_and_budgets(config)
+    quant_targets(lm.model)  # a model whose weights XTC cannot reach is refused, by name, before any work
     tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
