@@ -83,11 +83,12 @@ def build(study: str, out: str):
         spec, config = s0.SPEC, s0.Config(model="scratch", rates=[8], n_train=200, n_test=10, steps=40,
                                           seeds=2, vq_steps=25, d_model=32, n_layers=2, batch_size=8,
                                           codebook=16, device="cpu")
-    else:  # sparse_circuits: the addition toy alone (it trains, then sparse-post-trains)
+    else:  # sparse_circuits: the addition toy alone (it trains, then sparse-post-trains); two replicates and one
+        # circuit task keep every phase of the toy (stacked training, rollback states, both models' circuits)
         from lmlab.studies import sparse_circuits as s4
 
         spec, config = s4.SPEC, s4.Config(model="tiny-llama", circuits=False, toy_steps=6, toy_sparse_steps=4,
-                                          toy_width=16, device="cpu")
+                                          toy_width=16, toy_seeds=2, toy_tasks=["carry"], device="cpu")
     return spec, config, lm
 
 

@@ -57,9 +57,9 @@ class Rollback:
     bound, the replicate returns to that state, its moving average to the one it had there, and its multiplier
     doubles, so the edge term that cost it the constraint pushes half as hard on the way back down.
 
-    Why: the edge term sometimes prunes an edge the model needs; its CE then jumps 0.2-1.2 nats over the bound, the
-    multiplier (its update clipped) takes hundreds of steps to climb, and by then the decayed learning rate can no
-    longer relearn what was lost (the S4 toy, docs/studies/sparse-circuits.md). Returning to the last state within
+    Why: the edge term sometimes prunes an edge the model needs; its CE then jumps over the bound, the multiplier (its
+    update clipped) takes hundreds of steps to climb, and by then the decayed learning rate can no longer relearn
+    what was lost. Returning to the last state within
     bound undoes the spike in one step. A stacked model of k replicates (lmlab.train.ensemble) holds replicate r at
     index r of every weight's leading dimension; the others are left as they are.
 

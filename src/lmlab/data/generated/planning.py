@@ -15,9 +15,8 @@ core reasoning"):
 A 4 x 4 grid whose border is a wall, 8 moves (left and right turn in place, forward steps one cell the way the
 walker faces, or is blocked by the wall). Every step restates the whole state (heading and position), so each
 step needs only the one before it and the prompt: a 2-layer model trained from scratch on the chains learns it in
-a few hundred steps, while the answer alone needs the whole walk composed in one pass (answer-only about 24%
-against CoT's 99-100%, measured on 2 cores: docs/studies/latent.md; the `walk` task below gave 86%, too close to
-CoT for the chain to be needed). The chain opens with a plan that restates the prompt (about 28 tokens of
+a few hundred steps, while the answer alone needs the whole walk composed in one pass (an answer-only model
+stays far below CoT; on the `walk` task below it came too close to CoT for the chain to be needed). The chain opens with a plan that restates the prompt (about 28 tokens of
 "coherence" text, a third of the chain) and runs about 83 tokens in all.
 
 `walk`, a maze-style grid walk (absolute moves; kept as an option):

@@ -224,7 +224,7 @@ def _converged_gate(students: pd.DataFrame, budget: str | None) -> Gate:
     not read: Budget-A is the under-trained budget by design (XTC's point), and a claim can only say "no" on them
     where more training would widen the gap (C below A, with A still rising). The dev score, not the loss: under a
     linear decay to zero the KD loss keeps falling as the rate falls, so the loss cannot tell a settled student from
-    one still learning (docs/studies/quantize.md gives the quick profile's readings of both)."""
+    one still learning."""
     falling = []
     for row in students[students.budget == budget].fillna({"replicate": 0}).itertuples():
         name = f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate {int(row.replicate)}"

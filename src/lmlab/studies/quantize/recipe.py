@@ -7,15 +7,14 @@ step 0 with one-stage KD only (logits KL or MSE + attention-score MSE + hidden-s
 no label loss; train/kd.py) on the foundation's training loop. Budgets (our decision): B = 3x
 and C = 6x the epochs of A, same schedule shape (linear decay after one warm-up epoch). The warm-up is at most a
 third of Budget-A (config.student_warmup): the paper's Budget-A is 3 epochs, one of them warm-up, and a 1-epoch
-Budget-A that warmed up for its whole epoch ended at its peak rate, never decaying (at lr 1e-3 on fact-qnli its
-1-bit students scored 74.0, 71.6, 88.6; with the third, 92.5, 91.1, 90.0; docs/studies/quantize.md). Students are
+Budget-A that warmed up for its whole epoch would end at its peak rate, never decaying. Students are
 stored packed (interventions/quant.save_packed) and the size on disk is measured.
 
 What the verdict's convergence gates read (analysis.py): the teacher's dev score at each epoch's end, and each
 student's at the start of its last quarter and at its end (measure.DevCurve, at most 1000 dev examples); the KD
 loss's last two quarters only where a run has no dev curve. Under the linear decay to 0 the KD loss keeps falling
-as the rate falls (quick, fact-qnli, lr 1e-3: the 2-bit Budget-C students' loss fell 16-18% over the last quarter
-while their dev score rose 0.2-0.3 points), so it cannot say whether a student still learns.
+as the rate falls, whether or not the student still gets better at its task, so it cannot say whether a student
+still learns.
 
 DECISIONS for CPU minutes (fewer cells, more steps each): the quick profile runs three tasks
 (fact-mnli, fact-qnli, fact-mrpc) with a pool of 2000 generated inputs each (our stand-in for XTC's TinyBERT data

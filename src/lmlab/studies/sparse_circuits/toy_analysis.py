@@ -16,15 +16,11 @@ mean excess over its bound there at most a tenth of the slack, as `constraint_he
 settled (no longer falling by more than 10% over the last quarter): each blocks "not reproduced" only
 (`post_training_gates` says why).
 
-DECISION (the constraint's two readings): the training trace's reading blocked every decision until this version. In
-70 replicates of the quick toy (1500 sparse steps; 11 runs: seeds 0-3 on a CPU, several under earlier rollback
-settings, and seed 0 on an H100 at 5 and 15 replicates) it failed 6 times, by +0.005 to +0.032 nats, while every
-final sparse toy's held-out answer CE stayed within -0.012 to +0.0035 nats of its dense toy's (the failed six +0.001
-to +0.0035; the slack is 0.03): GECO holds the sampled gate's training CE at its bound
-by oscillating about it (100-step means of one replicate ran -0.008 to +0.012 nats), so where the last quarter fell
-in that swing decided the gate, not a loss the measured model bought. Our rule that "a run whose constraint is
-still violated at the end has not converged" stands for "not reproduced" (a GECO still pulling the CE down would give
-edges back); a sparsity shown at the measured model's unchanged loss stands (docs/studies/sparse-circuits.md).
+DECISION (the constraint's two readings): GECO holds the sampled gate's training CE at its bound by oscillating about
+it, so where the last quarter falls in that swing can fail the trace's reading on a replicate whose final sparse
+model kept its loss. Our rule that "a run whose constraint is still violated at the end has not converged" stands
+for "not reproduced" (a GECO still pulling the CE down would give edges back); a sparsity shown at the measured
+model's unchanged loss stands.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ sparse-post-trained, each dissected dense and sparse.
    post-training, with one GECO multiplier per replicate held to that replicate's own bound (its dense answer CE +
    toy_slack). With `toy_rollback` (quick and full: 2 slacks) a replicate whose constraint's moving average goes
    that far over its bound returns to its last state within bound, its multiplier doubled (train/sparse.Rollback;
-   our addition, not the paper's: its GECO has no such step): without it about one replicate in nine (4 of 36
-   measured) ended over its bound after a spike mid-run, the decayed rate too small to relearn what a pruned edge
-   took (docs/studies/sparse-circuits.md). `toy_rollback_window` (off in every profile) returns a replicate on a
+   our addition, not the paper's: its GECO has no such step): without it a replicate may end over its bound after a
+   spike mid-run, the decayed rate too small to relearn what a pruned edge took. `toy_rollback_window` (off in every profile) returns a replicate on a
    drift too: its CE over its bound by more than the gate allows, on average over that many steps.
 2. Each replicate is measured dense and sparse on the 200 test sequences (1000 problems): exact match per
    sequence, and the deterministic gate's kept share of causal edges per sequence.
