@@ -6,7 +6,7 @@ LMLAB  := $(VENV)/bin/lmlab
 STAMP  := $(VENV)/.lmlab-installed
 OUT    ?= runs
 
-.PHONY: setup browser test test-fast demo quick bench pins clean gpu-check gpu-wheels report-png results
+.PHONY: setup browser test test-fast demo compare-demo quick bench pins clean gpu-check gpu-wheels report-png results
 
 setup: $(STAMP)
 
@@ -68,6 +68,13 @@ test-fast: setup
 demo: setup
 	$(LMLAB) reproduce --profile demo --jobs 2 --out $(OUT)
 	@echo "report: $(OUT)/report.html"
+
+# lmlab compare on the embedded SmolLM2: 8- and 2-bit students distilled in the run (lmlab quantize's recipe, two of each) beside the
+# positive control (the original itself) and the negative one (the original with its circuits zeroed); then the report
+# of OUT (with make demo's studies, where they ran there).
+compare-demo: setup
+	$(LMLAB) compare --model smollm2-135m --profile demo --make quantized:8,2 --variant same --variant ablate --out $(OUT)
+	$(LMLAB) report $(OUT) --out $(OUT)/report.html
 
 quick: setup
 	$(LMLAB) reproduce --profile quick --out $(OUT)

@@ -221,7 +221,7 @@ def test_fast_activation_patching_runs_dispatched_to_the_same_scores(pair, devic
     """Every head patched from its layer's cached residual, and an effect curve's points batched, on a model half
     on disk: the undispatched numbers."""
     from lmlab.data.generated.circuits import CircuitPrompt, CircuitTask
-    from lmlab.studies.sparse_circuits import circuits
+    from lmlab import circuits
 
     plain, spread = pair
     ids = [plain.tokenizer(p)["input_ids"] for p in PROMPTS]

@@ -15,7 +15,7 @@ from lmlab.models import load_model
 from lmlab.models.layout import layout_of
 from lmlab.models.load import LoadedModel
 from lmlab.models.tiny import tiny_tokenizer
-from lmlab.studies.sparse_circuits import circuits
+from lmlab import circuits
 
 
 def _from_config(name, cls, config):

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lmlab.studies.sparse_circuits import circuits, toy
+from lmlab import circuits
+from lmlab.studies.sparse_circuits import toy
 from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, make_task, task_metric
 from lmlab.errors import LmlabError
 from lmlab.interventions import Capture, SparseAttention, installed, intervene

@@ -423,6 +423,8 @@ def _option_kind(field) -> tuple[object, str | None]:
     if typing.get_origin(kind) is typing.Literal:
         return kind, None
     if kind is list or typing.get_origin(kind) is list:
+        if _repeatable(field):  # given once per value (a value may hold commas: quantized:2,1)
+            return list[str], "TEXT"
         item = (typing.get_args(kind) or (str,))[0]
         return str, {int: "INT,...", float: "FLOAT,...", str: "TEXT,..."}.get(item, "LIST")
     if kind in (int, float, bool, str):
@@ -451,10 +453,18 @@ def _shown_default(spec, name: str, field) -> str | bool:
     return False
 
 
+def _repeatable(field) -> bool:
+    """A list option given once per value (`--variant a --variant b`): its Config field says so."""
+    return bool((field.json_schema_extra or {}).get("repeatable")) if isinstance(field.json_schema_extra, dict) else False
+
+
 def _parse_field(raw, field):
-    """CLI value -> a value pydantic accepts: lists are comma-separated, the rest pydantic coerces."""
+    """CLI value -> a value pydantic accepts: lists are comma-separated (a repeatable option's values arrive as a list
+    and stay whole), the rest pydantic coerces."""
     import typing
 
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
     kinds = [field.annotation, *typing.get_args(field.annotation)]  # list[int] | None counts as a list
     is_list = any(k is list or typing.get_origin(k) is list for k in kinds)
     return [part.strip() for part in raw.split(",") if part.strip()] if is_list and isinstance(raw, str) else raw
@@ -486,7 +496,7 @@ def _study_command(spec):
     fields = spec.config.model_fields
 
     def command(out_dir: Path, config: Optional[Path], **values):
-        given = {k: _parse_field(v, fields[k]) for k, v in values.items() if v is not None}
+        given = {k: _parse_field(v, fields[k]) for k, v in values.items() if v is not None and v != []}
         settings = build_config(spec, given, config)
         settings.check_inputs()  # files, names and model paths: before torch and transformers load
         writable_folder(out_dir, "--out")

@@ -97,6 +97,11 @@ def _said(outcome: Outcome, name: str = "") -> str:
     return f"{head}{outcome.verdict} ({'already done' if outcome.resumed else f'{outcome.seconds:.0f} s'})"
 
 
+def reproduced_studies() -> list[str]:
+    """The studies `reproduce` runs, in registration order (those that need inputs of their own left out)."""
+    return [name for name, spec in STUDIES.items() if spec.in_reproduce]
+
+
 def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, models: dict[str, str] | None = None,
               only: list[str] | None = None, overrides: dict[str, dict] | None = None,
               say: Callable[[str], None] = print,
@@ -105,10 +110,13 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
     """`progress(names, outcomes, running, seconds_left)` is called whenever a study starts or ends (`running`: the
     studies under way). `jobs`: how many studies run at once, each in its own process."""
     out = Path(out)
-    names = only or list(STUDIES)
+    names = only or reproduced_studies()
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
         raise LmlabError(f"unknown study '{unknown[0]}'; registered: {', '.join(STUDIES)}")
+    refused = [n for n in names if not STUDIES[n].in_reproduce]
+    if refused:
+        raise LmlabError(f"{refused[0]} needs inputs of its own and is not part of reproduce; run lmlab {refused[0]}")
     if jobs < 1:
         raise LmlabError(f"--jobs takes a whole number of at least 1, got {jobs}")
     if jobs > 1 and len(names) > 1:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from lmlab.studies.sparse_circuits import circuits
+from lmlab import circuits
 from lmlab.benchmarks.registry import alternate, benchmark
 from lmlab.data.generated.circuits import make_task
 from lmlab.models import load_model

@@ -181,7 +181,7 @@ def _one_model(name: str, folder: str, prompts: int, repeats: int) -> list[dict]
     from lmlab.data.generated.circuits import make_task
     from lmlab.evaluation import encode_pairs
     from lmlab.models import load_model
-    from lmlab.studies.sparse_circuits import circuits
+    from lmlab import circuits
 
     lm = load_model(folder)
     task = make_task("ioi", lm.tokenizer, prompts, seed=0)

@@ -3,7 +3,7 @@
 from lmlab.lazy import lazy_exports
 from lmlab.studies.base import STUDIES, StudyConfig, StudySpec, Verdict, get_study, register
 # registration order = the order `lmlab reproduce` runs them (knockout, quantize, filler, ...)
-from lmlab.studies import knockout, quantize, filler, sparse_circuits, latent  # noqa: E402,F401,I001  (they register themselves)
+from lmlab.studies import knockout, quantize, filler, sparse_circuits, latent, compare  # noqa: E402,F401,I001  (they register themselves)
 
 __all__ = ["STUDIES", "StudyConfig", "StudyResult", "StudySpec", "Verdict", "get_study", "load_result", "register",
            "run_study"]

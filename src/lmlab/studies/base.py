@@ -229,6 +229,8 @@ class StudySpec:
     summary: Callable[[Any], pd.DataFrame] | None = None  # one model's key rows for the report
     full_models: tuple[str, ...] = ()  # `lmlab reproduce --profile full` runs these (default: default_model)
     loads_model: bool = True  # False: the study builds its own model in the run (it takes no LoadedModel)
+    # False: `lmlab reproduce` leaves it out (a study that needs inputs of its own, e.g. the variants compare takes)
+    in_reproduce: bool = True
 
 
 STUDIES: dict[str, StudySpec] = {}

@@ -30,7 +30,7 @@ import pandas as pd
 
 from lmlab.claims import Bar, Gate, Resampler, declared, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
-from lmlab.studies.sparse_circuits import circuits
+from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
 from lmlab.studies.sparse_circuits.declared import CLAIMS
 from lmlab.studies.sparse_circuits.toy_analysis import (EDGES_LIMIT, NO_EFFECT, band, held_out_loss_gate,

@@ -11,7 +11,7 @@ from lmlab import parallel
 from lmlab.data.generated.circuits import make_task
 from lmlab.evaluation import causal_lm_ce
 from lmlab.runs import RunDir
-from lmlab.studies.sparse_circuits import circuits
+from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import Config
 
 

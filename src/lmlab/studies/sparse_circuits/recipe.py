@@ -1,7 +1,7 @@
 """S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865).
 
 1. Dense circuit discovery on four generated tasks (data/generated/circuits.py): heads ranked by
-   attribution patching (circuits.py), explained effect EE(N) with the top N heads kept and every other
+   attribution patching (lmlab.circuits), explained effect EE(N) with the top N heads kept and every other
    head patched with its corrupted-run output; N needed for EE >= 0.9. The attribution ranking is checked
    against activation patching on a subset of heads (top heads plus random ones) on IOI.
 2. Sparse post-training (train/sparse.py): edge gates on every layer, GECO holding the CE within tau =

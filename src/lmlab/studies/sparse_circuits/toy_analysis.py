@@ -33,7 +33,7 @@ import pandas as pd
 
 from lmlab.claims import Bar, Gate, Resampler, declared, evidence, judge, replicates_gate
 from lmlab.studies.base import Verdict, canvas, finish
-from lmlab.studies.sparse_circuits import circuits
+from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import TOY_TASKS, Config
 from lmlab.studies.sparse_circuits.declared import CLAIMS
 

@@ -15,7 +15,7 @@ sparse-post-trained, each dissected dense and sparse.
 3. Circuit discovery on each replicate, dense and sparse (the paper's figure at toy scale): the toy's circuit tasks
    (toy.circuit_task, config.TOY_TASKS: the tens digit f of `a b + c d = e f`, its corrupted prompt changing c, or b
    so that the carry flips; toy_tasks picks them), heads ranked by attribution patching and the explained-effect
-   curve with the top N heads kept (circuits.py, the same code as the model's discovery); heads needed for 0.9, and
+   curve with the top N heads kept (lmlab.circuits, the same code as the model's discovery); heads needed for 0.9, and
    the multiplier dense / sparse.
 
 Everything is recorded as one unit per phase; the training phases checkpoint and resume on their own.
@@ -33,7 +33,8 @@ from safetensors.torch import save_file
 from lmlab import parallel
 from lmlab.interventions import SparseAttention, install, intervene
 from lmlab.runs import RunDir
-from lmlab.studies.sparse_circuits import circuits, toy
+from lmlab import circuits
+from lmlab.studies.sparse_circuits import toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE
 from lmlab.train import TrainConfig, train

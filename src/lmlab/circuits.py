@@ -79,12 +79,15 @@ def patch_all_but(lm: LoadedModel, patched, ref: dict) -> tuple:
 
 
 def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
-                       z_corr: list[dict[int, torch.Tensor]] | None = None) -> np.ndarray:
-    """(n_layers, n_heads) first-order estimates of the mean metric change when each head is patched."""
+                       z_corr: list[dict[int, torch.Tensor]] | None = None, per_prompt: bool = False) -> np.ndarray:
+    """(n_layers, n_heads) first-order estimates of the mean metric change when each head is patched.
+    `per_prompt`: (n_prompts, n_layers, n_heads), each prompt pair's own estimate (their mean is the default's
+    array), so a ranking can be resampled over prompt pairs without another pass."""
     layout = lm.layout
     z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
     mlps = _has_mlps(z_corr)
-    total = torch.zeros(layout.n_layers, layout.n_heads + int(mlps), dtype=torch.float64, device="cpu")  # on the host
+    width = layout.n_heads + int(mlps)
+    rows: list[torch.Tensor] = []  # per batch: (B, n_layers, width), on the host
     points = ("z", "mlp_out") if mlps else ("z",)
     for prompts, ref in zip(_batches(task, batch_size), z_corr):
         with torch.enable_grad(), intervene(lm, Capture(*points, grad=True)) as cap:
@@ -93,15 +96,18 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
             keys = [("z", l) for l in sorted(cap.store["z"])]
             keys += [("mlp_out", l) for l in sorted(cap.store["mlp_out"])] if mlps else []
             grads = torch.autograd.grad(metric, [cap.store[p][l] for p, l in keys])
+        part = torch.zeros(len(prompts), layout.n_layers, width, dtype=torch.float64, device="cpu")
         for (point, layer), grad in zip(keys, grads):
             clean = cap.store[point][layer].detach()
             if point == "z":
                 delta = (ref[layer].to(clean) - clean) * grad  # (B, P, H, D)
-                total[layer, :layout.n_heads] += delta.sum(dim=(0, 1, 3)).double().cpu()
+                part[:, layer, :layout.n_heads] = delta.sum(dim=(1, 3)).double().cpu()
             else:
                 delta = (ref[("mlp", layer)].to(clean) - clean) * grad  # (B, P, d_model)
-                total[layer, layout.n_heads] += delta.sum().double().cpu()
-    return (total / len(task)).numpy()
+                part[:, layer, layout.n_heads] = delta.sum(dim=(1, 2)).double().cpu()
+        rows.append(part)
+    every = torch.cat(rows) if rows else torch.zeros(0, layout.n_layers, width, dtype=torch.float64)
+    return every.numpy() if per_prompt else (every.sum(0) / len(task)).numpy()
 
 
 def _components(layout, width: int, heads) -> dict[int, list[int]]:

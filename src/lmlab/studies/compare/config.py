@@ -1,0 +1,115 @@
+"""Compare configuration: every knob with its default and a sentence; the demo/quick/full sizes are in profiles.yaml."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from lmlab.data.generated.circuits import TASKS
+from lmlab.studies.base import StudyConfig
+
+# variants that name no model: the original itself (the positive control) and the original with its top heads zeroed
+# (the negative control), "ablate:N"
+SAME = "same"
+ABLATE = "ablate"
+MAKE_KINDS = ("quantized",)
+
+
+class Config(StudyConfig):
+    device_map_refusal = ("compare holds the original and one variant at a time on one device (a packed student is "
+                          "rebuilt from the original's weights)")
+    replicate_refusal = None  # --seeds: the students --make trains per cell
+
+    variant: list[str] | None = Field(
+        None, description="a model to compare with the original (repeatable): a folder or hub id of the same "
+                          "architecture and tokenizer (a fine-tune; a GPTQ, AWQ or bitsandbytes checkpoint where "
+                          "transformers loads it); a packed student (.safetensors) of lmlab quantize; a quantize or "
+                          "sparse-circuits run folder (each of its students or sparse models, their replicates "
+                          "pooled per cell); 'same' (the original itself: the positive control); 'ablate' (the "
+                          "original with every task's circuit zeroed: the heads its overlap is read at; the negative "
+                          "control) or 'ablate:N' (its N top heads of every task zeroed)",
+        json_schema_extra={"repeatable": True})
+    make: list[str] | None = Field(
+        None, description="variants trained in the run by lmlab quantize's recipe (its decoder option, at this "
+                          "profile's sizes): quantized:2,1 (students of these bits, each 8, 4, 2 or 1; --seeds replicates each)",
+        json_schema_extra={"repeatable": True})
+    tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)})")
+    n_prompts: int | None = Field(None, ge=4, description="prompt pairs per task (the same pairs for every model)")
+    threshold: float = Field(0.9, gt=0, le=1, description="explained effect that defines a circuit's size")
+    min_k: int = Field(5, ge=1, description="the fewest heads the overlap is read at (the circuit's size, else this)")
+    verify_heads: int | None = Field(None, ge=0, description="each model's top heads checked by activation patching "
+                                                             "on every task")
+    min_verify: float = Field(0.5, ge=-1, le=1, description="the Spearman correlation of attribution with activation "
+                                                            "patching on those heads below which a model's ranking is "
+                                                            "not compared")
+    fine_grid: bool | None = Field(None, description="explained-effect grid: every N to 8, then +2, then x1.15 "
+                                                     "(false: x1.4 steps)")
+    batch_size: int = Field(16, ge=1, description="prompt pairs per forward pass")
+    pathways: bool | None = Field(None, description="also run lmlab knockout (S1) on the original and every variant, "
+                                                    "probes trained per model: does the variant keep the question-"
+                                                    "anchored pathway where the original has it?")
+    pathway_datasets: list[str] | None = Field(None, description="with --pathways: S1's datasets (default: its "
+                                                                 "profile's)")
+    pathway_questions: int | None = Field(None, ge=1, description="with --pathways: S1's questions per dataset "
+                                                                  "(default: its profile's)")
+
+    def check_inputs(self, models: bool = True) -> None:
+        super().check_inputs(models)
+        from lmlab.errors import LmlabError
+
+        for name in self.size("tasks") or []:
+            if name not in TASKS:
+                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+        if not (self.variant or self.make):
+            raise LmlabError("give a variant to compare with the original: --variant DIR_OR_ID (repeatable), "
+                             "--variant same, --variant ablate:N, or --make quantized:2,1")
+        for spec in self.variant or []:
+            check_variant(spec)
+        self.made_bits()
+        if self.pathway_datasets:
+            from lmlab.studies.base import get_study  # S1's own check, through the registry
+
+            get_study("knockout").config(model=self.model, datasets=self.pathway_datasets).check_inputs(models=False)
+
+    def made_bits(self) -> list[int]:
+        """The bits of --make quantized:B[,B...] (one sentence for anything else)."""
+        from lmlab.errors import LmlabError
+
+        bits: list[int] = []
+        for item in self.make or []:
+            kind, _, rest = item.partition(":")
+            if kind not in MAKE_KINDS:
+                raise LmlabError(f"--make {item}: unknown kind '{kind}'; use quantized:BITS (e.g. quantized:2,1)")
+            try:
+                parts = [int(b) for b in rest.split(",") if b.strip()]
+            except ValueError:
+                parts = []
+            if not parts or any(b not in (1, 2, 4, 8) for b in parts):
+                raise LmlabError(f"--make {item}: give the students' bits, each 8, 4, 2 or 1 (e.g. quantized:2,1)")
+            bits += [b for b in parts if b not in bits]
+        return bits
+
+
+def check_variant(spec: str) -> None:
+    """One sentence for a variant that cannot be one (no model is loaded; hub ids are checked when loaded)."""
+    from pathlib import Path
+
+    from lmlab.errors import LmlabError
+    from lmlab.models.catalog import check_model_available
+
+    if spec == SAME:
+        return
+    if spec == ABLATE:
+        return
+    if spec.startswith(ABLATE + ":"):
+        n = spec.partition(":")[2]
+        if not n.isdigit() or int(n) < 1:
+            raise LmlabError(f"--variant {spec}: give how many top heads to zero, e.g. ablate:5")
+        return
+    path = Path(spec).expanduser()
+    if path.suffix == ".safetensors":
+        if not path.is_file():
+            raise LmlabError(f"--variant {spec}: no such file")
+        return
+    if path.is_dir() and ((path / "packed").is_dir() or (path / "post_training").is_dir()):
+        return  # a quantize or sparse-circuits run folder
+    check_model_available(spec)

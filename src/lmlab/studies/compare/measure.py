@@ -1,0 +1,80 @@
+"""What compare measures on one model and one task, recorded as one unit (resumable): each prompt pair's attribution
+score of every head, the explained-effect curve along the model's own ranking, and activation patching on its top
+heads (the attribution checked). Every model sees the same prompt pairs, so the analysis pairs them prompt by prompt.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from lmlab import circuits
+from lmlab.data.generated.circuits import make_task
+from lmlab.evaluation import metric_values
+from lmlab.runs import RunDir
+
+
+def _round(values) -> list[float]:
+    return [float(f"{float(v):.6g}") for v in np.asarray(values).ravel()]
+
+
+def unit_key(model_key: str, task: str) -> str:
+    return f"{model_key}|{task}"
+
+
+def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, config, run_dir: RunDir) -> list[dict]:
+    """One model on one task: rows of kinds `model` (its clean and corrupted metric, circuit size, the check of
+    attribution against activation patching), `attribution` (one row per prompt pair: every head's score, layer-major),
+    `per_prompt` (the explained-effect curve's per-prompt metric at each N) and `verify_component`."""
+    done = run_dir.done("models")
+    key = unit_key(model_key, task_name)
+    if key in done:
+        return done[key]
+    batch = config.batch_size
+    task = make_task(task_name, lm.tokenizer, config.size("n_prompts"), config.seed)
+    z_corr = circuits.corrupted_z(lm, task, batch)
+    per = circuits.attribution_scores(lm, task, batch, z_corr=z_corr, per_prompt=True)  # (prompts, layers, heads)
+    scores = per.mean(0)
+    order = circuits.ranking(scores)
+    grid = circuits.heads_grid(len(order), fine=bool(config.size("fine_grid")))
+    curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=batch, z_corr=z_corr)
+    corrupted = metric_values(lm, task, batch, corrupted=True)
+    needed = curve.heads_needed(config.threshold)
+    top = order[:min(int(config.size("verify_heads") or 0), len(order))]
+    rho, checked = float("nan"), []
+    if len(top) >= 3:
+        from scipy.stats import spearmanr
+
+        act = circuits.activation_scores(lm, task, batch, z_corr=z_corr, heads=top)
+        a = np.array([scores[l, h] for l, h in top])
+        b = np.array([act[l, h] for l, h in top])
+        rho = float(spearmanr(a, b)[0]) if np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
+        checked = [{"kind": "verify_component", "model_key": model_key, "task": task_name, "layer": l, "index": h,
+                    "attribution": float(x), "activation": float(y)} for (l, h), x, y in zip(top, a, b)]
+    ident = {"model_key": model_key, "cell": cell, "replicate": replicate, "task": task_name}
+    rows = [{"kind": "model", **ident, "model_name": lm.name, "clean_metric": float(curve.clean.mean()),
+             "corrupted_metric": float(corrupted.mean()), "metric": task.metric, "n_prompts": len(task),
+             "heads_needed": float(needed) if needed is not None else float("nan"), "total_heads": len(order),
+             "has_effect": bool(curve.has_effect()), "verify_rho": rho, "verify_heads": len(top),
+             "n_layers": lm.layout.n_layers, "n_heads": lm.layout.n_heads}]
+    rows += [{"kind": "attribution", **ident, "idx": i, "scores": json.dumps(_round(p))} for i, p in enumerate(per)]
+    rows += [{"kind": "per_prompt", **ident, "n_heads": n, "values": json.dumps(_round(v))}
+             for n, v in zip(curve.grid, curve.values)]
+    rows += checked
+    run_dir.record("models", key, rows)
+    run_dir.log(f"{model_key} {task_name}: clean {curve.clean.mean():.3f}, corrupted {corrupted.mean():.3f}, "
+                f"N@{config.threshold} = {needed}, attribution vs activation on {len(top)} top heads: rho {rho:.2f}")
+    return rows
+
+
+def top_heads(rows: list[dict], n: int | None, min_k: int) -> list[tuple[int, int]]:
+    """The n heads of largest |mean attribution| in one unit's rows (the ablation control's heads); n None: the
+    circuit's size, as the overlap is read (the heads for the threshold's effect, at least min_k)."""
+    per = np.array([json.loads(r["scores"]) for r in rows if r["kind"] == "attribution"])
+    model = next(r for r in rows if r["kind"] == "model")
+    if n is None:
+        needed = model["heads_needed"]
+        n = int(min(max(int(needed) if np.isfinite(needed) else min_k, min_k), model["total_heads"]))
+    scores = per.mean(0).reshape(model["n_layers"], model["n_heads"])
+    return circuits.ranking(scores)[:n]

@@ -1,0 +1,178 @@
+"""Compare · does a compressed or sparse model keep its original's circuits? (lmlab's own study: no paper claims this)
+
+1. The original: on each circuit task (data/generated/circuits.py: IOI, Greater-Than, Docstring, IOI-Long) every
+   head's attribution score per prompt pair (attribution patching, lmlab.circuits: the same scorer S4 uses), the
+   explained-effect curve along its ranking and the heads it needs for 0.9 of the effect, and activation patching on
+   its top heads (the attribution checked against the exact intervention on the heads that matter).
+2. Each variant, the same measurements on the same prompt pairs. A variant is any model of the original's
+   architecture and tokenizer: a folder or hub id; a packed student of `lmlab quantize` (rebuilt on the original's
+   weights); a quantize run folder (each of its students: a cell per bits and budget, its replicates pooled) or a
+   sparse-circuits run folder (each post-trained replicate); students trained here (`--make quantized:2,1`: lmlab
+   quantize's own run, through the registry, at this profile's sizes, `--seeds` replicates a cell); the original
+   itself (`same`, the positive control) or the original with every task's circuit zeroed (`ablate`: the heads the
+   overlap is read at; `ablate:N`: the N top heads of each task), the negative control, through the installed
+   AblateHeads intervention.
+3. With `--pathways` (quick and full), S1's knockout on the original and on each variant, through the registry, probes
+   trained per model (pathways.py): does the variant keep the question-anchored pathway where the original has it?
+4. Analysis (analysis.py): the top-k overlap with the original (Jaccard, and the rank correlation over the union)
+   with intervals over prompt pairs and replicates; the heads that survive, the new ones, the task metric's change;
+   the pathway's effect per variant beside the original's.
+
+One variant is in memory at a time beside the original. Every model's measurements of a task are one recorded unit,
+so an interrupted run resumes at the next unit.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from lmlab.data.generated.circuits import make_task
+from lmlab.errors import LmlabError
+from lmlab.interventions import AblateHeads, install
+from lmlab.interventions.quant import load_packed
+from lmlab.models import LoadedModel, layout_of
+from lmlab.runs import RunDir
+from lmlab.studies.compare.config import ABLATE, SAME, Config
+from lmlab.studies.compare.measure import measure, top_heads
+from lmlab.studies.compare.pathways import measure_pathway
+
+ORIGINAL = "original"
+
+
+@dataclasses.dataclass
+class Variant:
+    cell: str  # the comparison it belongs to (replicates of one recipe share a cell)
+    replicate: int
+    spec: str  # what the user gave (or the file found in a run folder)
+    kind: str  # same, ablate, packed, sparse, model
+
+    @property
+    def key(self) -> str:
+        return f"{self.cell}#{self.replicate}"
+
+
+def _rep_of(name: str) -> tuple[str, int]:
+    match = re.fullmatch(r"(.*)-rep(\d+)", name)
+    return (match.group(1), int(match.group(2))) if match else (name, 0)
+
+
+def expand(spec: str) -> list[Variant]:
+    """The variants one --variant names (a run folder names several)."""
+    if spec == SAME:
+        return [Variant("same", 0, spec, "same")]
+    if spec == ABLATE or spec.startswith(ABLATE + ":"):
+        return [Variant(spec, 0, spec, "ablate")]
+    path = Path(spec).expanduser()
+    if path.suffix == ".safetensors":
+        cell, rep = _rep_of(path.stem)
+        return [Variant(cell, rep, str(path), "packed")]
+    if path.is_dir() and (path / "packed").is_dir():
+        files = sorted((path / "packed").glob("*.safetensors"))
+        if not files:
+            raise LmlabError(f"--variant {spec}: its packed/ folder holds no student yet (an unfinished run?)")
+        return [v for f in files for v in expand(str(f))]
+    if path.is_dir() and (path / "post_training").is_dir():
+        folders = sorted((path / "post_training").glob("rep*/sparse_model"))
+        if not folders:
+            raise LmlabError(f"--variant {spec}: no post-trained sparse model in it (an unfinished run, or one "
+                             "without --circuits?)")
+        return [Variant("sparse", int(f.parent.name[3:]), str(f), "sparse") for f in folders]
+    return [Variant(spec, 0, spec, "model")]
+
+
+def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list) -> LoadedModel:
+    if variant.kind in ("same", "ablate", "packed"):
+        model = copy.deepcopy(lm.model)
+        # the copy's own layout: the original's points at the original's modules
+        loaded = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name} ({variant.cell})",
+                                     meta=dict(lm.meta))
+        if variant.kind == "packed":
+            load_packed(model, variant.spec)
+            loaded.name = f"{lm.name} ({Path(variant.spec).stem})"
+        elif variant.kind == "ablate":
+            install(loaded, AblateHeads(ablated, mode="zero"))
+        return loaded
+    loaded = config.load(variant.spec)
+    if loaded.layout.n_layers != lm.layout.n_layers or loaded.layout.n_heads != lm.layout.n_heads:
+        raise LmlabError(f"--variant {variant.spec} has {loaded.layout.n_layers} layers of {loaded.layout.n_heads} "
+                         f"heads; the original {lm.layout.n_layers} of {lm.layout.n_heads}: compare needs the same "
+                         "architecture")
+    if loaded.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+        raise LmlabError(f"--variant {variant.spec} has another tokenizer than the original: the same prompt pairs "
+                         "would not be the same tokens")
+    return loaded
+
+
+def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
+    """--make quantized:B: lmlab quantize's own run (its decoder option) through the registry, into this run's
+    made/ folder; its run folder is then a variant like any other."""
+    bits = config.made_bits()
+    if not bits:
+        return []
+    from lmlab.studies.base import get_study
+    from lmlab.studies.runner import run_study
+
+    spec = get_study("quantize")
+    made = spec.config(model=config.model, profile=config.profile, seed=config.seed, seeds=config.n_seeds,
+                       bits=bits, tasks=list(config.size("tasks")), n_prompts=config.size("n_prompts"),
+                       device=config.device, dtype=config.dtype)
+    run_dir.log(f"making {', '.join(f'{b}-bit' for b in bits)} students with lmlab quantize ({config.profile}, "
+                f"{config.n_seeds} replicates a cell)")
+    # a model passed in is copied: quantize turns its teacher to float32 for training
+    result = run_study(spec, made, run_dir.path / "made", lm=copy.deepcopy(lm) if lm is not None else None)
+    return [str(result.path)]
+
+
+def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    tasks = list(config.size("tasks"))
+    variants = [v for spec in (config.variant or []) for v in expand(spec)]
+    made = _made(config, run_dir, lm)
+    variants += [v for folder in made for v in expand(folder)]
+    keys = [v.key for v in variants]
+    if len(set(keys)) != len(keys):
+        raise LmlabError("two variants share a name and replicate; give each once")
+    lm = lm if lm is not None else config.load()
+    if not lm.layout.causal:
+        raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
+    for name in tasks:  # answer tokens the tokenizer splits fail here, before any measurement
+        make_task(name, lm.tokenizer, 2, config.seed)
+    original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
+    pathways = bool(config.size("pathways"))
+    if pathways:
+        measure_pathway(lm, ORIGINAL, ORIGINAL, 0, config, run_dir)
+    for variant in variants:
+        if (all(f"{variant.key}|{t}" in run_dir.done("models") for t in tasks)
+                and (not pathways or variant.key in run_dir.done("pathways"))):
+            continue
+        ablated = []
+        if variant.kind == "ablate":
+            n = int(variant.spec.partition(":")[2] or 0) or None  # None: each task's circuit (the claim's k)
+            ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k)})
+        model = _load(variant, lm, config, ablated)
+        for t in tasks:
+            measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
+        if pathways:
+            measure_pathway(model, variant.key, variant.cell, variant.replicate, config, run_dir)
+        del model
+    rows = [r for _, rs in sorted(run_dir.done("models").items(), key=lambda kv: _order(kv[0], variants, tasks))
+            for r in rs]
+    rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
+    rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
+              "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made)} for v in variants]
+    from lmlab.studies.compare.analysis import derive
+
+    return derive(pd.DataFrame(rows), config)
+
+
+def _order(key: str, variants: list[Variant], tasks: list[str]) -> tuple:
+    model_key, _, task = key.rpartition("|")
+    keys = [ORIGINAL] + [v.key for v in variants]
+    return (keys.index(model_key) if model_key in keys else len(keys), tasks.index(task) if task in tasks else 0)
+
+

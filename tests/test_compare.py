@@ -1,0 +1,320 @@
+"""lmlab compare: the overlap arithmetic against plain Python, the rule on synthetic rankings (yes, no, open), the
+variants it reads, its options, and the two controls on the embedded SmolLM2 (a variant equal to the original keeps
+every circuit; the original with its circuit zeroed keeps none, and the tool says so)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from helpers import check_declared_columns
+from lmlab.errors import LmlabError
+from lmlab.studies.compare import analysis
+from lmlab.studies.compare.config import Config
+from lmlab.studies.compare.recipe import expand
+
+
+def _top(scores: np.ndarray, k: int) -> set[int]:
+    return set(sorted(range(len(scores)), key=lambda i: -abs(scores[i]))[:k])
+
+
+def test_top_k_overlap_matches_plain_sets():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(10, 40)), rng.normal(size=(10, 40))
+    ones = np.ones((1, 10))
+    for k in (1, 3, 7, 20):
+        want_a, want_b = _top(a.mean(0), k), _top(b.mean(0), k)
+        want = len(want_a & want_b) / len(want_a | want_b)
+        got = analysis.jaccard(analysis.top_masks(a, ones, k), analysis.top_masks(b, ones, k))[0]
+        assert got == pytest.approx(want)
+    # a resample's weights are item counts: the same as the mean over the drawn items
+    idx = rng.integers(0, 10, 10)
+    weights = np.bincount(idx, minlength=10)[None].astype(float)
+    assert set(np.flatnonzero(analysis.top_masks(a, weights, 5)[0])) == _top(a[idx].mean(0), 5)
+
+
+def test_chance_level_is_the_expected_jaccard_of_random_sets():
+    rng = np.random.default_rng(1)
+    total, k = 60, 9
+    draws = [len(set(rng.choice(total, k, replace=False)) & set(rng.choice(total, k, replace=False))) for _ in
+             range(4000)]
+    simulated = np.mean([d / (2 * k - d) for d in draws])
+    assert analysis.chance(k, total) == pytest.approx(simulated, abs=0.01)
+
+
+def _table(original: np.ndarray, variants: dict[str, list[np.ndarray]], needed: int = 6,
+           layers: int = 4) -> pd.DataFrame:
+    """A recipe's rows for one task: per-prompt attribution arrays (prompts, heads), clean metrics of 1."""
+    heads = original.shape[1] // layers
+    rows = []
+    models = [("original", "original", 0, original)] + [(f"{cell}#{r}", cell, r, a) for cell, reps in variants.items()
+                                                         for r, a in enumerate(reps)]
+    for key, cell, rep, per in models:
+        rows.append({"kind": "model", "model_key": key, "cell": cell, "replicate": rep, "task": "ioi",
+                     "heads_needed": float(needed), "total_heads": per.shape[1], "has_effect": True,
+                     "verify_rho": 0.9, "n_heads": heads, "n_layers": layers})
+        rows += [{"kind": "attribution", "model_key": key, "cell": cell, "replicate": rep, "task": "ioi", "idx": i,
+                  "scores": json.dumps(list(map(float, p)))} for i, p in enumerate(per)]
+        for n in (0, per.shape[1]):
+            rows.append({"kind": "per_prompt", "model_key": key, "cell": cell, "replicate": rep, "task": "ioi",
+                         "n_heads": n, "values": json.dumps([float(n > 0)] * per.shape[0])})
+    return pd.DataFrame(rows)
+
+
+def _circuit(rng, n_prompts=40, total=64, circuit=(3, 17, 22, 40, 51, 60), noise=0.3):
+    base = np.zeros(total)
+    base[list(circuit)] = np.linspace(3.0, 1.5, len(circuit))
+    return base + noise * rng.normal(size=(n_prompts, total))
+
+
+def _decisions(table) -> dict[str, str]:
+    claims, _ = analysis.claims_of(table, {"seed": 0, "min_k": 5})
+    return {c.group.partition(" / ")[0]: c.decision for c in claims if c.name == "keeps the circuit"}
+
+
+def test_the_rule_says_yes_no_and_open_where_it_should():
+    rng = np.random.default_rng(2)
+    original = _circuit(rng)
+    same_circuit = [_circuit(rng) for _ in range(3)]  # replicates: the same heads, other noise
+    other = [_circuit(rng, circuit=(5, 9, 30, 33, 44, 58)) for _ in range(3)]  # another circuit: the effect absent
+    flat = [0.3 * rng.normal(size=original.shape) for _ in range(2)]  # no circuit at all
+    decided = _decisions(_table(original, {"kept": same_circuit, "moved": other, "none": flat}))
+    assert decided["kept"] == "yes"
+    assert decided["moved"] == "no"
+    assert decided["none"] == "no"
+    # half the circuit shared, measured on 8 noisy prompt pairs: the interval spans the bar, so it cannot tell
+    rng = np.random.default_rng(3)
+    noisy = _circuit(rng, n_prompts=8, noise=1.5)
+    half = [_circuit(rng, n_prompts=8, circuit=(3, 17, 22, 40, 9, 30), noise=1.5)]
+    assert _decisions(_table(noisy, {"half": half}))["half"] == "open"
+
+
+def test_a_ranking_activation_patching_does_not_confirm_holds_the_claim_open():
+    rng = np.random.default_rng(3)
+    table = _table(_circuit(rng), {"moved": [_circuit(rng, circuit=(5, 9, 30, 33, 44, 58))]})
+    table.loc[(table["kind"] == "model") & (table["model_key"] == "moved#0"), "verify_rho"] = 0.1
+    claims, _ = analysis.claims_of(table, {"seed": 0, "min_k": 5})
+    keep = next(c for c in claims if c.name == "keeps the circuit")
+    assert keep.decision == "open" and "activation patching" in keep.reason
+
+
+def test_the_self_overlap_of_identical_prompts_is_one_and_falls_with_noise():
+    rng = np.random.default_rng(4)
+    clean = np.tile(np.linspace(5, 0, 30), (20, 1))
+    assert analysis.self_overlap(clean, 5, 0).min() == 1.0
+    noisy = clean[:, rng.permutation(30)] * 0 + rng.normal(size=(20, 30))
+    assert analysis.self_overlap(noisy, 5, 0).mean() < 0.5
+
+
+def test_variants_expand_from_files_and_run_folders(tmp_path):
+    assert [(v.cell, v.kind) for v in expand("same")] == [("same", "same")]
+    assert [(v.cell, v.kind) for v in expand("ablate:3")] == [("ablate:3", "ablate")]
+    run = tmp_path / "quantize-run"
+    (run / "packed").mkdir(parents=True)
+    for name in ("2bit-A-rep0", "2bit-A-rep1", "1bit-A-rep0"):
+        (run / "packed" / f"{name}.safetensors").write_bytes(b"")
+    got = sorted((v.cell, v.replicate, v.kind) for v in expand(str(run)))
+    assert got == [("1bit-A", 0, "packed"), ("2bit-A", 0, "packed"), ("2bit-A", 1, "packed")]
+    sparse = tmp_path / "sparse-run"
+    for r in (0, 1):
+        (sparse / "post_training" / f"rep{r}" / "sparse_model").mkdir(parents=True)
+    assert [(v.cell, v.replicate) for v in expand(str(sparse))] == [("sparse", 0), ("sparse", 1)]
+    (tmp_path / "empty" / "packed").mkdir(parents=True)
+    with pytest.raises(LmlabError, match="no student"):
+        expand(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("given, message", [
+    ({}, "give a variant"),
+    ({"variant": ["ablate:x"]}, "how many top heads"),
+    ({"variant": ["missing.safetensors"]}, "no such file"),
+    ({"make": ["quantized:3"]}, "each 8, 4, 2 or 1"),
+    ({"make": ["pruned:2"]}, "unknown kind"),
+    ({"variant": ["same"], "tasks": ["nope"]}, "unknown circuit task"),
+])
+def test_bad_inputs_are_one_sentence(given, message):
+    with pytest.raises(LmlabError, match=message):
+        Config(model="tiny-llama", **given).check_inputs()
+
+
+def test_make_reads_every_bit_once():
+    assert Config(model="tiny-llama", make=["quantized:2,1", "quantized:2"]).made_bits() == [2, 1]
+
+
+def test_repeatable_options_keep_each_value_whole(monkeypatch):
+    from typer.testing import CliRunner
+
+    import lmlab.studies as studies
+    from lmlab.cli import _register_study_commands, app
+
+    _register_study_commands()
+    seen = {}
+
+    def fake(spec, settings, out):
+        seen.update(variant=settings.variant, make=settings.make)
+        raise SystemExit(0)
+    monkeypatch.setattr(studies, "run_study", fake, raising=False)
+    CliRunner().invoke(app, ["compare", "--model", "tiny-llama", "--variant", "same", "--variant", "ablate:2",
+                             "--make", "quantized:2,1"])
+    assert seen == {"variant": ["same", "ablate:2"], "make": ["quantized:2,1"]}
+
+
+def test_reproduce_leaves_compare_out():
+    from lmlab.reproduce import reproduce, reproduced_studies
+
+    assert "compare" not in reproduced_studies()
+    with pytest.raises(LmlabError, match="not part of reproduce"):
+        reproduce("unused", only=["compare"])
+
+
+@pytest.fixture(scope="module")
+def controls(embedded_smollm, tmp_path_factory):
+    """The two controls on the embedded SmolLM2, one run: IOI, 16 prompt pairs."""
+    import lmlab
+
+    out = tmp_path_factory.mktemp("compare")
+    return lmlab.run("compare", embedded_smollm, profile="demo", out=out, variant=["same", "ablate"], tasks=["ioi"],
+                     n_prompts=16, verify_heads=4)
+
+
+def test_positive_control_a_copy_of_the_original_keeps_its_circuit(controls):
+    table = controls.table("comparison").set_index("cell")
+    same = table.loc["same"]
+    assert same["decision"] == "yes"
+    assert same["jaccard"] == 1.0 and same["lo"] == pytest.approx(1.0)
+    # its measurements are the original's, prompt by prompt (the same model, copied)
+    attr = controls.table("attribution")
+    a = attr[attr["model_key"] == "original"].sort_values("idx")["scores"].map(json.loads).tolist()
+    b = attr[attr["model_key"] == "same#0"].sort_values("idx")["scores"].map(json.loads).tolist()
+    np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-6)
+
+
+def test_negative_control_the_original_without_its_circuit_does_not_keep_it(controls):
+    table = controls.table("comparison").set_index("cell")
+    ablated = table.loc["ablate"]
+    assert ablated["decision"] == "no"
+    assert ablated["hi"] < ablated["bar"] < table.loc["same", "lo"]
+    heads = controls.table("heads").set_index("cell")
+    assert heads.loc["ablate", "kept"] == ""  # every head of the original's circuit is gone from its top-k
+    verdict = controls.verdict
+    assert "ablate / ioi: does not keep the circuit" in verdict.summary
+    assert "same / ioi: keeps the circuit" in verdict.summary
+    assert verdict.status == "inconclusive"  # no paper's claim: lmlab's rule keeps the status there
+    # the figure draws from the tables alone (as the report draws it from a run folder)
+    import matplotlib.pyplot as plt
+
+    from lmlab.studies.compare.analysis import figure
+
+    fig = figure(controls)
+    assert len(fig.axes) == 3
+    plt.close("all")
+
+
+def test_attribution_ranks_as_activation_patching_on_the_top_heads(controls):
+    models = controls.table("model")
+    assert (models["verify_rho"] >= 0.5).all(), models[["model_key", "verify_rho"]]
+    comp = controls.table("verify_component")
+    assert set(comp["model_key"]) == {"original", "same#0", "ablate#0"}
+
+
+def test_compare_runs_in_bf16_on_the_cpu_and_on_the_emulated_gpu(tiny_smol_folder, tmp_path):
+    """Every tensor on the model's device and in its dtype: a tiny random Llama speaking SmolLM2's tokenizer."""
+    import torch
+
+    import lmlab
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # a user's pair of folders: the original and a fine-tune of it (here: its weights nudged), saved as folders
+    tuned = tmp_path / "tuned"
+    model = AutoModelForCausalLM.from_pretrained(tiny_smol_folder)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tuned)
+    AutoTokenizer.from_pretrained(tiny_smol_folder).save_pretrained(tuned)
+    sizes = dict(variant=["same", "ablate:2", str(tuned)], tasks=["ioi"], n_prompts=4, verify_heads=3)
+    result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "bf16", device="cpu",
+                       dtype="bfloat16", **sizes)
+    assert set(result.table("model")["model_key"]) == {"original", "same#0", "ablate:2#0", f"{tuned}#0"}
+    check_declared_columns(result)
+    if torch.cuda.is_available():
+        return
+    from emulated_gpu import DEVICE, emulated_gpu
+
+    with emulated_gpu():
+        result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "gpu", **sizes)
+    assert str(DEVICE) in str(result.info.get("environment", {}).get("device", str(DEVICE)))
+    comparison = result.table("comparison").set_index("cell")
+    assert comparison.loc["same", "jaccard"] == 1.0  # the copy on the device measures as the original does
+
+
+def _pathway_rows(original, variants):
+    rows = [{"kind": "pathway", "model_key": "original", "cell": "original", "replicate": 0, "dataset": "geo",
+             "estimate": original[0], "se": original[1], "df": 40.0, "lo": original[0] - 2 * original[1],
+             "hi": original[0] + 2 * original[1], "decision": original[2], "questions": 128}]
+    for cell, reps in variants.items():
+        rows += [{"kind": "pathway", "model_key": f"{cell}#{r}", "cell": cell, "replicate": r, "dataset": "geo",
+                  "estimate": e, "se": se, "df": 40.0, "lo": e - 2 * se, "hi": e + 2 * se,
+                  "decision": "yes" if e + 2 * se < 0 else "open", "questions": 128} for r, (e, se) in enumerate(reps)]
+    return pd.DataFrame(rows)
+
+
+def test_the_pathway_claim_keeps_loses_and_waits_for_the_original():
+    from lmlab.claims import declared
+    from lmlab.studies.compare.pathways import pathway_claims
+
+    spec = declared(analysis.CLAIMS, "keeps the pathway")
+    table = _pathway_rows((-30.0, 2.0, "yes"), {"kept": [(-25.0, 2.0), (-28.0, 2.5)], "lost": [(1.0, 1.0), (2.0, 1.0)],
+                                                "unsure": [(-15.0, 5.0)]})
+    found = {c.group.partition(" / ")[0]: c for c in pathway_claims(table, spec)}
+    for c in found.values():
+        c.decide()
+    assert found["kept"].decision == "yes" and not found["kept"].reported
+    assert found["lost"].decision == "no"
+    assert found["unsure"].decision == "open"
+    assert found["kept"].extra["original"] == -30.0
+    # two replicate models that disagree widen the interval beyond either model's own
+    spread = pathway_claims(_pathway_rows((-30.0, 2.0, "yes"), {"split": [(-20.0, 1.0), (5.0, 1.0)]}), spec)[0]
+    assert spread.se > 5
+    # where the original has no pathway there is nothing to keep: reported, never decisive
+    none = pathway_claims(_pathway_rows((-1.0, 2.0, "open"), {"lost": [(1.0, 1.0)]}), spec)[0]
+    assert none.reported
+
+
+def test_pathways_compose_the_knockout_study_per_model(tiny_smol_folder, tmp_path, monkeypatch):
+    """--pathways runs lmlab knockout on the original and each variant (its own run folders under pathways/), and
+    the comparison reads each model's S1 claim back."""
+    import lmlab
+    import lmlab.studies.knockout.recipe as s1_recipe
+
+    # a tiny random model answers nothing right: label its answers by a rule, as S1's own tiny tests do
+    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")
+    result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path, variant=["same"],
+                       tasks=["ioi"], n_prompts=4, verify_heads=3, pathways=True, pathway_datasets=["geo-capital"],
+                       pathway_questions=48)
+    paths = result.table("pathway")
+    assert set(paths["model_key"]) == {"original", "same#0"} and set(paths["dataset"]) == {"geo-capital"}
+    assert paths.groupby("model_key")["estimate"].first().nunique() == 1  # the copy measures as the original
+    runs = list((result.path / "pathways").glob("knockout-*/verdict.json"))
+    assert len(runs) == 2
+    comparison = result.table("pathway_comparison").set_index("cell")
+    assert comparison.loc["same", "estimate"] == pytest.approx(paths.set_index("model_key").loc["original", "estimate"])
+    assert "pathway: geo-capital" in set(result.summary()["task"])
+    check_declared_columns(result)
+
+
+def test_a_variant_of_another_architecture_or_tokenizer_is_refused(tiny_smol_folder, tmp_path):
+    import lmlab
+    from lmlab.models import load_model
+
+    other = tmp_path / "other-tokenizer"
+    lm = load_model("tiny-llama")
+    lm.model.save_pretrained(other)
+    lm.tokenizer.save_pretrained(other)
+    with pytest.raises(LmlabError, match="layers|tokenizer"):
+        lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=[str(other)],
+                  tasks=["ioi"], n_prompts=4, verify_heads=3)
