@@ -304,6 +304,11 @@ def test_pathways_compose_the_knockout_study_per_model(tiny_smol_folder, tmp_pat
     comparison = result.table("pathway_comparison").set_index("cell")
     assert comparison.loc["same", "estimate"] == pytest.approx(paths.set_index("model_key").loc["original", "estimate"])
     assert "pathway: geo-capital" in set(result.summary()["task"])
+    # a variant on which S1 measures nothing (here: too few questions for its probes) is named, with S1's reason
+    few = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "few", variant=["same"],
+                    tasks=["ioi"], n_prompts=4, verify_heads=3, pathways=True, pathway_datasets=["geo-capital"],
+                    pathway_questions=12)
+    assert "no pathway to compare (lmlab knockout gave no E_Q claim" in few.verdict.summary
     check_declared_columns(result)
 
 

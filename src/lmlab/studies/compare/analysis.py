@@ -75,6 +75,7 @@ COLUMNS = {
                    "original_heads", "variant_heads"),
     "pathway": ("model_key", "cell", "replicate", "dataset", "estimate", "se", "df", "lo", "hi", "decision",
                 "s1_replicates", "questions", "s1_status", "s1_run"),
+    "pathway_note": ("model_key", "cell", "replicate", "note"),
     "pathway_comparison": ("cell", "dataset", "estimate", "lo", "hi", "decision", "replicates", "original",
                            "original_lo", "original_hi", "original_decision", "decisive"),
 }
@@ -400,6 +401,8 @@ def verdict(result) -> Verdict:
                      + f" (E_Q ΔP - control ΔP {c.estimate:+.1f} pp [{low:+.1f}, {high:+.1f}] over {c.replicates} "
                        f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
                        f"{o['original_hi']:+.1f}], {o['original_decision']})")
+    notes = result.table("pathway_note")
+    lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
     counts = {d: sum(c.decision == d for c in keeps) for d in ("yes", "no", "open")}
     head = (f"{counts['yes']} of {len(keeps)} comparisons keep the original's circuit, {counts['no']} do not, "
             f"{counts['open']} open. ") if keeps else "no comparison could be made. "
@@ -431,7 +434,7 @@ def answers(keeps) -> str:
 def _stacked(result) -> pd.DataFrame:
     """The tables the claims read, stacked with their kind."""
     parts = [result.table(name).assign(kind=name) for name in ("model", "attribution", "per_prompt",
-                                                               "replicate_overlap", "pathway")]
+                                                               "replicate_overlap", "pathway", "pathway_note")]
     return pd.concat([p for p in parts if len(p)], ignore_index=True)
 
 

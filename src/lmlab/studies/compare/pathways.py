@@ -45,10 +45,13 @@ def measure_pathway(lm, model_key: str, cell: str, replicate: int, config, run_d
              "estimate": c["estimate"], "se": c["se"], "df": c["df"], "lo": c["low"], "hi": c["high"],
              "decision": c["decision"], "s1_replicates": c["replicates"], "questions": c["n"],
              "s1_status": result.verdict.status, "s1_run": str(result.path)} for c in claims]
-    run_dir.record("pathways", model_key, rows)
-    if not rows:  # S1 measured nothing to compare (too few answers of one kind, say): its own sentence
-        run_dir.log(f"{model_key} pathways: lmlab knockout gave no E_Q claim ({result.verdict.summary[:300]})")
+    if not rows:  # S1 measured nothing to compare (too few answers of one kind, say): its own sentence, kept
+        rows = [{"kind": "pathway_note", "model_key": model_key, "cell": cell, "replicate": replicate,
+                 "note": f"lmlab knockout gave no E_Q claim: {result.verdict.summary[:300]}"}]
+        run_dir.record("pathways", model_key, rows)
+        run_dir.log(f"{model_key} pathways: {rows[0]['note']}")
         return rows
+    run_dir.record("pathways", model_key, rows)
     run_dir.log(f"{model_key} pathways: " + ", ".join(f"{r['dataset']} {r['estimate']:+.1f} pp [{r['lo']:+.1f}, "
                                                       f"{r['hi']:+.1f}] ({r['decision']})" for r in rows))
     return rows
