@@ -323,3 +323,31 @@ def test_a_variant_of_another_architecture_or_tokenizer_is_refused(tiny_smol_fol
     with pytest.raises(LmlabError, match="layers|tokenizer"):
         lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=[str(other)],
                   tasks=["ioi"], n_prompts=4, verify_heads=3)
+
+
+def test_prompt_pairs_of_ones_own_from_a_file(tiny_smol_folder, tmp_path):
+    """--tasks file:PATH: the user's pairs, one JSON object a line; a bad file is one sentence naming its line."""
+    import lmlab
+
+    names = [("Mary", "John"), ("Anna", "Tom"), ("Lucy", "Paul"), ("Emma", "Mark"), ("Sarah", "David"),
+             ("Alice", "James")]
+    good = tmp_path / "mine.jsonl"
+    good.write_text("\n".join(json.dumps({
+        "clean": f"When {a} and {b} went out, {b} gave a drink to",
+        "corrupted": f"When {a} and {b} went out, {a} gave a drink to",
+        "answer": f" {a}", "distractor": f" {b}"}) for a, b in names) + "\n")
+    result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=["same"],
+                       tasks=[f"file:{good}"], n_prompts=6, verify_heads=3)
+    models = result.table("model")
+    assert set(models["task"]) == {f"file:{good}"} and (models["n_prompts"] == 6).all()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"clean": "a", "corrupted": "b", "answer": " c"}) + "\n")
+    with pytest.raises(LmlabError, match=r"bad.jsonl:1: .*'distractor' is missing"):
+        Config(model="tiny-llama", variant=["same"], tasks=[f"file:{bad}"]).check_inputs()
+    split = tmp_path / "split.jsonl"
+    split.write_text(json.dumps({"clean": "When Mary and John went out, John gave a drink to",
+                                 "corrupted": "When Mary and John went out, John gave a drink to",
+                                 "answer": " Maryland-ish", "distractor": " John"}) + "\n")
+    with pytest.raises(LmlabError, match=r"split.jsonl, pair 1: .*tokens"):
+        lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs2", variant=["same"],
+                  tasks=[f"file:{split}"], n_prompts=4, verify_heads=3)

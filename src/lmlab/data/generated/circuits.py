@@ -164,8 +164,67 @@ def _docstring(tokenizer, rng: random.Random) -> CircuitPrompt:
                  distractor=single_token(tokenizer, " " + b))
 
 
+FILE_PREFIX = "file:"  # a task name `file:PATH`: the user's own prompt pairs (read_pairs)
+PAIR_KEYS = ("clean", "corrupted", "answer", "distractor")
+
+
+def pairs_file(name: str):
+    """The path of a `file:PATH` task name (None for a generated task)."""
+    from pathlib import Path
+
+    return Path(name[len(FILE_PREFIX):]).expanduser() if name.startswith(FILE_PREFIX) else None
+
+
+def read_pair_rows(path) -> list[dict]:
+    """The rows of a prompt-pair file (JSON Lines: clean, corrupted, answer, distractor, all text), checked without a
+    tokenizer; a bad file or row is one sentence naming the line."""
+    import json
+
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise LmlabError(f"cannot read the prompt pairs {path}: {exc.strerror or exc}") from None
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LmlabError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
+        missing = [k for k in PAIR_KEYS if not isinstance(row, dict) or not isinstance(row.get(k), str)]
+        if missing:
+            raise LmlabError(f"{path}:{number}: a prompt pair needs the texts {', '.join(PAIR_KEYS)}; "
+                             f"'{missing[0]}' is missing or not text")
+        rows.append(row)
+    if not rows:
+        raise LmlabError(f"{path}: no prompt pairs in it (one JSON object a line: {', '.join(PAIR_KEYS)})")
+    return rows
+
+
+def read_pairs(path, tokenizer, n: int | None = None) -> CircuitTask:
+    """A task from the user's prompt pairs (the first `n`, or all): metric the answer's logit minus the distractor's at
+    the last position, as IOI's; the answer and distractor must each be one token, the two prompts of a pair the same
+    number of tokens (patching is position by position)."""
+    from pathlib import Path
+
+    rows = read_pair_rows(path)[:n] if n else read_pair_rows(path)
+    task = CircuitTask(Path(path).stem, "logit_diff")
+    for number, row in enumerate(rows, 1):
+        try:
+            task.prompts.append(_pair(tokenizer, row["clean"], row["corrupted"],
+                                      answer=single_token(tokenizer, row["answer"]),
+                                      distractor=single_token(tokenizer, row["distractor"])))
+        except LmlabError as exc:
+            raise LmlabError(f"{path}, pair {number}: {exc}") from None
+    return task
+
+
 def make_task(name: str, tokenizer, n: int, seed: int = 0) -> CircuitTask:
-    """`n` clean/corrupted pairs of task `name`, the same for the same seed."""
+    """`n` clean/corrupted pairs of task `name`, the same for the same seed (`file:PATH`: the first `n` of the user's
+    pairs, read_pairs)."""
+    if pairs_file(name) is not None:
+        return read_pairs(pairs_file(name), tokenizer, n)
     if name not in TASKS:
         raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
     if n < 1:

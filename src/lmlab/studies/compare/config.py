@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from lmlab.data.generated.circuits import TASKS
+from lmlab.data.generated.circuits import TASKS, pairs_file, read_pair_rows
 from lmlab.studies.base import StudyConfig
 
 # variants that name no model: the original itself (the positive control) and the original with its top heads zeroed
@@ -32,7 +32,10 @@ class Config(StudyConfig):
         None, description="variants trained in the run by lmlab quantize's recipe (its decoder option, at this "
                           "profile's sizes): quantized:2,1 (students of these bits, each 8, 4, 2 or 1; --seeds replicates each)",
         json_schema_extra={"repeatable": True})
-    tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)})")
+    tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
+                                                       "pairs of your own, one JSON object a line with the texts clean, "
+                                                       "corrupted, answer and distractor (one token each; a pair's "
+                                                       "prompts the same length in tokens)")
     n_prompts: int | None = Field(None, ge=4, description="prompt pairs per task (the same pairs for every model)")
     threshold: float = Field(0.9, gt=0, le=1, description="explained effect that defines a circuit's size")
     min_k: int = Field(5, ge=1, description="the fewest heads the overlap is read at (the circuit's size, else this)")
@@ -57,8 +60,11 @@ class Config(StudyConfig):
         from lmlab.errors import LmlabError
 
         for name in self.size("tasks") or []:
-            if name not in TASKS:
-                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+            if pairs_file(name) is not None:
+                read_pair_rows(pairs_file(name))  # the file is read and each row checked now; its tokens when loaded
+            elif name not in TASKS:
+                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}, or "
+                                 "file:PATH for prompt pairs of your own")
         if not (self.variant or self.make):
             raise LmlabError("give a variant to compare with the original: --variant DIR_OR_ID (repeatable), "
                              "--variant same, --variant ablate:N, or --make quantized:2,1")

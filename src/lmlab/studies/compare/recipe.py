@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
 from lmlab.data.generated.circuits import make_task
 from lmlab.errors import LmlabError
 from lmlab.interventions import AblateHeads, install
@@ -119,9 +120,10 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
     from lmlab.studies.runner import run_study
 
     spec = get_study("quantize")
+    generated = [t for t in config.size("tasks") if t in CIRCUIT_TASKS]  # quantize scores its students on these
     made = spec.config(model=config.model, profile=config.profile, seed=config.seed, seeds=config.n_seeds,
-                       bits=bits, tasks=list(config.size("tasks")), n_prompts=config.size("n_prompts"),
-                       device=config.device, dtype=config.dtype)
+                       bits=bits, n_prompts=config.size("n_prompts"), device=config.device, dtype=config.dtype,
+                       **({"tasks": generated} if generated else {}))
     run_dir.log(f"making {', '.join(f'{b}-bit' for b in bits)} students with lmlab quantize ({config.profile}, "
                 f"{config.n_seeds} replicates a cell)")
     # a model passed in is copied: quantize turns its teacher to float32 for training
