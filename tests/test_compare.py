@@ -36,6 +36,15 @@ def test_top_k_overlap_matches_plain_sets():
     assert set(np.flatnonzero(analysis.top_masks(a, weights, 5)[0])) == _top(a[idx].mean(0), 5)
 
 
+def test_the_overlap_is_read_at_the_circuits_size_within_bounds():
+    from lmlab.studies.compare.config import circuit_k
+
+    assert circuit_k(57.0, 270, 5) == 57
+    assert circuit_k(2.0, 270, 5) == 5  # at least min_k
+    assert circuit_k(220.0, 270, 5) == 135  # at most half the heads
+    assert circuit_k(float("nan"), 270, 5) == 5  # a curve that never stays at the threshold
+
+
 def test_chance_level_is_the_expected_jaccard_of_random_sets():
     rng = np.random.default_rng(1)
     total, k = 60, 9

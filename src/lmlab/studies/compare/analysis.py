@@ -37,12 +37,13 @@ import pandas as pd
 
 from lmlab.claims import Bar, Declared, Resampler, declared, evidence, judge
 from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.compare.config import circuit_k as config_circuit_k
 
 WHY = ("no paper claims this: lmlab's own question, whether compression keeps the mechanism and not only the accuracy "
        "(compression papers report accuracy and perplexity; circuit papers study one model at a time)")
 CLAIMS = [
     Declared("keeps the circuit", "Jaccard overlap of the variant's top-k heads with the original's (k: the heads the "
-             "original needs for 0.9 of the effect, at least min_k), the same prompt pairs",
+             "original needs for 0.9 of the effect, at least min_k, at most half the heads), the same prompt pairs",
              ">= (R + C) / 2: midway between the original's split-half self-overlap R and chance C", "lmlab", WHY),
     Declared("rank correlation", "Spearman's rho of mean attribution over the union of both top-k sets", "reported",
              "lmlab", WHY, decisive=False),
@@ -168,10 +169,7 @@ def chance(k: int, total: int) -> float:
 
 
 def circuit_k(model_row, min_k: int) -> int:
-    needed = model_row["heads_needed"]
-    total = int(model_row["total_heads"])
-    k = int(needed) if np.isfinite(needed) else min_k
-    return int(min(max(k, min_k), total))
+    return config_circuit_k(float(model_row["heads_needed"]), int(model_row["total_heads"]), min_k)
 
 
 # --- derived tables -----------------------------------------------------------------------------------------------

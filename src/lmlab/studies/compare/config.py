@@ -95,6 +95,14 @@ class Config(StudyConfig):
         return bits
 
 
+def circuit_k(heads_needed: float, total: int, min_k: int) -> int:
+    """The k the overlap is read at: the heads the original needs for the threshold's effect, at least `min_k` and at
+    most half the heads (DECISION: beyond half, two random k-sets already share a third of their union, and the top-k
+    is mostly heads that do nothing; a curve that only stays above 0.9 near every head says no circuit is small)."""
+    k = int(heads_needed) if heads_needed == heads_needed else min_k  # NaN: the curve never stays there
+    return int(max(1, min(max(k, min_k), total // 2)))
+
+
 def check_variant(spec: str) -> None:
     """One sentence for a variant that cannot be one (no model is loaded; hub ids are checked when loaded)."""
     from pathlib import Path

@@ -13,6 +13,7 @@ from lmlab import circuits
 from lmlab.data.generated.circuits import make_task
 from lmlab.evaluation import metric_values
 from lmlab.runs import RunDir
+from lmlab.studies.compare.config import circuit_k
 
 
 def _round(values) -> list[float]:
@@ -74,7 +75,6 @@ def top_heads(rows: list[dict], n: int | None, min_k: int) -> list[tuple[int, in
     per = np.array([json.loads(r["scores"]) for r in rows if r["kind"] == "attribution"])
     model = next(r for r in rows if r["kind"] == "model")
     if n is None:
-        needed = model["heads_needed"]
-        n = int(min(max(int(needed) if np.isfinite(needed) else min_k, min_k), model["total_heads"]))
+        n = circuit_k(model["heads_needed"], model["total_heads"], min_k)
     scores = per.mean(0).reshape(model["n_layers"], model["n_heads"])
     return circuits.ranking(scores)[:n]

@@ -84,7 +84,6 @@ def pathway_claims(table, declared_claim) -> list[Claim]:
                   replicate_estimates=[float(x) for x in est], se_seed=math.sqrt(between), se_item=math.sqrt(within),
                   reported=not has)
         declared_claim.attach(c)
-        c.reported = c.reported or not has
         if dataset in original.index:
             o = original.loc[dataset]
             c.extra = {"original": float(o["estimate"]), "original_lo": float(o["lo"]), "original_hi": float(o["hi"]),
