@@ -6,7 +6,7 @@ LMLAB  := $(VENV)/bin/lmlab
 STAMP  := $(VENV)/.lmlab-installed
 OUT    ?= runs
 
-.PHONY: setup browser test test-fast demo compare-demo quick bench pins clean gpu-check gpu-wheels report-png results
+.PHONY: setup browser test test-fast demo placebo compare-demo quick bench pins clean gpu-check gpu-wheels report-png results
 
 setup: $(STAMP)
 
@@ -67,6 +67,14 @@ test-fast: setup
 # `make quick` runs the quick profile, one study after another. Their times are in docs/results.md.
 demo: setup
 	$(LMLAB) reproduce --profile demo --jobs 2 --out $(OUT)
+	@echo "report: $(OUT)/report.html"
+
+# Every study's placebo at the demo size (the treatment replaced by one that cannot have the paper's effect, judged by
+# the same claims): none should read "reproduced". The report sets each beside make demo's verdict where both ran.
+placebo: setup
+	$(LMLAB) reproduce --profile demo --placebo --jobs 2 --out $(OUT)
+	$(LMLAB) compare --model smollm2-135m --profile demo --placebo --out $(OUT)
+	$(LMLAB) report $(OUT) --out $(OUT)/report.html
 	@echo "report: $(OUT)/report.html"
 
 # lmlab compare on the embedded SmolLM2: 8- and 2-bit students distilled in the run (lmlab quantize's recipe, two of each) beside the

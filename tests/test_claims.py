@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lmlab.claims import Bar, Gate, Resampler, judge, replicate_seed, replicates_gate
+from lmlab.claims import declared, Bar, Gate, Resampler, judge, replicate_seed, replicates_gate
 
 
 def _items(means, n=200, seed=0):
@@ -202,8 +202,8 @@ def test_only_a_paper_claim_that_fails_makes_not_reproduced():
 def test_declared_claims_carry_their_source_and_a_verdict_names_what_decided_it():
     from lmlab.claims import Declared, declared, evidence
 
-    specs = [Declared("accuracy", "share right", ">= 0.6", "paper", "its Table 1: 0.8", bar_note="ours: 0.6"),
-             Declared("side", "a side number", ">= 0", "lmlab", "a check of ours", decisive=False)]
+    specs = [Declared("accuracy", "share right", ">=", 0.6, "paper", "its Table 1: 0.8", bar_note="ours: 0.6"),
+             Declared("side", "a side number", ">=", 0.6, "lmlab", "a check of ours", decisive=False)]
     c = declared(specs, "accuracy").attach(_claim(0.3, "lmlab"))
     side = declared(specs, "side").attach(_claim(0.3, "lmlab"))
     assert c.source == "paper" and c.where == "its Table 1: 0.8" and side.reported
@@ -229,3 +229,93 @@ def test_a_claim_whose_arms_sit_at_a_ceiling_decides_nothing():
     assert c.decision == "open" and "ceiling" in c.reason and status == "inconclusive"
     assert at_bound(np.zeros((3, 5)), np.zeros((3, 5))).startswith("every arm at the floor")
     assert at_bound(np.ones((3, 5)), np.r_[np.ones(14), 0.0].reshape(3, 5)) == ""
+
+
+# --- one declaration decides; a margin of ours widens "no", never "yes" -------------------------------------------
+
+def _paired(mean_diff: float, n: int = 400, k: int = 3, sd: float = 4.0, seed: int = 0) -> np.ndarray:
+    """Per-item differences of two arms (replicates x items), centred on `mean_diff`."""
+    rng = np.random.default_rng(seed)
+    return mean_diff + sd * rng.standard_normal((k, n))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_budget_c_trained_as_budget_a_never_says_yes(seed):
+    """S2's Budget-C >= Budget-A with C = A (the same arm twice, differences centred on 0): the old bar (>= -1 point)
+    said yes; the declared claim needs the paper's direction for yes and our margin for no, so it stays open."""
+    from lmlab.studies.quantize.analysis import CLAIMS
+
+    spec = declared(CLAIMS, "Budget-C - Budget-A")
+    c = spec.attach(Resampler(400, 3, seed=seed).mean_claim("Budget-C - Budget-A", _paired(0.0, seed=seed),
+                                                            spec.make_bar(), source="paper"))
+    judge([c])
+    assert c.decision == "open"
+    assert c.bar.margin == -1.0 and "'no' only below -1" in spec.bar
+    far_below = spec.attach(Resampler(400, 3).mean_claim("x", _paired(-3.0), spec.make_bar()))
+    slightly_below = spec.attach(Resampler(4000, 3).mean_claim("x", _paired(-0.5, n=4000), spec.make_bar()))
+    above = spec.attach(Resampler(400, 3).mean_claim("x", _paired(+2.0), spec.make_bar()))
+    judge([far_below]), judge([slightly_below]), judge([above])
+    assert (far_below.decision, slightly_below.decision, above.decision) == ("no", "open", "yes")
+
+
+def test_a_level_token_count_is_not_a_steady_fall():
+    """S0's 'tokens, next rate - rate' with equal counts at both rates: open (the old bar, <= +0.5, said yes)."""
+    from lmlab.studies.latent.analysis import CLAIMS
+
+    spec = declared(CLAIMS, "tokens, next rate - rate")
+    level = spec.attach(Resampler(200, 3).mean_claim("tokens", np.zeros((3, 200)), spec.make_bar()))
+    noisy = spec.attach(Resampler(200, 3).mean_claim("tokens", _paired(0.0, n=200, sd=2.0), spec.make_bar()))
+    rises = spec.attach(Resampler(200, 3).mean_claim("tokens", _paired(3.0, n=200, sd=2.0), spec.make_bar()))
+    falls = spec.attach(Resampler(200, 3).mean_claim("tokens", _paired(-3.0, n=200, sd=2.0), spec.make_bar()))
+    for c in (level, noisy, rises, falls):
+        judge([c])
+    assert (level.decision, noisy.decision, rises.decision, falls.decision) == ("open", "open", "no", "yes")
+
+
+def test_a_claim_is_judged_only_against_its_declared_bar():
+    from lmlab.claims import Declared
+
+    spec = Declared("gain", "a gain", ">=", 0.0, "paper", "its Table 2", null=0.0, margin=-1.0, unit=" pts")
+    assert spec.bar == ">= 0 pts, interval above 0; 'no' only below -1 pts"
+    with pytest.raises(ValueError, match="declared"):
+        spec.attach(Resampler(50, 1).mean_claim("gain", np.zeros((1, 50)), Bar(">=", -1.0)))
+    with pytest.raises(ValueError, match="lenient side"):
+        Declared("gain", "a gain", ">=", 0.0, "paper", "its Table 2", margin=+1.0)
+    with pytest.raises(ValueError, match="computed per run"):
+        Declared("overlap", "an overlap", ">=", None, "lmlab", "ours").make_bar()
+    per_run = Declared("overlap", "an overlap", ">=", None, "lmlab", "ours", rule="midway between R and C")
+    assert per_run.make_bar(0.4).value == 0.4 and per_run.bar.startswith(">= midway")
+    with pytest.raises(ValueError, match="declared"):
+        spec.make_bar(0.5)
+
+
+def test_no_bar_is_built_apart_from_its_declaration():
+    """Every Bar in the package comes from a Declared (lmlab.claims builds them); a study that builds one by hand
+    would decide other than what `lmlab claims` shows."""
+    import re
+    from pathlib import Path
+
+    import lmlab
+
+    root = Path(lmlab.__file__).parent
+    hits = [f"{p.relative_to(root)}:{i + 1}" for p in root.rglob("*.py") if p.name != "claims.py"
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()) if re.search(r"\bBar\(", line)]
+    assert not hits, hits
+
+
+def test_one_arm_at_the_ceiling_blocks_a_gain():
+    """CoT at 100% in every replicate, latent at 99.x%: the gain claim could only say "no"; it decides nothing."""
+    from lmlab.claims import at_bound, blocks_gain
+    from lmlab.studies.latent.analysis import CLAIMS
+
+    cot = np.ones((3, 100))
+    latent = np.ones((3, 100))
+    latent[:, :1] = 0.0
+    spec = declared(CLAIMS, "accuracy, latent - CoT")
+    c = spec.attach(Resampler(100, 3).mean_claim("gain", latent - cot, spec.make_bar()))
+    assert at_bound(latent, cot) == ""
+    c.ceiling = at_bound(latent, cot) or blocks_gain(latent, cot)
+    judge([c])
+    assert c.decision == "open" and "ceiling" in c.reason
+    assert blocks_gain(np.ones((3, 5)), np.full((3, 5), 0.5)) == ""  # the rising arm at the ceiling: a gain shows
+    assert "floor" in blocks_gain(np.zeros((3, 5)), np.full((3, 5), 0.5))

@@ -112,15 +112,17 @@ def tiny_demo(tmp_path_factory):
     seen = []
     outcomes = reproduce(tmp_path, profile="demo", models=models, overrides=small, say=lambda s: None,
                          progress=lambda names, done, running, left: seen.append((running, len(done), left)))
+    placebo = reproduce(tmp_path, profile="demo", models=models, overrides=small, say=lambda s: None,
+                        only=["knockout"], placebo=True)
     build_report([tmp_path], tmp_path / "report.html")
     assert [o.study for o in outcomes] == reproduced_studies()
-    return outcomes, seen, tmp_path
+    return outcomes, seen, tmp_path, placebo
 
 
 def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tiny_demo):
     from lmlab.studies import STUDIES
 
-    outcomes, seen, tmp_path = tiny_demo
+    outcomes, seen, tmp_path, _ = tiny_demo
     names = reproduced_studies()
     assert [o.study for o in outcomes] == names and "compare" in STUDIES and "compare" not in names
     assert all(o.status == "ok" and o.verdict in ("reproduced", "not reproduced", "inconclusive") for o in outcomes)
@@ -253,7 +255,7 @@ def test_the_report_reads_in_a_real_browser(tiny_demo):
     import re
     import subprocess
 
-    outcomes, _, root = tiny_demo
+    outcomes, _, root, _ = tiny_demo
     page = root / "report-checked.html"
     page.write_text((root / "report.html").read_text() + CHECK)
     dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
@@ -266,3 +268,36 @@ def test_the_report_reads_in_a_real_browser(tiny_demo):
     for row, o in zip(check["rows"], outcomes):
         assert row["bottom"] <= check["height"], f"{o.study}'s row is below the first screen"
         assert row["badge"] == o.verdict and row["decided"], row
+
+
+def test_a_placebo_runs_beside_its_study_and_the_report_and_records_say_so(tiny_demo):
+    """reproduce --placebo: the same study on the same model and sizes in a folder of its own (the flag joins the
+    run's identity only when set), recorded in placebo.json, its verdict marked as the placebo's, shown beside the
+    study's own verdict in the report's first table, and kept apart in the results' records and timings."""
+    from lmlab.results import read_record, timings
+
+    outcomes, _, root, placebo = tiny_demo
+    (p,) = placebo
+    real = next(o for o in outcomes if o.study == "knockout")
+    assert p.status == "ok" and p.path != real.path
+    assert json.loads((root / "placebo.json").read_text())["studies"][0]["study"] == "knockout"
+    result = load_result(p.path)
+    assert result.config["placebo"] is True and "placebo" not in load_result(real.path).config
+    assert result.verdict.summary.startswith("PLACEBO (") and result.verdict.evidence["placebo"]
+    first_table = (root / "report.html").read_text().split('<table id="verdicts">')[1].split("</table>")[0]
+    row = next(r for r in first_table.split('<tr class="study">') if "S1 · Attention knockout" in r
+               and "placebo" not in r.split("</td>")[0])
+    assert f'href="#{Path(p.path).name}"' in row  # the placebo's badge beside the study's verdict
+    record = read_record(Path(p.path))
+    assert record.placebo and not read_record(Path(real.path)).placebo
+    assert "knockout" not in timings([record])
+
+
+def test_every_study_declares_its_placebo():
+    """Every registered study says what its placebo replaces the treatment with; --placebo is refused by name where
+    a study has none (none today)."""
+    from lmlab.studies import STUDIES
+
+    for name, spec in STUDIES.items():
+        assert len(spec.config.placebo_treatment) > 20, f"{name}: no placebo_treatment"
+        assert "placebo" in spec.config.model_fields

@@ -73,20 +73,45 @@ def t_quantile(df: float, confidence: float = 0.95) -> float:
     return float(_st.t.ppf(0.5 + confidence / 2, max(df, 1.0)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Bar:
-    """The claim holds when the quantity is `direction` `value` (">=" or "<="). With `null`, "yes" needs only the
-    estimate past the bar and the interval clear of `null` (a large effect that is surely not zero: S1's "far
-    below"); "no" always needs the whole interval on the wrong side of the bar."""
+    """What a claim is checked against; built only from the claim's declaration (`Declared.bar`), never by hand.
+
+    The claim holds when the quantity is `direction` `value` (">=" or "<="). With `null`, "yes" needs the estimate
+    past the bar and the interval clear of `null` (a large effect that is surely not zero: S1's "far below");
+    without, the whole interval past the bar. "no" needs the whole interval (at the level "no" is read at) on the
+    wrong side of `margin` where one is set, else of the bar. `margin` is a margin of ours on a paper's claim: it
+    lies on the lenient side of the bar, so it can only make "no" harder to reach, never "yes" easier (S2's
+    Budget-C >= Budget-A: "yes" needs C above A; "no" needs C a point below A)."""
     direction: Literal[">=", "<="]
     value: float
     null: float | None = None
+    margin: float | None = None
+
+    def __post_init__(self):
+        if self.direction not in (">=", "<="):
+            raise ValueError(f"a bar's direction is '>=' or '<=', not {self.direction!r}")
+        if self.margin is not None and not (self.margin <= self.value if self.direction == ">=" else
+                                            self.margin >= self.value):
+            raise ValueError(f"a margin of ours ({self.margin:+g}) must lie on the lenient side of the bar "
+                             f"({self.direction} {self.value:+g}): it may widen 'no', never 'yes'")
 
     def holds(self, x: float) -> bool:
         return x >= self.value if self.direction == ">=" else x <= self.value
 
-    def text(self, unit: str = "") -> str:
-        return f"{self.direction} {self.value:+g}{unit}"
+    @property
+    def no_line(self) -> float:
+        """Where "no" starts: our margin, else the bar."""
+        return self.value if self.margin is None else self.margin
+
+    def text(self, unit: str = "", scale: float = 1.0) -> str:
+        num = lambda x: f"{scale * x:+g}" if x else "0"  # noqa: E731
+        out = f"{self.direction} {num(self.value)}{unit}"
+        if self.null is not None:
+            out += f", interval {'above' if self.direction == '>=' else 'below'} {num(self.null)}"
+        if self.margin is not None:
+            out += f"; 'no' only {'below' if self.direction == '>=' else 'above'} {num(self.margin)}{unit}"
+        return out
 
 
 @dataclass
@@ -146,7 +171,8 @@ class Claim:
         low, high = self.interval()
         nlow, nhigh = self.interval(no_confidence)
         past = (lambda lo, hi: lo >= bar.value) if bar.direction == ">=" else (lambda lo, hi: hi <= bar.value)
-        short = (lambda lo, hi: hi < bar.value) if bar.direction == ">=" else (lambda lo, hi: lo > bar.value)
+        short = ((lambda lo, hi: hi < bar.no_line) if bar.direction == ">=" else
+                 (lambda lo, hi: lo > bar.no_line))
         if bar.null is None:
             yes = past(low, high)
         else:
@@ -160,7 +186,9 @@ class Claim:
         else:
             self.decision = "yes" if yes else ("no" if no else "open")
             if self.decision == "open" and not self.reason:
-                self.reason = ("the interval includes the bar" if not short(low, high) else
+                self.reason = (("the interval includes the bar" if bar.margin is None else
+                                "the interval is not clear of the bar, nor past our margin for 'no'")
+                               if not short(low, high) else
                                f"short of the bar at 95% but not at the {100 * no_confidence:.4g}% that 'no' is read at")
         return self.decision
 
@@ -237,10 +265,10 @@ class Claim:
 
     def text(self) -> str:
         low, high = self.interval()
-        bar = f"{self.bar.direction} {self.scale * self.bar.value:+g}"
+        bar = self.bar.text(self.unit, self.scale)
         head = f"{self.name}{f' ({self.group})' if self.group else ''} [{self.source}]"
         body = (f"{self.fmt(self.estimate)}{self.unit} [{self.fmt(low)}, {self.fmt(high)}]"
-                f" (bar {bar}{self.unit}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
+                f" (bar {bar}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
                 f"x {self.n:,} {self.n_unit})")
         tail = self.decision + (f": {self.reason}" if self.decision == "open" and self.reason else "")
         return f"{head}: {body}: {'reported only' if self.reported else tail}"
@@ -273,30 +301,72 @@ class Gate:
 
 @dataclass(frozen=True)
 class Declared:
-    """One claim a study checks, declared once at the top of its analysis.py: the one place a reader looks, and the
-    place the report, the README's results and verdict.json read whose claim it is.
+    """One claim a study checks, declared once at the top of its analysis: the one place a reader looks, and the one
+    place its bar comes from. The text `lmlab claims` and the docs show (`bar`), the `Bar` the claim is judged
+    against (`make_bar`) and whose claim it is all come from these fields; `attach` refuses a claim whose bar is not
+    the declared one, so what is shown is what decides.
 
-    `statistic`: what is computed, in words; `bar`: what it is checked against, in words; `source`: "paper" or
-    "lmlab"; `where`: for a paper claim, where the paper states it (section, figure or table, and its number where
-    it gives one, in our words); for ours, why we check it, in one line; `bar_note`: a bar of ours on a paper claim
-    (which, and why it differs from the paper's number); `decisive`: False for a claim that is reported only (one
-    that holds by construction, or whose size no run of this kind resolves)."""
+    `statistic`: what is computed, in words; `direction` and `value`: the claim holds when the quantity is
+    `direction` `value` (`value` None: a bar computed per run, `rule` says how); `null`: "yes" also needs the
+    interval clear of it (a direction claim: "interval above 0"); `margin`: a margin of ours, on the lenient side of
+    the bar, past which "no" is read (it widens "no", never "yes"); `unit` and `scale`: how the bar is written
+    (scale 100: a share shown in points); `source`: "paper" or "lmlab"; `where`: for a paper claim, where the paper
+    states it (section, figure or table, and its number where it gives one, in our words); for ours, why we check
+    it, in one line; `bar_note`: a bar of ours on a paper claim (which, and why it differs from the paper's
+    number); `decisive`: False for a claim that is reported only (one that holds by construction, or whose size no
+    run of this kind resolves)."""
     name: str
     statistic: str
-    bar: str
+    direction: Literal[">=", "<="]
+    value: float | None
     source: Literal["paper", "lmlab"]
     where: str
+    null: float | None = None
+    margin: float | None = None
+    unit: str = ""
+    scale: float = 1.0
+    rule: str = ""  # a bar computed per run (value None): how, in words
     decisive: bool = True
     bar_note: str = ""
 
+    def __post_init__(self):
+        if self.value is None and not self.rule:
+            raise ValueError(f"claim {self.name!r}: a bar computed per run says how (rule)")
+        if self.value is not None:
+            self.make_bar()  # a margin on the wrong side fails here, at import
+
+    @property
+    def bar(self) -> str:
+        """The bar in words, from the fields (what `lmlab claims` and the docs show)."""
+        if self.value is None:
+            head = f"{self.direction} {self.rule}"
+            if self.null is not None:
+                head += f", interval {'above' if self.direction == '>=' else 'below'} " + (
+                f"{self.scale * self.null:+g}" if self.null else "0")
+            return head
+        return Bar(self.direction, self.value, self.null, self.margin).text(self.unit, self.scale)
+
+    def make_bar(self, value: float | None = None) -> Bar:
+        """The Bar this claim is judged against: the declared one, or, for a bar computed per run, at `value`."""
+        if (value is None) == (self.value is None):
+            raise ValueError(f"claim {self.name!r}: " + ("its bar is declared; a value of the run's may not replace it"
+                                                         if value is not None else "its bar is computed per run: "
+                                                         "give the run's value"))
+        return Bar(self.direction, float(self.value if value is None else value), self.null, self.margin)
+
     def attach(self, claim: "Claim") -> "Claim":
-        """`claim` with this declaration's source, reason and role."""
+        """`claim` with this declaration's source, reason and role; a claim whose bar is not the declared one is
+        refused (a bar built apart from its declaration would decide other than what is shown)."""
+        b = claim.bar
+        if (b.direction, b.null, b.margin) != (self.direction, self.null, self.margin) or (
+                self.value is not None and b.value != self.value):
+            raise ValueError(f"claim {self.name!r} is judged against {b} but declared {self.bar}")
         claim.source, claim.where, claim.bar_note = self.source, self.where, self.bar_note
         claim.reported = claim.reported or not self.decisive
         return claim
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "bar": self.bar}
 
 
 def declared(specs: Sequence[Declared], name: str) -> Declared:
@@ -319,6 +389,20 @@ def at_bound(*arms, low: float = 0.0, high: float = 1.0) -> str:
         if all(np.all(np.isclose(v, bound)) for v in values):
             return (f"every arm at the {word} ({100 * bound:.0f}%) in every replicate: a difference of 0 that no "
                     "method could change, so this claim decides nothing")
+    return ""
+
+
+def blocks_gain(higher, lower, low: float = 0.0, high: float = 1.0) -> str:
+    """Why a gain claim (`higher` above `lower`) cannot say "yes", or "": the arm it must beat sits at the ceiling
+    (`high`) in every replicate and item, or the arm that must rise sits at the floor. One arm is enough: such a
+    claim could only say "no" or stay open, whatever the method does, so it decides nothing."""
+    for arm, bound, word, which in ((lower, high, "ceiling", "the arm it must beat"),
+                                    (higher, low, "floor", "the arm that must rise")):
+        v = np.asarray(arm, dtype=float).ravel()
+        v = v[np.isfinite(v)]
+        if len(v) and np.all(np.isclose(v, bound)):
+            return (f"{which} sits at the {word} ({100 * bound:.0f}%) in every replicate: no gain can show, so this "
+                    "claim decides nothing")
     return ""
 
 
@@ -370,7 +454,7 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
             parts.append("to decide: " + "; ".join(f"{_label(c)} needs {c.decides_at['text']}" for c in sized))
         elif paper_no and blocks_no:
             parts.append("a claim of the paper's fails, but a gate keeps that from meaning 'not reproduced'")
-        elif blocks_yes and all(d == "yes" for d in decisions):
+        elif blocks_yes and decisions and all(d == "yes" for d in decisions):
             parts.append("every claim holds, but a gate says the test was too weak to call it reproduced")
     if m > 1:
         parts.append(f"'no' is read at {100 * (1 - 0.05 / m):.1f}% (Bonferroni over {m} claims)")
@@ -411,7 +495,7 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
                 "where": "a validity check of ours", "text": f"{pick.name}: {pick.why or 'failed'}"
                 + (f" ({pick.remedy})" if pick.remedy else "")}
     low, high = pick.interval()
-    bar = f"{pick.bar.direction} {pick.scale * pick.bar.value:+g}{pick.unit}"
+    bar = pick.bar.text(pick.unit, pick.scale)
     line = (f"{_label(pick)}: {pick.fmt(pick.estimate)}{pick.unit} [{pick.fmt(low)}, {pick.fmt(high)}] "
             f"(bar {bar}; {pick.decision})")
     return {"status": status, "kind": "claim", "name": _label(pick), "source": pick.source, "where": pick.where,
@@ -459,7 +543,15 @@ def headline(status: str, evidence: dict) -> str:
     bar = claim.get("bar", {})
     name = claim["name"] + (f" ({claim['group']})" if claim.get("group") else "")
     return (f"{name}: {num(claim.get('estimate'))}{unit} [{num(claim.get('low'))}, {num(claim.get('high'))}] "
-            f"(bar {bar.get('direction', '')} {scale * float(bar.get('value', 0)):+g}{unit})")
+            f"(bar {_bar_text(bar, unit, scale)})")
+
+
+def _bar_text(bar: dict, unit: str, scale: float) -> str:
+    """A stored bar (verdict.json's dict) in words; a verdict stored before margins existed has none."""
+    try:
+        return Bar(bar["direction"], float(bar["value"]), bar.get("null"), bar.get("margin")).text(unit, scale)
+    except (KeyError, TypeError, ValueError):
+        return f"{bar.get('direction', '')} {scale * float(bar.get('value', 0) or 0):+g}{unit}"
 
 
 _BADGE = {"reproduced": "#d4f4d4", "not reproduced": "#f8d7d7", "inconclusive": "#fcefc7"}
@@ -484,7 +576,7 @@ def verdict_html(status: str, claim: str, summary: str, evidence: dict) -> str:
         size = f"{c.get('replicates', 1)} x {int(c.get('n', 0) or 0):,} {c.get('n_unit', 'items')}"
         rows.append("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
             name, f"{num(c.get('estimate'))}{unit} [{num(c.get('low'))}, {num(c.get('high'))}]",
-            f"{bar.get('direction', '')} {scale * float(bar.get('value', 0)):+g}{unit}",
+            _bar_text(bar, unit, scale),
             "reported" if c.get("reported") else c.get("decision", ""), c.get("source", ""), size)) + "</tr>")
     gates = [g for g in evidence.get("gates", []) if not g.get("passed")]
     gate_rows = "".join(f"<li>{escape(g['name'])} (blocks {escape(str(g.get('blocks', 'all')))}): "

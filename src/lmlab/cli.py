@@ -216,7 +216,10 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
                   "auto", help="inference weights (auto: float32 on cpu, bfloat16 on a GPU); training keeps float32 "
                                "master weights under autocast"),
               jobs: int = typer.Option(1, min=1, help="studies run at once, each in its own process with the CPU threads "
-                                               "shared out (make demo: 2)")):
+                                               "shared out (make demo: 2)"),
+              placebo: bool = typer.Option(False, help="run every study's placebo instead: its treatment replaced by "
+                                                       "one that cannot have the paper's effect, judged by the same "
+                                                       "claims; the report sets each beside the study's own verdict")):
     """Run every registered study on the embedded defaults, then write the report."""
     writable_folder(out_dir, "--out")  # what needs no model is checked before torch loads
     from lmlab.reproduce import reproduce as run_all
@@ -240,7 +243,8 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
                                                              STUDIES[name].config.replicate_refusal else {})}
                 for name in STUDIES}
     outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print,
-                       progress=functools.partial(_progress_table, profile, time.perf_counter()), jobs=jobs)
+                       progress=functools.partial(_progress_table, profile, time.perf_counter()), jobs=jobs,
+                       placebo=placebo)
     if report:
         from lmlab.report import build_report
 

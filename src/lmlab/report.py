@@ -33,9 +33,9 @@ def _run_dirs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
             runs.append(path)
             continue
         runs += sorted(p.parent for p in path.glob("*/config.yaml"))
-        summary = path / "reproduce.json"
-        if summary.exists():
-            failures += [s for s in json.loads(summary.read_text())["studies"] if s["status"] == "failed"]
+        for summary in (path / "reproduce.json", path / "placebo.json"):
+            if summary.exists():
+                failures += [s for s in json.loads(summary.read_text())["studies"] if s["status"] == "failed"]
     children = set()
     for run in runs:
         manifest = run / "manifest.json"
@@ -73,7 +73,9 @@ def _section(run: Path) -> dict:
     key = result.summary()
     rows = [dict(model=m, status=v.status, summary=v.summary, headline=headline(v.status, v.evidence))
             for m, v in result.verdicts.items()]
-    return dict(anchor=run.name, study=study, title=spec.title if spec else study, model=", ".join(result.models),
+    placebo = bool(result.config.get("placebo"))
+    title = (spec.title if spec else study) + (" · placebo" if placebo else "")
+    return dict(anchor=run.name, study=study, title=title, placebo=placebo, model=", ".join(result.models),
                 status=result.verdict.status, summary=result.verdict.summary, seconds=result.seconds, complete=True,
                 headline=headline(result.verdict.status, result.verdict.evidence),
                 paper=spec.paper if spec else "", citation=spec.citation if spec else "",
@@ -165,10 +167,23 @@ def forest_png(claims: list[dict]) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _beside_placebos(sections: list[dict]) -> None:
+    """Each study's verdict gets its placebo's (the same study, model, profile and seed run with --placebo) beside
+    it, where both ran."""
+    same = lambda s: (s["study"], s.get("model"), s.get("profile"), s.get("seed"))  # noqa: E731
+    placebos = {same(s): s for s in sections if s.get("complete") and s.get("placebo")}
+    for s in sections:
+        p = placebos.get(same(s)) if s.get("complete") and not s.get("placebo") else None
+        if p is not None:
+            s["placebo_status"], s["placebo_anchor"] = p["status"], p["anchor"]
+
+
 def build_report(paths: list[str | Path], out_file: str | Path) -> Path:
     runs, failures = _run_dirs([Path(p) for p in paths])
     order = {name: i for i, name in enumerate(STUDIES)}
-    sections = sorted((_section(run) for run in runs), key=lambda s: (order.get(s["study"], len(order)), s["anchor"]))
+    sections = sorted((_section(run) for run in runs),
+                      key=lambda s: (order.get(s["study"], len(order)), bool(s.get("placebo")), s["anchor"]))
+    _beside_placebos(sections)
     for fail in failures:
         sections.append(dict(anchor=f"failed-{fail['study']}", study=fail["study"], title=fail["study"],
                              model=fail["model"], status="failed", summary=fail["reason"] or "",

@@ -97,6 +97,9 @@ def _said(outcome: Outcome, name: str = "") -> str:
     return f"{head}{outcome.verdict} ({'already done' if outcome.resumed else f'{outcome.seconds:.0f} s'})"
 
 
+SUMMARY_FILES = {False: "reproduce.json", True: "placebo.json"}  # what a reproduce run (or its placebo) records
+
+
 def reproduced_studies() -> list[str]:
     """The studies `reproduce` runs, in registration order (those that need inputs of their own left out)."""
     return [name for name, spec in STUDIES.items() if spec.in_reproduce]
@@ -106,11 +109,14 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
               only: list[str] | None = None, overrides: dict[str, dict] | None = None,
               say: Callable[[str], None] = print,
               progress: Callable[[list[str], list["Outcome"], list[str], float | None], None] | None = None,
-              jobs: int = 1) -> list[Outcome]:
+              jobs: int = 1, placebo: bool = False) -> list[Outcome]:
     """`progress(names, outcomes, running, seconds_left)` is called whenever a study starts or ends (`running`: the
-    studies under way). `jobs`: how many studies run at once, each in its own process."""
+    studies under way). `jobs`: how many studies run at once, each in its own process. `placebo`: every study's
+    placebo instead (its treatment replaced by one that cannot have the paper's effect), recorded in placebo.json."""
     out = Path(out)
     names = only or reproduced_studies()
+    if placebo:
+        overrides = {name: {**(overrides or {}).get(name, {}), "placebo": True} for name in names}
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
         raise LmlabError(f"unknown study '{unknown[0]}'; registered: {', '.join(STUDIES)}")
@@ -120,7 +126,7 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
     if jobs < 1:
         raise LmlabError(f"--jobs takes a whole number of at least 1, got {jobs}")
     if jobs > 1 and len(names) > 1:
-        return _reproduce_parallel(out, profile, seed, models, names, overrides or {}, say, progress, jobs)
+        return _reproduce_parallel(out, profile, seed, models, names, overrides or {}, say, progress, jobs, placebo)
     outcomes: list[Outcome] = []
     for i, name in enumerate(names, 1):
         if progress:
@@ -130,13 +136,14 @@ def reproduce(out: str | Path = "runs", profile: str = "quick", seed: int = 0, m
         outcome = _run_one(name, model, profile, seed, (overrides or {}).get(name, {}), out)
         say(_said(outcome))
         outcomes.append(outcome)
-        _write_summary(out, profile, outcomes)
+        _write_summary(out, profile, outcomes, placebo)
     if progress:
         progress(names, outcomes, [], 0.0)
     return outcomes
 
 
-def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progress, jobs) -> list[Outcome]:
+def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progress, jobs,
+                        placebo: bool = False) -> list[Outcome]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -166,7 +173,7 @@ def _reproduce_parallel(out, profile, seed, models, names, overrides, say, progr
                 outcome = future.result()
                 say(_said(outcome, outcome.study))
                 outcomes.append(outcome)
-                _write_summary(out, profile, sorted(outcomes, key=lambda o: names.index(o.study)))
+                _write_summary(out, profile, sorted(outcomes, key=lambda o: names.index(o.study)), placebo)
             if progress:
                 progress(names, outcomes, list(running.values()), _left(names, outcomes, profile, jobs))
     except BaseException:
@@ -197,9 +204,9 @@ def _left(names, outcomes, profile, jobs) -> float | None:
     return None if left is None else left / jobs
 
 
-def _write_summary(out: Path, profile: str, outcomes: list[Outcome]) -> None:
+def _write_summary(out: Path, profile: str, outcomes: list[Outcome], placebo: bool = False) -> None:
     try:
-        atomic_write(out / "reproduce.json", json.dumps({"profile": profile, "studies": [asdict(o) for o in outcomes]},
+        atomic_write(out / SUMMARY_FILES[placebo], json.dumps({"profile": profile, "studies": [asdict(o) for o in outcomes]},
                                                         indent=2))
     except OSError as exc:
         raise LmlabError(f"cannot write to {out}: {exc.strerror or exc}") from exc

@@ -47,6 +47,7 @@ class Record:
     lmlab: str | None
     finished: str
     environment: dict = field(default_factory=dict)
+    placebo: bool = False  # the study's placebo (its treatment replaced by one that cannot have the effect)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -96,7 +97,7 @@ def read_record(run: Path) -> Record:
                   verdict=overall["status"], decided=headline(overall["status"], overall.get("evidence", {})),
                   seconds=float(manifest.get("run_seconds", manifest.get("seconds", 0.0)) or 0.0),
                   machine=machine(env) if env else "not recorded", gpu=env.get("gpu"), lmlab=env.get("lmlab"),
-                  finished=str(manifest.get("finished", "")), environment=env)
+                  finished=str(manifest.get("finished", "")), environment=env, placebo=bool(config.get("placebo")))
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -153,13 +154,16 @@ def render(records: list[Record], command: str) -> str:
              "verdict and the line that decided it, the run time over its sessions, and the machine it ran on (a load",
              "average above the threads means the cores were shared, so the time is not a timing). \"sizes\" says",
              "whether the run used the profile's own sizes or which it set.", ""]
-    latest: dict[tuple[str, str], Record] = {}
+    latest: dict[tuple[str, str, bool], Record] = {}
     for r in records:
-        latest[(r.study, r.profile)] = r  # records are oldest first
+        latest[(r.study, r.profile, r.placebo)] = r  # records are oldest first
     lines += ["## The latest run of each study and profile", "",
+              "A study's placebo (the same run with its treatment replaced by one that cannot have the paper's effect) "
+              "sits under it: it should never read \"reproduced\".", "",
               "| study | profile | seed | verdict | what decided it | time | machine |", "|---|---|---|---|---|---|---|"]
-    for (study, profile), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1])):
-        lines.append(f"| {study} | {profile}{'' if r.sizes == 'profile' else ' (' + _cell(r.sizes) + ')'} | {r.seed} | "
+    for (study, profile, placebo), r in sorted(latest.items(),
+                                               key=lambda kv: (order.get(kv[0][0], 99), kv[0][1], kv[0][2])):
+        lines.append(f"| {study}{' · placebo' if placebo else ''} | {profile}{'' if r.sizes == 'profile' else ' (' + _cell(r.sizes) + ')'} | {r.seed} | "
                      f"**{r.verdict}** | {_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} |")
     for study in sorted({r.study for r in records}, key=lambda s: order.get(s, 99)):
         spec = STUDIES.get(study)
@@ -167,7 +171,8 @@ def render(records: list[Record], command: str) -> str:
                   "| finished | model | profile | seed | replicates | sizes | verdict | what decided it | time | machine "
                   "| lmlab |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted((r for r in records if r.study == study), key=lambda r: r.finished, reverse=True):
-            lines.append(f"| {r.finished[:16].replace('T', ' ')} | {_cell(r.model)} | {r.profile} | {r.seed} | "
+            lines.append(f"| {r.finished[:16].replace('T', ' ')} | {_cell(r.model)} | "
+                         f"{r.profile}{' · placebo' if r.placebo else ''} | {r.seed} | "
                          f"{r.seeds if r.seeds is not None else 'profile'} | {_cell(r.sizes)} | **{r.verdict}** | "
                          f"{_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} | "
                          f"{r.lmlab or ''} |")
@@ -182,7 +187,7 @@ def timings(records: list[Record]) -> dict:
     out: dict[str, dict] = {}
     for r in records:
         spec = STUDIES.get(r.study)
-        if spec is None or r.sizes != "profile" or r.model != spec.default_model or r.gpu:
+        if spec is None or r.sizes != "profile" or r.model != spec.default_model or r.gpu or r.placebo:
             continue
         out.setdefault(r.study, {})[r.profile] = {"seconds": round(r.seconds), "machine": r.machine,
                                                   "seed": r.seed, "finished": r.finished}

@@ -66,6 +66,10 @@ class StudyConfig(BaseModel):
     max_memory: str | None = Field(None, description="with --device-map: what each device may hold, e.g. "
                                                         "0=20GiB,1=20GiB,cpu=64GiB")
     offload: str | None = Field(None, description="with --device-map: a folder for the weights it puts on disk")
+    placebo: bool = Field(False, description="run the study's placebo instead: the same run on the same model and "
+                                             "data with the treatment replaced by one that cannot have the paper's "
+                                             "effect, judged by the same claims (how often would this verdict appear "
+                                             "on this model if the effect were absent?)")
     log_with: list[str] | None = Field(None, description="log every training's curves (loss, learning rate per step) "
                                                          "through accelerate's trackers: tensorboard, wandb, mlflow, "
                                                          "comet_ml, aim, clearml, dvclive, swanlab, trackio (each "
@@ -93,7 +97,12 @@ class StudyConfig(BaseModel):
         self.check_placement()
         self.check_launch()
         self.check_replicates()
+        if self.placebo and not self.placebo_treatment:
+            raise LmlabError(f"--placebo: {type(self).__module__.split('.')[-2]} has no placebo yet")
         check_trackers(self.log_with or [])
+
+    # what the placebo replaces the treatment with, in one sentence (every study declares one; its recipe applies it)
+    placebo_treatment: ClassVar[str] = ""
 
     trains_own_model: ClassVar[bool] = False  # --model scratch: a model built and trained in the run
     # why the study cannot run a model spread over devices (None: it can); see docs/scaling.md
@@ -164,8 +173,9 @@ class StudyConfig(BaseModel):
         return lm
 
     def identity(self) -> dict:
-        """The settings that name the run folder (and its config.yaml): all but where curves are logged."""
-        return self.model_dump(exclude={"log_with"})
+        """The settings that name the run folder (and its config.yaml): all but where curves are logged (and the
+        placebo flag where it is off, so that a run's folder is the one it had before the placebo existed)."""
+        return self.model_dump(exclude={"log_with"} | (set() if self.placebo else {"placebo"}))
 
     def train_settings(self) -> dict:
         """TrainConfig fields for this config: autocast precision (auto: bf16 on a GPU, none on cpu; float32:
@@ -212,6 +222,16 @@ class Verdict(BaseModel):
         from lmlab.claims import verdict_html
 
         return verdict_html(self.status, self.claim, self.summary, self.evidence)
+
+
+def placebo_verdict(verdict: Verdict, treatment: str) -> Verdict:
+    """A placebo run's verdict, as its claims judged it (never overridden: a placebo that comes out "reproduced" is a
+    finding about the claims), said to be the placebo's: the summary opens with what replaced the treatment and the
+    evidence carries it, so the report sets it beside the study's own verdict."""
+    return verdict.model_copy(update={
+        "summary": f"PLACEBO ({treatment}): a verdict here is what the claims say where the paper's effect cannot be; "
+                   f"'reproduced' would mean a claim holds by construction. {verdict.summary}",
+        "evidence": {**verdict.evidence, "placebo": treatment}})
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from lmlab.environment import environment
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, weights_fingerprint
 from lmlab.runs import RunDir
-from lmlab.studies.base import StudyConfig, StudySpec, Verdict, seed_everything
+from lmlab.studies.base import StudyConfig, StudySpec, Verdict, placebo_verdict, seed_everything
 from lmlab.studies.result import StudyResult, draw, load_result, overall_verdict, split_tables
 
 
@@ -122,7 +122,7 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
                          config.model_dump(), run.path, _spec=spec)
     # the verdict sizes what would decide it from this run's pace: every session of a resumed run counts
     result.seconds = max(time.perf_counter() - t0, run.logged_seconds())
-    result.verdict = spec.verdict(result)
+    result.verdict = judged(spec, result)
     result.verdicts = {config.model: result.verdict}
     _write(run, result)
     session = time.perf_counter() - t0
@@ -134,6 +134,14 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
                environment=environment(config.torch_device()),
                **({"weights": tag} if tag else {}))
     return result
+
+
+def judged(spec: StudySpec, result: StudyResult) -> Verdict:
+    """The study's verdict on `result`; a placebo run's marked as the placebo's (`placebo_verdict`)."""
+    verdict = spec.verdict(result)
+    if (result.config or {}).get("placebo"):
+        verdict = placebo_verdict(verdict, spec.config.placebo_treatment)
+    return verdict
 
 
 def _combine(spec: StudySpec, config: StudyConfig, out, children: list[StudyResult], lms) -> StudyResult:
@@ -182,9 +190,9 @@ def rejudge(folder) -> StudyResult:
     result = load_result(folder)
     spec = result.spec
     if len(result.models) == 1:
-        verdicts = {result.models[0]: spec.verdict(result)}
+        verdicts = {result.models[0]: judged(spec, result)}
     else:
-        verdicts = {m: spec.verdict(result.for_model(m)) for m in result.models}
+        verdicts = {m: judged(spec, result.for_model(m)) for m in result.models}
     result.verdicts = verdicts
     result.verdict = next(iter(verdicts.values())) if len(verdicts) == 1 else overall_verdict(verdicts)
     run = RunDir(result.path, spec.name, result.config)
