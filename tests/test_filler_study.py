@@ -61,12 +61,19 @@ def test_attention_profile_equals_a_hand_computation(lm):
     lm.model.set_attn_implementation(old)
     keep = [p for p in range(len(ids)) if p not in set(inserted)]
     got = attention_profile(att, keep)
+    renormalised = attention_profile(att, keep, renormalise=True)
     tol = tolerance(att.dtype)["atol"]  # the pattern's own precision (bf16 on a GPU): sums of a few of its entries
+    tol = min(1e-6, tol) if tol <= 1e-5 else tol
     for h in range(att.shape[0]):
         for jj in range(1, len(keep)):  # key keep[jj]; the sink keep[0] is excluded
             later = [keep[ii] for ii in range(jj + 1, len(keep))]
             expected = sum(att[h, i, keep[jj]].item() for i in later) / len(later) if later else 0.0
-            assert got[h, jj - 1].item() == pytest.approx(expected, abs=min(1e-6, tol) if tol <= 1e-5 else tol)
+            assert got[h, jj - 1].item() == pytest.approx(expected, abs=tol)
+            # renormalised: each query's attention divided by what it gives the original tokens (sink included)
+            expected = sum(att[h, i, keep[jj]].item() / sum(att[h, i, k].item() for k in keep) for i in later)
+            expected = expected / len(later) if later else 0.0
+            assert renormalised[h, jj - 1].item() == pytest.approx(expected, abs=4 * tol)
+    assert (renormalised > got + tol).any()  # the inserted tokens took a share, which renormalising gives back
 
 
 def _arm_reference(a, c, p1, p_min=0.02):
@@ -230,10 +237,6 @@ def _filler_rows(gain: dict, n=100, base=0.5, noise=0.1, seed=0):
         for i in range(n):
             rows.append(dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
                              hit_budget=0, level=1))
-    for i in range(20):  # inserted tokens attenuate peak attention, clearly
-        for cond, peak in (("None", 0.8), ("Mless", 0.5), ("Mful", 0.55)):
-            rows.append(dict(kind="profile", view="aligned", condition=cond, problem=i, position=0,
-                             attention=peak + 0.01 * rng.normal()))
     rows += [dict(kind="mlp", condition=c, near_zero_share=0.1) for c in ("None", "Mless", "Mful")]
     return from_rows("filler", rows)
 
@@ -261,19 +264,20 @@ def test_power_rule_no_gain_is_inconclusive_and_a_clear_loss_is_not_reproduced()
     assert _gain_claim(same(1000), "Mless").decide() == "no"
 
 
-def test_without_answers_the_attention_claims_decide_and_the_gains_are_priced(tmp_path):
-    """The demo's S3 generates no answers: the attention claims are judged, the gains are a failed 'every claim
-    run' gate (never 'reproduced') with their price at a measured pace."""
+def test_without_answers_the_attention_claims_are_reported_and_the_gains_are_priced(tmp_path):
+    """The demo's S3 generates no answers: the attention claims are read and reported (they cannot tell the filler
+    from its placebo), the gains are a failed 'every claim measured' gate with their price at a measured pace."""
     config = s3.Config(model="tiny-llama", profile="demo", profile_problems=2, max_new_tokens=6)
     result = run_study(s3.SPEC, config, tmp_path)
     t = result.long()
     assert "answer" not in set(t.kind) and {"profile", "mlp", "pace"} <= set(t.kind)
     assert result.table("pace").seconds_per_answer.iloc[0] > 0
-    names = [c["name"] for c in result.verdict.evidence["claims"]]
-    assert names == ["Mless - None peak attention", "Mful - None peak attention"]
-    assert result.verdict.status in ("inconclusive", "not reproduced")
-    if result.verdict.status == "inconclusive":
-        assert "every paper claim measured: FAILED" in result.verdict.summary and "paired problems" in result.verdict.summary
+    claims = result.verdict.evidence["claims"]
+    assert [c["name"] for c in claims] == ["Mless - None peak attention", "Mful - None peak attention"]
+    assert all(c["reported"] for c in claims)
+    assert result.verdict.status == "inconclusive"
+    assert "every paper claim measured: FAILED" in result.verdict.summary and "paired problems" in result.verdict.summary
+    assert "every claim holds" not in result.verdict.summary  # nothing decisive was measured: nothing holds
     assert (result.path / "figure.png").is_file()
 
 
@@ -306,10 +310,10 @@ def test_on_a_gpu_quick_generates_what_decides_the_gains_and_the_demo_stays_smal
     assert demo.size("batch_size") == 64 and demo.size("accuracy") is False and demo.size("n_test_per_level") == 4
 
 
-def test_a_filler_that_changes_nothing_never_says_yes_and_a_model_that_cannot_do_the_task_never_says_no():
-    """Negative controls: insertions that leave every answer and the attention peaks as they were make no decisive
-    claim "yes". A model that answers 5% of the problems without insertion is below the capability gate: even a
-    clear loss under the insertion cannot say "not reproduced" about a paper whose models answer most of them."""
+def test_a_model_that_cannot_do_the_task_never_says_no_and_identical_answers_never_say_yes():
+    """A model that answers 5% of the problems without insertion is below the capability gate: even a clear loss
+    under the insertion cannot say "not reproduced" about a paper whose models answer most of them. Answers left
+    exactly as they were make no decisive claim "yes" (the attention claims' null is the placebo's, below)."""
     import numpy as np
 
     from lmlab.studies.filler.analysis import verdict
@@ -321,10 +325,6 @@ def test_a_filler_that_changes_nothing_never_says_yes_and_a_model_that_cannot_do
     for cond in ("w/o", "Mless", "Mful", "ARM"):
         rows += [dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
                       hit_budget=0, level=1) for i in range(200)]
-    for i in range(30):
-        peak = 0.6 + 0.05 * rng.normal()
-        rows += [dict(kind="profile", view="aligned", condition=c, problem=i, position=0,
-                      attention=peak + 0.01 * rng.normal()) for c in ("None", "Mless", "Mful")]
     null = verdict(from_rows("filler", rows))
     assert not any(c["decision"] == "yes" for c in null.evidence["claims"] if not c["reported"]), null.summary
     assert null.status != "reproduced" and {c["source"] for c in null.evidence["claims"]} == {"paper"}
@@ -332,3 +332,194 @@ def test_a_filler_that_changes_nothing_never_says_yes_and_a_model_that_cannot_do
     assert weak.status == "inconclusive", weak.summary
     assert "the model can do the task: FAILED (w/o accuracy" in weak.summary
     assert "Scope: this run: model, generated arithmetic, 512 new tokens; outside the paper's setting" in weak.summary
+
+
+# --- the placebo: the filler inserted, then masked from every query (positions kept)
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])
+def sharp(request, device):
+    """A tiny decoder of each family (rotary and learned positions) with larger weights: at the default init its
+    next token hardly depends on the context or the positions, so a leaking mask or a wrong position would go
+    unnoticed. A fresh load of its own, changed in place (interventions reach the model through its layout)."""
+    lm = device.load(request.param)
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            if p.dim() >= 2:  # drawn on the host from a host generator, then written on the model's device
+                draw = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), device="cpu")
+                p.copy_(0.3 * draw)
+    return lm
+
+
+def _without_filler(lm, ids, inserted, new: int = 0):
+    """The independent reference: the prompt with the inserted tokens removed, each remaining token at the position
+    it has with them (position ids given by hand), and `new` greedy tokens by full forward passes (no cache, no
+    batch, no mask); (logits at every kept token, the tokens)."""
+    keep = [p for p in range(len(ids)) if p not in set(inserted)]
+    seq, pos = [ids[p] for p in keep], list(keep)
+    out, first = [], None
+    with torch.no_grad():
+        for step in range(new + 1):
+            logits = lm.model(input_ids=torch.tensor([seq], device=lm.device),
+                              position_ids=torch.tensor([pos], device=lm.device)).logits[0]
+            if step == 0:
+                first = logits
+            if step == new:
+                break
+            tok = int(logits[-1].argmax())
+            out.append(tok)
+            seq, pos = seq + [tok], pos + [len(ids) + step]
+    return first, out
+
+
+@pytest.mark.parametrize("position", ["before", "between", "after"])
+def test_a_hidden_filler_gives_the_logits_of_the_prompt_without_it_at_its_positions(sharp, position):
+    """The placebo's mask, against an independent computation: with the filler masked from every query, the logits at
+    the original tokens equal those of the prompt without the filler run at the positions the filler leaves (and
+    nothing is NaN, though a filler at position 0 leaves its own query no key). Unmasked, or at the plain prompt's
+    positions, they differ: the check sees a leak and a lost position."""
+    ids, inserted = s3m.build_ids(sharp, "What is 23 + 45?", " /", 7, position)
+    keep = [p for p in range(len(ids)) if p not in set(inserted)]
+    with torch.no_grad():
+        hidden = sharp.model(**s3m.model_inputs(sharp, ids, inserted, hide=True)).logits[0].float()
+        shown = sharp.model(**s3m.model_inputs(sharp, ids, inserted)).logits[0].float()
+        plain = sharp.model(input_ids=torch.tensor([[ids[p] for p in keep]], device=sharp.device)).logits[0].float()
+    reference, _ = _without_filler(sharp, ids, inserted)
+    tol = tolerance(hidden.dtype, float(reference.abs().max()))
+    assert torch.isfinite(hidden).all()
+    torch.testing.assert_close(hidden[keep], reference.float(), **tol)
+    after = [i for i, p in enumerate(keep) if p > inserted[0]]  # the tokens the filler could have reached
+    assert not torch.allclose(shown[keep][after], reference.float()[after], **tol)
+    if position != "before":  # before: every original token moves by the same offset, which rotary positions ignore
+        assert not torch.allclose(plain[after], reference.float()[after], **tol)
+
+
+def test_generation_with_the_filler_hidden_equals_decoding_the_prompt_without_it(sharp, monkeypatch):
+    """`greedy_answers(masked=...)`, the placebo's decoding (a shared prefix, left padding, rows joining and leaving a
+    running batch), against full forward passes of each prompt without its filler at the positions it leaves."""
+    from lmlab import generation
+    from lmlab.generation import _generate, greedy_answers
+
+    joins = []
+    real_join = generation._join
+    monkeypatch.setattr(generation, "_join", lambda *a, **k: joins.append(1) or real_join(*a, **k))
+
+    questions = ["What is 3 plus 4?", "How many", "Mary had 12 apples and gave 5 of them to John. How many", "7"]
+    built = [s3m.build_ids(sharp, q, " /", 6, position) for q, position in
+             zip(questions, ["between", "after", "between", "before"])]
+    prompts, hidden = [ids for ids, _ in built], [inserted for _, inserted in built]
+    expected = [_without_filler(sharp, ids, inserted, new=6)[1] for ids, inserted in built]
+    assert len({tuple(e) for e in expected}) == len(expected)  # the rows really differ
+    stop = expected[0][1]  # row 0 stops at its second token, so the third prompt joins a running batch
+    cut = [e[:e.index(stop)] if stop in e else e for e in expected]
+    for share in (True, False):
+        got = _generate(sharp, prompts, 6, stop={stop}, share_prefix=share, batch_size=2, masked=hidden)
+        assert [g[:-1] if g and g[-1] == stop else g for g in got] == cut, share
+    assert joins  # a prompt joined a running batch (its masked columns aligned by the gap after the prefix)
+    assert greedy_answers(sharp, prompts, max_new_tokens=6, batch_size=2, stop_at_newline=False,
+                          masked=hidden) == [e[:6] for e in expected]
+    shown = greedy_answers(sharp, prompts, max_new_tokens=6, batch_size=2, stop_at_newline=False)
+    assert shown != expected  # the filler, seen, changes what the sharp model writes
+
+
+def test_the_placebo_runs_end_to_end_and_does_not_reproduce(tmp_path):
+    """(a) The placebo on a tiny run with answers: the filler masked in every condition, ARM redistributing nothing
+    (its greedy answers are w/o's, to the token), and a verdict that is not "reproduced" with no decisive claim at
+    "yes", said to be the placebo's."""
+    config = s3.Config(model="tiny-llama", n_test_per_level=2, n_dev_per_level=2, sweep_problems=2,
+                       profile_problems=2, max_new_tokens=5, sweep_lengths=[5], placebo=True)
+    result = run_study(s3.SPEC, config, tmp_path)
+    from helpers import check_declared_columns
+
+    check_declared_columns(result)
+    answers = result.table("answer")
+    assert set(answers.split) == {"test"}  # nothing to tune: ARM redistributes nothing
+    test = answers[answers.sweep.fillna("") == ""]
+    wide = test.pivot_table(index="id", columns="condition", values="new_tokens")
+    assert wide.shape == (10, 4)
+    arm, wo = (test[test.condition == c].set_index("id").sort_index() for c in ("ARM", "w/o"))
+    assert arm.pred.fillna("").tolist() == wo.pred.fillna("").tolist()
+    assert arm.new_tokens.tolist() == wo.new_tokens.tolist()
+    assert not len(result.table("tuning")) and result.info["arm"].startswith("nothing redistributed")
+    v = result.verdict
+    assert v.status != "reproduced" and v.summary.startswith("PLACEBO")
+    assert not [c["name"] for c in v.evidence["claims"] if not c["reported"] and c["decision"] == "yes"], v.summary
+    long = result.table("profile")
+    long = long[long.view == "long"]
+    assert len(long) and float(long.attention.min()) == 0.0  # the hidden keys get nothing
+
+
+def test_the_peak_claims_cannot_see_the_share_the_filler_takes(sharp, tmp_path):
+    """(b) The peak claims on the pipeline's own null: the demo and its placebo (the filler masked from every query)
+    on a sharp tiny decoder. The placebo's filler keys get no attention, so its raw profile on the original tokens
+    is higher (the treatment's filler took a share of every query); the renormalised profile the claims read is the
+    placebo's to the float (in the first layer the scores between original tokens do not depend on the filler), and
+    the same whichever tokens are inserted: the share the filler takes cannot move the claims, which read the same
+    in both runs, are reported, and do not say "yes" in the placebo."""
+    def demo(placebo):
+        config = s3.Config(model=sharp.name, profile="demo", profile_problems=4, max_new_tokens=2, placebo=placebo)
+        return run_study(s3.SPEC, config, tmp_path / str(placebo), lm=sharp)
+
+    treatment, placebo = demo(False), demo(True)
+    keys = ["view", "condition", "problem", "head", "position"]
+    both = treatment.table("profile").merge(placebo.table("profile"), on=keys, suffixes=("", "_placebo"))
+    filled = both[(both.view == "aligned") & (both.condition != "None")]
+    assert len(filled) and (filled.renormalised - filled.renormalised_placebo).abs().max() < 1e-5
+    kept = filled.groupby(["condition", "problem", "head"])[["attention", "attention_placebo"]].sum()
+    assert (kept.attention < kept.attention_placebo).all()  # the share the treatment's filler took, as read
+    _, inserted = s3m.build_ids(sharp, "1 + 1", " /", 55)
+    long = both[(both.view == "long") & (both.condition == "Mless")]
+    hidden = long[long.position.isin(inserted)]  # long-view positions are prompt positions (the sink is 0)
+    assert len(hidden) and float(hidden.attention_placebo.abs().max()) == 0.0 and float(hidden.attention.min()) > 0
+    ours = {c["name"]: c for c in placebo.verdict.evidence["claims"]}
+    theirs = {c["name"]: c for c in treatment.verdict.evidence["claims"]}
+    for name in ("Mless - None peak attention", "Mful - None peak attention"):
+        assert ours[name]["reported"] and ours[name]["decision"] != "yes", placebo.verdict.summary
+        assert ours[name]["estimate"] == pytest.approx(theirs[name]["estimate"], abs=1e-5)
+    mless, mful = (ours[f"{c} - None peak attention"]["estimate"] for c in ("Mless", "Mful"))
+    assert mless == pytest.approx(mful, abs=1e-5)  # ' /' or ' he' inserted: the same reading
+    assert placebo.verdict.status != "reproduced" and placebo.verdict.summary.startswith("PLACEBO")
+
+
+def test_the_head_is_chosen_on_problems_it_is_not_judged_on(tmp_path):
+    """(c) The head whose profile moves most is chosen on the even-numbered profiled problems and judged on the
+    odd-numbered ones: a head made to move on a judged problem is not chosen, one made to move on a choosing problem
+    is; a choosing problem's peaks do not enter the claims; `--head` fixes the head and judges every problem."""
+    from lmlab.studies.filler.analysis import claims_and_gates, profile_head
+    from lmlab.studies.result import from_rows
+
+    config = s3.Config(model="tiny-llama", profile="demo", profile_problems=6, max_new_tokens=2)
+    result = run_study(s3.SPEC, config, tmp_path)
+    choice = result.verdict.evidence["profile_head"]
+    assert choice["chosen_on"] == [0, 2, 4] and choice["judged_on"] == [1, 3, 5]
+    rows = result.long()
+
+    def rejudged(frame, **config):
+        again = from_rows("filler", frame, model="tiny-llama")
+        again.config = config
+        claims, _ = claims_and_gates(again)
+        return profile_head(again), {c.name: c.estimate for c in claims}
+
+    other = next(h for h in range(4) if h != choice["head"])
+    def moved(problem):
+        frame = rows.copy()
+        at = (frame.kind == "profile") & (frame.view == "aligned") & (frame.condition == "Mless") & \
+            (frame["head"] == other) & (frame.problem == problem) & (frame.position == 3)
+        frame.loc[at, "renormalised"] += 0.5
+        return frame
+
+    same, base = rejudged(rows)
+    assert same["head"] == choice["head"]
+    judged, _ = rejudged(moved(1))
+    chosen, _ = rejudged(moved(0))
+    assert judged["head"] == choice["head"] and chosen["head"] == other
+    def raised(problem):  # the chosen head's Mless peak raised on one problem
+        frame = rows.copy()
+        at = (frame.kind == "profile") & (frame.problem == problem) & (frame.condition == "Mless") & \
+            (frame["head"] == choice["head"])
+        frame.loc[at, "renormalised"] += 0.3
+        return rejudged(frame)[1]
+
+    assert raised(2) == base  # a choosing problem: the claims do not move
+    assert raised(3)["Mless - None peak attention"] == pytest.approx(base["Mless - None peak attention"] + 0.1)
+    fixed, _ = rejudged(rows, head=other)
+    assert fixed == dict(head=other, rule="--head", chosen_on=[], judged_on=[0, 1, 2, 3, 4, 5])

@@ -145,7 +145,7 @@ def _refillable(cache) -> bool:
 @torch.no_grad()
 def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, stop: set[int], share_prefix: bool,
               batch_size: int, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
-              finished=None) -> list[list[int]]:
+              finished=None, masked: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """Decode every prompt with the KV cache, each row to its first stop token or the budget, at most
     `batch_size` rows at a time.
 
@@ -156,8 +156,14 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     the running one by masked columns after the prefix (or the running rows' is, when theirs is longer).
     Decoding a few rows costs nearly as much per step as a full batch (the weights are read either way), so
     this keeps the batch full instead of finishing each batch's longest answer alone.
+
+    `masked` (one list of prompt positions per prompt, see `greedy_answers`): those columns of the attention mask
+    are 0, so no query reads their keys; the shared prefix stops before the first of them.
     """
-    prefix, shared = prefix_cache(lm, prompts) if share_prefix else (0, None)
+    if masked is not None and len(masked) != len(prompts):
+        raise LmlabError(f"masked positions are given for {len(masked)} prompts, there are {len(prompts)}")
+    cut = [p[:min(m)] if m else p for p, m in zip(prompts, masked)] if masked is not None else prompts
+    prefix, shared = prefix_cache(lm, cut) if share_prefix else (0, None)
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=lm.device)
     out: list[list[int]] = [[] for _ in range(len(prompts))]
     waiting = list(range(len(prompts)))[::-1]  # popped from the end: prompts join in order
@@ -168,7 +174,7 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
                         or (running.refill and running.n_live <= batch_size // 2)):
             take = running.n_live if running is not None else 0
             join = [waiting.pop() for _ in range(min(batch_size - take, len(waiting)))]
-            running, fresh = _admit(lm, running, prompts, join, prefix, shared, draw)
+            running, fresh = _admit(lm, running, prompts, join, prefix, shared, draw, masked)
         else:
             running.step(lm, draw)
             fresh = 0
@@ -239,11 +245,12 @@ class _Running:
 
 
 def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], prefix: int, shared,
-           draw: dict) -> tuple[_Running, int]:
+           draw: dict, masked: Sequence[Sequence[int]] | None = None) -> tuple[_Running, int]:
     """The prompts `join` run once (after the shared prefix) and their first tokens drawn; they become the batch, or
     join the running rows with the two caches aligned by masked columns. (the batch, where the new rows start: their
     first tokens are new, the running rows' were counted already)."""
-    batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared)
+    batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared,
+                               None if masked is None else [masked[i] for i in join])
     result = lm.forward_last(batch)
     new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=_with_room(result.cache),
                    token=next_token(result.logits[:, -1], **draw), mask=batch["attention_mask"],
@@ -265,13 +272,18 @@ def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], 
 def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int = 8, batch_size: int = 16,
                    stop_at_newline: bool = True, description: str = "generating",
                    share_prefix: bool = True, temperature: float = 0.0, top_p: float = 1.0,
-                   seed: int = 0) -> list[list[int]]:
+                   seed: int = 0, masked: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """Greedy continuation of each prompt (token ids), up to its end-of-sequence token (not included) or the
     budget, and cut at the first newline when `stop_at_newline`. With `temperature` > 0 the tokens are
     sampled instead (nucleus `top_p`), seeded by `seed`, so a rerun on the same prompts draws the same tokens.
 
     `share_prefix` runs the prompts' common prefix once (the same logits as running every row whole, tested);
     pass False under an intervention that draws random numbers per position (ARM), so rows draw their own.
+
+    `masked`: for each prompt, positions whose keys no query may read, in any layer or head, the prompt's later
+    tokens and the generated ones alike (their attention-mask columns are 0, as padding's are, and travel with the
+    cache as rows join and leave), while every token keeps its position: the prompt as if those tokens were not
+    there, at the positions it has with them (S3's placebo: filler inserted, then hidden).
     """
     if not prompts:
         return []
@@ -286,14 +298,16 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(prompts))
         new = _generate(lm, prompts, max_new_tokens, stop, share_prefix, batch_size, temperature, top_p, generator,
-                        finished=lambda k: bar.advance(task, k))
+                        finished=lambda k: bar.advance(task, k), masked=masked)
     return [_cut_at_newline(lm.tokenizer, ids, stop) if stop_at_newline else ids for ids in new]
 
 
-def _after_prefix(lm: LoadedModel, sequences: Sequence[list[int]], prefix: int, cache) -> tuple[dict, dict]:
+def _after_prefix(lm: LoadedModel, sequences: Sequence[list[int]], prefix: int, cache,
+                  masked: Sequence[Sequence[int]] | None = None) -> tuple[dict, dict]:
     """The forward batch of `sequences` whose first `prefix` tokens are in `cache` (`prefix_cache`; none when
     `prefix` is 0): a copy of the cache for every row, then each row's own tokens left-padded, with masked
-    columns between prefix and suffix and their true positions. Returns (forward batch, padded suffixes)."""
+    columns between prefix and suffix and their true positions. Returns (forward batch, padded suffixes).
+    `masked`: each row's prompt positions (all past the prefix) whose mask columns are 0, their positions kept."""
     own = lm.pad_batch([list(s[prefix:]) for s in sequences])
     check_context(lm, prefix + own["input_ids"].shape[1])
     rows = None
@@ -301,7 +315,14 @@ def _after_prefix(lm: LoadedModel, sequences: Sequence[list[int]], prefix: int, 
         rows = copy.deepcopy(cache)
         rows.batch_repeat_interleave(len(sequences))
     ones = torch.ones((len(sequences), prefix), dtype=own["attention_mask"].dtype, device=lm.device)
-    return dict(input_ids=own["input_ids"], attention_mask=torch.cat([ones, own["attention_mask"]], dim=1),
+    mask = torch.cat([ones, own["attention_mask"]], dim=1)
+    for row, (seq, hide) in enumerate(zip(sequences, masked or [])):
+        if hide and not prefix <= min(hide) <= max(hide) < len(seq):
+            raise LmlabError(f"masked positions {min(hide)}..{max(hide)} are not all in prompt {row}'s own tokens "
+                             f"(positions {prefix}..{len(seq) - 1})")
+        if hide:  # the prompts are right-aligned: prompt position p sits in column width - len + p
+            mask[row, [mask.shape[1] - len(seq) + p for p in hide]] = 0
+    return dict(input_ids=own["input_ids"], attention_mask=mask,
                 position_ids=own["position_ids"] + prefix, cache=rows, use_cache=True), own
 
 

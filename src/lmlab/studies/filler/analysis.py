@@ -5,6 +5,26 @@ the interval's upper end is below +1 pp (the run could have seen a gain of 1 pp 
 otherwise "unclear", with the run's minimum detectable effect (80% power, two-sided 5%) printed: at
 n = 100 paired problems it is several points, so a small run without a gain is inconclusive, not a
 failure to reproduce.
+
+The attention claims. The paper's figure shows one first-layer head's average attention on each original token
+(the mean over later queries) lowered by the insertion, and its account of the drop is the share of each query's
+attention the inserted tokens take (the scale lambda in its affine form of the attention output). Read as the raw
+peak over the original tokens, the claim holds whenever the filler gets any attention at all: a softmax gives every
+key some. So each query's attention is renormalised over the original keys before the average, and the mass the
+filler takes cannot by itself lower the peak. In the first layer nothing else is left: the scores between original
+tokens are computed from their embeddings and positions alone, so the renormalised profile with the filler is the
+profile with the filler masked from every query (the placebo) to the float, and it differs from the plain prompt's
+only by the positions the insertion shifts. A claim that reads the same on the treatment and on its placebo cannot
+tell the filler from its absence: both peak claims are reported, never decisive (the accuracy claims decide). Read
+as the paper reads it (the drop is the share the inserted tokens take) the claim holds by construction; read as a
+change in the shape of the attention over the original tokens, which the paper does not claim, in the first layer it
+is only the shift of positions. Neither reading can decide, and the paper's own account is why. (A deeper
+`--profile-layer` also carries what the filler did to the original tokens below it, still mixed with the shift of
+positions; the claims stay reported there too.)
+The head: `--head`, or the head whose renormalised aligned profile changes most between None and Mless, summed over
+the even-numbered profiled problems; the claims are then read on the odd-numbered ones only (a head chosen for its
+change on the problems it is judged on is selected, not measured). The choice and the split are in the verdict's
+evidence (`profile_head`).
 """
 
 from __future__ import annotations
@@ -12,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Z_80, Bar, Claim, Declared, Gate, Resampler, declared, evidence, judge
+from lmlab.claims import Z_80, Claim, Declared, Gate, Resampler, declared, evidence, judge
 from lmlab.stats import bootstrap, duration, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
@@ -28,32 +48,36 @@ PAPER_ACCURACY = ("the paper's MATH-500 accuracy table: inserting 55 meaningless
                   "accuracy by about +1 to +4 points (Qwen2.5-Math-1.5B about 64% -> 66%)")
 OURS_GAIN = ("ours: 'yes' needs a gain of at least +1 point with its interval above 0, 'no' an interval below +1 "
              "point: the paper's smallest gain, so a 'no' excludes every gain it reports")
+PEAK_REPORTED = ("reported only: the raw peak falls whenever the filler gets any attention (a softmax gives every "
+                 "key some), so it is read renormalised over the original tokens; in the first layer that profile is "
+                 "the placebo's (filler masked) to the float, so the claim cannot tell the filler from its absence")
 CLAIMS = [
-    Declared("Mless - w/o accuracy", "paired per problem: correct with 55 ' /' inserted minus without", ">= +1 pp",
-             "paper", PAPER_ACCURACY, bar_note=OURS_GAIN),
-    Declared("Mful - w/o accuracy", "paired per problem: correct with 55 ' he' inserted minus without", ">= +1 pp",
-             "paper", PAPER_ACCURACY, bar_note=OURS_GAIN),
+    Declared("Mless - w/o accuracy", "paired per problem: correct with 55 ' /' inserted minus without", ">=",
+             NO_GAIN, "paper", PAPER_ACCURACY, null=0.0, unit=" pp", scale=100, bar_note=OURS_GAIN),
+    Declared("Mful - w/o accuracy", "paired per problem: correct with 55 ' he' inserted minus without", ">=",
+             NO_GAIN, "paper", PAPER_ACCURACY, null=0.0, unit=" pp", scale=100, bar_note=OURS_GAIN),
     Declared("ARM - w/o accuracy", "paired per problem: correct with the Activation Redistribution Module in the "
-             "first layer's MLP (no insertion) minus without", ">= +1 pp", "paper",
+             "first layer's MLP (no insertion) minus without", ">=", NO_GAIN, "paper",
              "the paper's ARM results: redistributing the first layer's near-zero MLP activations recovers a gain "
-             "without inserting tokens", bar_note=OURS_GAIN),
-    Declared("Mless - None peak attention", "per profiled problem, the peak of the head's average attention on the "
-             "original tokens with the tokens inserted minus without", "<= 0, interval below 0", "paper",
+             "without inserting tokens", null=0.0, unit=" pp", scale=100, bar_note=OURS_GAIN),
+    Declared("Mless - None peak attention", "per profiled problem of the judging half, the peak over the original "
+             "tokens (sink excluded) of the head's average attention from later queries, each query's attention "
+             "renormalised over the original tokens, with 55 ' /' inserted minus without; the head chosen on the "
+             "other half", "<=", 0.0, "paper",
              "the paper's attention figure (average attention on one head of the first layer): inserted tokens "
-             "attenuate the peaks on the original tokens"),
-    Declared("Mful - None peak attention", "as above, with ' he' inserted", "<= 0, interval below 0", "paper",
-             "the paper's attention figure, as above"),
+             "attenuate the peaks on the original tokens, by the share of attention they take (its scale lambda)",
+             null=0.0, decisive=False, bar_note=PEAK_REPORTED),
+    Declared("Mful - None peak attention", "as above, with 55 ' he' inserted", "<=", 0.0, "paper",
+             "the paper's attention figure, as above", null=0.0, decisive=False, bar_note=PEAK_REPORTED),
 ]
 
-# The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
-# a column renamed on one side fails there, not in a verdict; a column that may be empty throughout is left out).
 COLUMNS = {
     "answer": ("split", "condition", "sweep", "id", "sample", "level", "correct", "pred", "scored_by", "gold",
                "new_tokens", "hit_budget"),
     "tuning": ("c", "p1", "dev_accuracy", "chosen"),
     "mlp": ("condition", "problem", "near_zero_share", "mean_abs"),
     "pace": ("seconds_per_answer", "max_new_tokens", "tokens"),
-    "profile": ("view", "condition", "problem", "position", "head", "layer", "attention"),
+    "profile": ("view", "condition", "problem", "position", "head", "layer", "attention", "renormalised"),
 }
 CAPABLE = 0.20  # the w/o accuracy below which the model cannot show the paper's gain (a gate of ours)
 PAPER_RANGE = "1.5B-8B math and instruct models (Qwen2.5-Math-1.5B to Llama-3.1-8B) on MATH-500, up to 2,048 new tokens"
@@ -76,10 +100,38 @@ def _paired(test: pd.DataFrame, a: str, b: str = "w/o") -> np.ndarray:
     return (pa[common] - pb[common]).to_numpy(dtype=float)
 
 
-def _peaks(result) -> pd.DataFrame:
+def profile_head(result) -> dict:
+    """The profiled head and the problems its claims are read on: `--head` (read on every profiled problem), or
+    the head whose renormalised aligned profile changes most between None and Mless (the sum over problems and
+    positions of |Mless - None|) on the even-numbered profiled problems, read on the odd-numbered ones."""
     prof = result.table("profile")
-    prof = prof[prof.view == "aligned"]
-    return prof.groupby(["condition", "problem"]).attention.max().unstack(0)
+    fixed = (result.config or {}).get("head")
+    if not len(prof):
+        return dict(head=int(fixed or 0), rule="no profile recorded", chosen_on=[], judged_on=[])
+    problems = sorted(int(p) for p in prof.problem.unique())
+    if fixed is not None:
+        return dict(head=int(fixed), rule="--head", chosen_on=[], judged_on=problems)
+    choose, judge = problems[0::2], problems[1::2]
+    part = prof[(prof.view == "aligned") & prof.problem.isin(choose) & prof.condition.isin(["None", "Mless"])]
+    value = "renormalised" if "renormalised" in part.columns else "attention"
+    wide = part.pivot_table(index=["problem", "head", "position"], columns="condition", values=value)
+    change = (wide["Mless"] - wide["None"]).abs().groupby(level="head").sum() if len(wide) else pd.Series(dtype=float)
+    head = int(change.idxmax()) if len(change) and change.notna().any() else int(prof["head"].min())
+    return dict(head=head, rule="the most change between None and Mless (renormalised profile) on the even-numbered "
+                               "profiled problems, judged on the odd-numbered ones",
+                chosen_on=choose, judged_on=judge, change={int(h): float(v) for h, v in change.items()})
+
+
+def _peaks(result, choice: dict | None = None) -> pd.DataFrame:
+    """Per judged problem (rows) and condition (columns): the chosen head's peak over the original tokens of its
+    aligned profile renormalised over the original keys (NaN in a table recorded before that column existed)."""
+    choice = choice or profile_head(result)
+    prof = result.table("profile")
+    if not len(prof):
+        return pd.DataFrame(columns=["None", "Mless", "Mful"], dtype=float)
+    prof = prof[(prof.view == "aligned") & (prof["head"] == choice["head"]) & prof.problem.isin(choice["judged_on"])]
+    value = prof["renormalised"] if "renormalised" in prof.columns else pd.Series(np.nan, index=prof.index)
+    return value.groupby([prof.condition, prof.problem]).max().unstack(0).reindex(columns=["None", "Mless", "Mful"])
 
 
 ASSUMED_DISCORDANCE = 0.15  # share of problems two conditions disagree on, for pricing a run not made (the 20-
@@ -94,7 +146,7 @@ def _gain_claim(test: pd.DataFrame, cond: str) -> Claim:
     diffs = _paired(test, cond)
     n = len(diffs)
     claim = declared(CLAIMS, f"{cond} - w/o accuracy").attach(Resampler(n, 1).mean_claim(
-        f"{cond} - w/o accuracy", diffs[None, :], Bar(">=", NO_GAIN, null=0.0), unit=" pp", scale=100,
+        f"{cond} - w/o accuracy", diffs[None, :], declared(CLAIMS, f"{cond} - w/o accuracy").make_bar(), unit=" pp", scale=100,
         n_unit="test problems", effect=PAPER_GAIN))
     disagree = max(float(np.mean(diffs != 0)) if n else 0.0, 3.0 / max(n, 1))
     claim.se = max(claim.se if np.isfinite(claim.se) else 0.0, float(np.sqrt(disagree / max(n, 1))))
@@ -112,9 +164,12 @@ def claims_and_gates(result):
     peaks = _peaks(result)
     sampler = Resampler(len(peaks), 1)
     for cond in ("Mless", "Mful"):
-        claims.append(declared(CLAIMS, f"{cond} - None peak attention").attach(sampler.mean_claim(
-            f"{cond} - None peak attention", (peaks[cond] - peaks["None"]).to_numpy()[None, :],
-            Bar("<=", 0.0, null=0.0), n_unit="profiled problems")))
+        spec = declared(CLAIMS, f"{cond} - None peak attention")
+        claim = spec.attach(sampler.mean_claim(spec.name, (peaks[cond] - peaks["None"]).to_numpy()[None, :],
+                                               spec.make_bar(), n_unit="judged profiled problems"))
+        if not len(peaks):  # no problem left to judge (a single profiled problem chose the head)
+            claim.estimate, claim.reason = float("nan"), "no profiled problem left to judge the head on"
+        claims.append(claim)
     gates = []
     if len(answers):
         base = test[test.condition == "w/o"]
@@ -130,7 +185,7 @@ def claims_and_gates(result):
         sd = np.sqrt(ASSUMED_DISCORDANCE)
         needed = int(np.ceil((Z_80 * sd / PAPER_GAIN) ** 2))
         cost = needed * 4 * per  # w/o, Mless, Mful and ARM on every problem
-        gates.append(Gate("every paper claim measured", False, blocks="yes",
+        gates.append(Gate("every paper claim measured", False, blocks="all",
                           why="the accuracy gains are not generated in this profile",
                           remedy=f"the paper's +{100 * PAPER_GAIN:.0f}-point gain at 80% power needs about {needed:,} "
                                  f"paired problems (if {100 * ASSUMED_DISCORDANCE:.0f}% of pairs disagree), about "
@@ -149,6 +204,7 @@ def verdict(result) -> Verdict:
     mlp = result.table("mlp")
     evidence_["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean())
                                         for c in ("None", "Mless", "Mful")} if len(mlp) else {}
+    evidence_["profile_head"] = profile_head(result)
     head = ""
     if len(answers):
         test = answers[(answers.split == "test") & (answers.sweep.fillna("") == "")]
@@ -233,8 +289,10 @@ def figure(result, fig=None):
 
 
 def _profile_panels(result, axes) -> None:
+    """The chosen head's average attention (as read, the paper's figure) over every profiled problem."""
     prof = result.table("profile")
-    head = int(prof["head"].iloc[0]) if len(prof) else 0
+    head = profile_head(result)["head"]
+    prof = prof[prof["head"] == head] if len(prof) else prof
     for ax, view, conds in ((axes[0, 1], "aligned", ("None", "Mless", "Mful")), (axes[1, 0], "long", ("Mless", "Mful"))):
         for cond in conds:
             part = prof[(prof.view == view) & (prof.condition == cond)].groupby("position").attention.mean()
@@ -247,11 +305,12 @@ def _profile_panels(result, axes) -> None:
 
 
 def key_rows(result) -> pd.DataFrame:
-    """Accuracy per condition (test split), for the report (the peak-attention change when no answers were made)."""
+    """Accuracy per condition (test split), for the report (the renormalised peak attention when no answers were
+    made)."""
     a = result.table("answer")
     if not len(a):
         peaks = _peaks(result)
-        return pd.DataFrame([{"condition": c, "mean peak attention": round(float(peaks[c].mean()), 4)}
+        return pd.DataFrame([{"condition": c, "mean peak attention (renormalised)": round(float(peaks[c].mean()), 4)}
                              for c in ("None", "Mless", "Mful") if c in peaks])
     a = a[(a.split == "test") & (a.sweep.fillna("") == "")]
     out = a.groupby("condition").agg(problems=("correct", "size"), accuracy=("correct", "mean"),

@@ -3,7 +3,7 @@ scoring DECISION) are in profiles.yaml."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -13,6 +13,10 @@ from lmlab.studies.base import StudyConfig
 class Config(StudyConfig):
     device_map_refusal = None  # inference only: the model may be spread over devices and disk
     launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
+    placebo_treatment: ClassVar[str] = (
+        "the filler tokens stay in every prompt at their positions but are masked from every query (their "
+        "attention-mask columns 0 in every layer and head, as padding's are), and ARM redistributes nothing "
+        "(the plain model)")
     replicate_refusal = ("the filler study trains nothing and decodes greedily: a rerun draws nothing new (its "
                          "sampled runs are --samples)")
     benchmark: str = Field("arithmetic", description="arithmetic (generated), gsm8k or math500 (the hub), or "
@@ -37,7 +41,8 @@ class Config(StudyConfig):
                                      description="insertion lengths of the length sweep")
     profile_problems: int = Field(24, ge=1, description="problems whose attention is profiled")
     profile_layer: int = Field(0, ge=0, description="layer whose attention is profiled")
-    head: int | None = Field(None, description="head for the profile (default: the one that changes most)")
+    head: int | None = Field(None, ge=0, description="head for the profile (default: the one whose profile changes "
+                                                     "most on half the profiled problems, judged on the other half)")
     arm_layer: int = Field(0, ge=0, description="layer whose attention output ARM edits")
     arm_c: list[float] | None = Field(None, description="ARM's c values tried on dev (the paper: 0.13 for "
                                                         "Qwen2.5-Math-1.5B, 0.32 for Llama-3.1-8B)")

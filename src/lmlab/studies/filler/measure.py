@@ -1,5 +1,13 @@
 """S3 measurements that drive the model: prompts assembled from token ids, generation and scoring of one
-condition (resumable), attention profiles and the layer-0 MLP mechanism check."""
+condition (resumable), attention profiles and the layer-0 MLP mechanism check.
+
+The placebo (`config.placebo`) keeps every inserted token in the prompt, at its position, and hides it: its column
+of the attention mask is 0, as padding's is, so no query reads its key, in any layer or head, the prompt's later
+tokens and the generated ones alike, while every token keeps the position it has with the insertion. The model's own
+attention mask does this for every family, and in generation it travels with the cache as rows join and leave the
+running batch (`greedy_answers(masked=...)`), which a knockout built for fixed columns of a fixed batch cannot
+follow. A hidden token's own query reads the tokens before it (or nothing, as a left pad does: its output is never
+read)."""
 
 from __future__ import annotations
 
@@ -112,8 +120,10 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
         calls = [[e for e in call if e[0] not in done] for n, call in enumerate(calls) if parallel.mine(n)]
         calls = [call for call in calls if call]
         for n_call, call in enumerate(calls):
-            prompts = [build_ids(lm, item.question, job.filler, job.count, job.position)[0]
-                       for _, job, chunk in call for item in chunk]
+            built = [build_ids(lm, item.question, job.filler, job.count, job.position)
+                     for _, job, chunk in call for item in chunk]
+            prompts = [ids for ids, _ in built]
+            hidden = [inserted for _, inserted in built] if config.placebo else None  # the placebo: filler masked
             desc = f"{'ARM ' if arm else ''}generating {len(prompts)} answers, call {n_call + 1}/{len(calls)}"
             if n_samples > 1:
                 desc += f", sample {sample + 1}/{n_samples}"
@@ -121,10 +131,10 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
                 with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
                                                             scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
                     outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
-                                          description=desc, share_prefix=False, **sampling)
+                                          description=desc, share_prefix=False, masked=hidden, **sampling)
             else:
                 outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
-                                      description=desc, **sampling)
+                                      description=desc, masked=hidden, **sampling)
             outs = iter(outs)
             for key, job, chunk in call:
                 new = [_answer_row(lm, job, item, next(outs), sample, budget, config.size("scoring")) for item in chunk]
@@ -149,11 +159,25 @@ def _answer_row(lm, job: Job, item: MathItem, out: list[int], sample: int, budge
                 new_tokens=len(out), hit_budget=int(len(out) >= budget))
 
 
-def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:
+def model_inputs(lm, ids: list[int], inserted: Sequence[int] = (), hide: bool = False) -> dict:
+    """One prompt's forward inputs, every token at its own position; with `hide`, the inserted tokens' keys are
+    masked from every query (their attention-mask columns 0), their positions kept (the placebo)."""
+    enc = torch.tensor([ids], device=lm.device)
+    mask = torch.ones_like(enc)
+    if hide and len(inserted):
+        mask[0, list(inserted)] = 0
+    return dict(input_ids=enc, attention_mask=mask, position_ids=torch.arange(len(ids), device=lm.device)[None])
+
+
+def attention_profile(pattern: torch.Tensor, keep: list[int], renormalise: bool = False) -> torch.Tensor:
     """pattern (heads, T, T) -> (heads, len(keep) - 1): for each kept key j (sink = keep[0] excluded), the
-    mean over kept queries i > j of A[i, j]."""
+    mean over kept queries i > j of A[i, j]. With `renormalise`, each query's attention is first divided by its
+    sum over the kept keys (the sink included), so the share other keys (the inserted tokens) take from a query
+    cannot by itself lower what the kept keys get."""
     idx = torch.tensor(keep, device=pattern.device)
     a = pattern[:, idx][:, :, idx]
+    if renormalise:
+        a = a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
     n = len(keep)
     later = torch.tril(torch.ones(n, n, dtype=torch.bool, device=pattern.device), diagonal=-1)  # query i > key j
     sums = (a * later).sum(1)
@@ -162,36 +186,38 @@ def attention_profile(pattern: torch.Tensor, keep: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _layer_reads(lm, prompts, layer):
-    """For each condition and prompt: (aligned profiles, long profiles, layer-0 activations at original tokens)."""
+def _layer_reads(lm, prompts, layer, hide: bool = False):
+    """For each condition and prompt: (aligned profiles, aligned profiles renormalised over the original keys, long
+    profiles, layer-0 activations at original tokens), every head; `hide`: the inserted tokens masked (placebo)."""
     out = {}
     for cond, items in prompts.items():
         reads = []
         for ids, inserted in items:
             with intervene(lm, Capture("pattern", layers=layer), Capture("mlp_act", layers=0)) as (pat, act):
-                lm.model(input_ids=torch.tensor([ids], device=lm.device))
+                lm.model(**model_inputs(lm, ids, inserted, hide))
             pattern = pat["pattern", layer][0].float().cpu()
             original = [p for p in range(len(ids)) if p not in set(inserted)]
-            reads.append((attention_profile(pattern, original), attention_profile(pattern, list(range(len(ids)))),
+            reads.append((attention_profile(pattern, original), attention_profile(pattern, original, renormalise=True),
+                          attention_profile(pattern, list(range(len(ids)))),
                           act["mlp_act", 0][0, original].float().cpu()))
         out[cond] = reads
     return out
 
 
-def profile_and_mechanism_rows(lm, prompts: dict, layer: int, head: int | None) -> list[dict]:
-    """Attention-profile rows (one head) and layer-0 MLP near-zero rows, from the same forward passes."""
-    reads = _layer_reads(lm, prompts, layer)
-    if head is None:  # the head whose aligned profile moves most when Mless is inserted
-        change = sum((m[0] - n[0]).abs().sum(-1) for m, n in zip(reads["Mless"], reads["None"]))
-        head = int(change.argmax())
+def profile_and_mechanism_rows(lm, prompts: dict, layer: int, hide: bool = False) -> list[dict]:
+    """Attention-profile rows of every head (the analysis chooses the head, on problems it does not judge) and
+    layer-0 MLP near-zero rows, from the same forward passes; `hide`: the inserted tokens masked (placebo)."""
+    reads = _layer_reads(lm, prompts, layer, hide)
     rows = []
     for cond, items in reads.items():
-        for p, (aligned, long, act) in enumerate(items):
-            rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j + 1, head=head,
-                          layer=layer, attention=float(v)) for j, v in enumerate(aligned[head])]
-            if cond != "None":
-                rows += [dict(kind="profile", view="long", condition=cond, problem=p, position=j + 1, head=head,
-                              layer=layer, attention=float(v)) for j, v in enumerate(long[head])]
+        for p, (aligned, renormalised, long, act) in enumerate(items):
+            for head in range(aligned.shape[0]):
+                rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j + 1, head=head,
+                              layer=layer, attention=float(v), renormalised=float(r))
+                         for j, (v, r) in enumerate(zip(aligned[head].tolist(), renormalised[head].tolist()))]
+                if cond != "None":
+                    rows += [dict(kind="profile", view="long", condition=cond, problem=p, position=j + 1, head=head,
+                                  layer=layer, attention=float(v)) for j, v in enumerate(long[head].tolist())]
             rows.append(dict(kind="mlp", condition=cond, problem=p,
                              near_zero_share=float((act.abs() < NEAR_ZERO).float().mean()),
                              mean_abs=float(act.abs().mean())))

@@ -11,13 +11,22 @@ Recipe:
  - scoring as the paper: the last \\boxed{} of the output (quick falls back to its last number, a DECISION
    in config.py), normalised, against the gold answer; each row says what scored it;
  - sweeps on a subset: insertion length (0 to 70) and position (before / between / after);
- - attention profile of one layer-0 head (default: the head whose profile changes most between None
-   and Mless), mean attention each key receives from later queries, sink excluded; inserted positions
-   removed for the aligned None/Mless/Mful plot, kept for the long Mless/Mful plot;
+ - attention profiles of every layer-0 head, mean attention each key receives from later queries, sink excluded;
+   inserted positions removed for the aligned None/Mless/Mful plot (recorded as read, and with each query's
+   attention renormalised over the original keys, which the peak claims read), kept for the long Mless/Mful plot.
+   The analysis chooses the head (`--head`, or the one whose profile changes most on half the profiled problems)
+   and judges it on the other half;
  - mechanism check: share of near-zero layer-0 MLP activations (|a| < 0.01) on the original tokens;
  - ARM in layer 0, (c, p1) tuned on a disjoint dev split, reported on the test split; its statistics over
    the whole activation tensor of a call, as the authors' code does (`arm_scope`; see interventions/arm.py).
    Given a single (c, p1) pair (the demo's) there is nothing to tune, and the dev split is not generated.
+
+Placebo (`--placebo`): the same run with the treatment replaced by one that cannot have the paper's effect. Every
+inserted token stays in the prompt at its position but is masked from every query (measure.py says how), in the
+answers, the sweeps, the profiles and the pace alike; the prompts, positions, problems and budget are unchanged. ARM's
+arm redistributes nothing: it is the plain model, decoded as w/o is (no dev split, nothing to tune). A redistribution
+of any size or kind (a random one, say) is an edit that may move answers by itself; an edit of nothing cannot have
+ARM's effect, and under greedy decoding it gives w/o's answers, so its claim can only come out open or "no".
 """
 
 from __future__ import annotations
@@ -64,6 +73,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
+    if config.head is not None and config.head >= lm.layout.n_heads:
+        raise LmlabError(f"--head {config.head} does not exist; {lm.name} has heads 0..{lm.layout.n_heads - 1}")
     n = config.insert_count
     if not config.size("accuracy"):  # the demo: attention and mechanism only, the gains priced
         return pd.DataFrame(_profiles(lm, config, test) + [_pace(lm, config, test)] + [dict(
@@ -76,11 +87,14 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     # subset (length 0 and 55-between reuse the main conditions)
     subset = spread(test, config.size("sweep_problems"))
     pairs = [(c, p1) for c in config.size("arm_c") for p1 in config.size("arm_p1")]
-    tune = len(pairs) > 1  # one (c, p1) pair leaves nothing to choose: no dev split is generated for it
+    # one (c, p1) pair leaves nothing to choose, and the placebo's ARM redistributes nothing: no dev split for them
+    tune = len(pairs) > 1 and not config.placebo
     run_dir.log(f"{len(dev)} dev and {len(test)} test problems" if tune else
-                f"{len(test)} test problems (one ARM pair, so no dev split to tune it on)")
+                f"{len(test)} test problems (no ARM pair to tune, so no dev split)")
     main = ([Job(dev, "w/o", split="dev")] if tune else []) + [Job(test, "w/o")] + \
         [Job(test, name, f, n) for name, f in FILLERS.items()]
+    if config.placebo:  # ARM that redistributes nothing: the plain model, in the shared calls
+        main.append(Job(test, "ARM"))
     sweeps = [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
     sweeps += [Job(subset, name, f, n, position, sweep=f"position={position}")
                for name, f in FILLERS.items() for position in ("before", "after")]
@@ -88,16 +102,18 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
 
     # ARM: tune (c, p1) on dev, then the test split with the chosen pair
     tuning = []
-    for c, p1 in pairs:
+    for c, p1 in ([] if config.placebo else pairs):
         if tune:
             got = evaluate(lm, run_dir, dev, "ARM", config, arm=dict(c=c, p1=p1), split="dev", sweep=f"c={c},p1={p1}")
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=sum(r["correct"] for r in got) / len(got)))
         else:
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=float("nan"), note="the only pair given"))
-    best = max(tuning, key=lambda r: r["dev_accuracy"])
+    # the placebo's ARM has no (c, p1): nothing is tuned, and the counts row says what stood in for it
+    best = max(tuning, key=lambda r: r["dev_accuracy"]) if tuning else dict(c=float("nan"), p1=float("nan"))
     for row in tuning:
         row["chosen"] = int(row is best)
-    arm_test = evaluate(lm, run_dir, test, "ARM", config, arm=dict(c=best["c"], p1=best["p1"]))
+    arm_test = [] if config.placebo else evaluate(lm, run_dir, test, "ARM", config,
+                                                  arm=dict(c=best["c"], p1=best["p1"]))
     rows += tuning + [r for job in answers[:len(main)] for r in job] + arm_test
     rows += [r for job in answers[len(main):] for r in job]
 
@@ -106,18 +122,20 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
                      samples=config.size("samples"), scoring=config.size("scoring"),
                      max_new_tokens=config.size("max_new_tokens"), insert_count=n,
-                     arm_c=best["c"], arm_p1=best["p1"], accuracy_run=True))
+                     arm_c=best["c"], arm_p1=best["p1"], accuracy_run=True,
+                     arm="nothing redistributed (placebo): the plain model" if config.placebo else "redistributed"))
     return pd.DataFrame(rows)
 
 
 def _profiles(lm, config: Config, test) -> list[dict]:
-    """The attention profiles and the mechanism check on `profile_problems` test problems."""
+    """The attention profiles (every head) and the mechanism check on `profile_problems` test problems (the
+    placebo: the inserted tokens masked)."""
     parallel.main_only()
     probe = spread(test, config.profile_problems)
     n = config.insert_count
     prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
                for cond in ("None", "Mless", "Mful")}
-    return profile_and_mechanism_rows(lm, prompts, config.profile_layer, config.head)
+    return profile_and_mechanism_rows(lm, prompts, config.profile_layer, hide=config.placebo)
 
 
 def _pace(lm, config: Config, test) -> dict:
@@ -128,10 +146,12 @@ def _pace(lm, config: Config, test) -> dict:
     from lmlab.generation import greedy_answers
 
     item = test[0]
-    prompts = [build_ids(lm, item.question)[0], build_ids(lm, item.question, FILLERS["Mless"], config.insert_count)[0]]
+    built = [build_ids(lm, item.question), build_ids(lm, item.question, FILLERS["Mless"], config.insert_count)]
+    prompts = [ids for ids, _ in built]
     budget = config.size("max_new_tokens")
     t0 = time.perf_counter()
-    outs = greedy_answers(lm, prompts, budget, len(prompts), stop_at_newline=False, description="pace")
+    outs = greedy_answers(lm, prompts, budget, len(prompts), stop_at_newline=False, description="pace",
+                          masked=[inserted for _, inserted in built] if config.placebo else None)
     seconds = time.perf_counter() - t0
     return dict(kind="pace", seconds_per_answer=seconds / len(prompts), max_new_tokens=budget,
                 tokens=float(sum(len(o) for o in outs) / len(outs)))
