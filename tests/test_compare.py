@@ -1,6 +1,8 @@
-"""lmlab compare: the overlap arithmetic against plain Python, the rule on synthetic rankings (yes, no, open), the
-variants it reads, its options, and the two controls on the embedded SmolLM2 (a variant equal to the original keeps
-every circuit; the original with its circuit zeroed keeps none, and the tool says so)."""
+"""lmlab compare: the overlap arithmetic against plain Python, the rule on synthetic rankings (yes, no, open; like for
+like where the old bar kept a half-replaced circuit; two replicates), the head permutation against the model's own
+head outputs, the variants it reads, its options, the placebo end to end on a tiny model with a planted circuit (its
+heads moved: does not keep; half of them moved: never keeps), and the controls on the embedded SmolLM2 (a variant
+equal to the original keeps every circuit; the original with its circuit zeroed keeps none, and the tool says so)."""
 
 from __future__ import annotations
 
@@ -89,7 +91,7 @@ def test_the_rule_says_yes_no_and_open_where_it_should():
     original = _circuit(rng)
     same_circuit = [_circuit(rng) for _ in range(3)]  # replicates: the same heads, other noise
     other = [_circuit(rng, circuit=(5, 9, 30, 33, 44, 58)) for _ in range(3)]  # another circuit: the effect absent
-    flat = [0.3 * rng.normal(size=original.shape) for _ in range(2)]  # no circuit at all
+    flat = [0.3 * rng.normal(size=original.shape) for _ in range(3)]  # no circuit at all
     decided = _decisions(_table(original, {"kept": same_circuit, "moved": other, "none": flat}))
     assert decided["kept"] == "yes"
     assert decided["moved"] == "no"
@@ -99,6 +101,70 @@ def test_the_rule_says_yes_no_and_open_where_it_should():
     noisy = _circuit(rng, n_prompts=8, noise=1.5)
     half = [_circuit(rng, n_prompts=8, circuit=(3, 17, 22, 40, 9, 30), noise=1.5)]
     assert _decisions(_table(noisy, {"half": half}))["half"] == "open"
+
+
+def _noisy(rng, circuit, shared, n_prompts=32, total=64, noise=1.5):
+    """Attribution with the prompts' own noise (`shared`, the same for every model on the same prompt pairs) and each
+    model's own."""
+    base = np.zeros(total)
+    base[list(circuit)] = np.linspace(3.0, 1.5, len(circuit))
+    return base + shared + noise * rng.normal(size=(n_prompts, total))
+
+
+def test_like_for_like_a_half_replaced_circuit_the_old_bar_kept_is_not_kept():
+    """Prompt noise both models share (the same prompt pairs) inflates an overlap of rankings made on every prompt
+    pair, while the old bar's R, a re-measurement on halves, has none of it: there a variant with half its circuit
+    replaced came out "keeps". On the same half-splits it does not."""
+    from lmlab.claims import Bar, Resampler
+
+    circuit, half = (3, 17, 22, 40, 51, 60), (3, 22, 51, 9, 30, 44)  # every other head replaced
+    rng = np.random.default_rng(2)
+    shared = 2.5 * rng.normal(size=(32, 64))
+    original, variant = _noisy(rng, circuit, shared), _noisy(rng, half, shared)
+    copy = [original.copy()]
+    # the old rule: the full-prompt Jaccard's interval against (R on halves + C) / 2
+    k = 6
+    old_bar = (analysis.self_overlap(original, k, 0).mean() + analysis.chance(k, 64)) / 2
+    old = Resampler(32, 1, n_boot=1000, seed=0).weighted_claim(
+        "old", lambda r, w: analysis.jaccard(analysis.top_masks(original, w, k), analysis.top_masks(variant, w, k)),
+        Bar(">=", old_bar))
+    assert old.decide(0.975) == "yes"  # the defect: half the circuit replaced, "keeps"
+    claims, _ = analysis.claims_of(_table(original, {"half": [variant], "copy": copy}), {"seed": 0, "min_k": 5})
+    found = {c.group.partition(" / ")[0]: c for c in claims if c.name == "keeps the circuit"}
+    assert found["half"].decision != "yes"
+    assert found["half"].extra["overlap"] < old.estimate  # no shared prompt noise left in V
+    # a copy of the original: V equals R on the same splits, so D is half the distance from chance to R
+    e = found["copy"].extra
+    assert e["overlap"] == pytest.approx(e["self_overlap"])
+    assert found["copy"].estimate == pytest.approx((e["self_overlap"] - e["chance"]) / 2)
+    assert found["copy"].decision == "yes"
+    # R's own uncertainty is in the interval: wider than a fixed R would give
+    assert found["copy"].se > 0 and e["self_lo"] < e["self_overlap"] < e["self_hi"]
+
+
+def test_two_replicates_that_differ_say_why_they_stay_open():
+    """Two replicates give the between-replicate spread one degree of freedom: where they differ more than the prompt
+    pairs let each vary, the interval's degrees of freedom fall toward 1 and "no", read at the Bonferroni level of a
+    run of four comparisons, needs a t quantile past 20; the open claim says so. Three replicates of the same kind
+    decide it."""
+    rng = np.random.default_rng(4)
+    original = _circuit(rng)
+    flat = [0.3 * rng.normal(size=original.shape) for _ in range(3)]  # no circuit at all
+    claims, _ = analysis.claims_of(_table(original, {"two": flat[:2], "three": flat, "b": flat[1:], "c": flat[:1]}),
+                                   {"seed": 0, "min_k": 5})
+    found = {c.group.partition(" / ")[0]: c for c in claims if c.name == "keeps the circuit"}
+    assert found["three"].decision == "no"
+    two = found["two"]
+    assert two.decision == "open" and two.high < 0 and two.df < 2  # below 0 at 95%, not at the level of "no"
+    assert "degrees of freedom" in two.reason and "two replicates" in two.reason
+
+
+def test_an_original_whose_circuit_does_not_replicate_holds_every_comparison_open():
+    rng = np.random.default_rng(6)
+    original = rng.normal(size=(16, 64))  # no head stands out on every prompt pair
+    claims, _ = analysis.claims_of(_table(original, {"any": [rng.normal(size=(16, 64))]}), {"seed": 0, "min_k": 5})
+    keep = next(c for c in claims if c.name == "keeps the circuit")
+    assert keep.decision == "open" and "does not replicate" in keep.reason
 
 
 def test_a_ranking_activation_patching_does_not_confirm_holds_the_claim_open():
@@ -121,6 +187,7 @@ def test_the_self_overlap_of_identical_prompts_is_one_and_falls_with_noise():
 def test_variants_expand_from_files_and_run_folders(tmp_path):
     assert [(v.cell, v.kind) for v in expand("same")] == [("same", "same")]
     assert [(v.cell, v.kind) for v in expand("ablate:3")] == [("ablate:3", "ablate")]
+    assert [(v.cell, v.kind) for v in expand("swap:half")] == [("swap:half", "swap")]
     run = tmp_path / "quantize-run"
     (run / "packed").mkdir(parents=True)
     for name in ("2bit-A-rep0", "2bit-A-rep1", "1bit-A-rep0"):
@@ -139,6 +206,7 @@ def test_variants_expand_from_files_and_run_folders(tmp_path):
 @pytest.mark.parametrize("given, message", [
     ({}, "give a variant"),
     ({"variant": ["ablate:x"]}, "how many top heads"),
+    ({"variant": ["swap:3"]}, "'swap' .* and 'swap:half'"),
     ({"variant": ["missing.safetensors"]}, "no such file"),
     ({"make": ["quantized:3"]}, "each 8, 4, 2 or 1"),
     ({"make": ["pruned:2"]}, "unknown kind"),
@@ -147,6 +215,88 @@ def test_variants_expand_from_files_and_run_folders(tmp_path):
 def test_bad_inputs_are_one_sentence(given, message):
     with pytest.raises(LmlabError, match=message):
         Config(model="tiny-llama", **given).check_inputs()
+
+
+@pytest.mark.parametrize("name, perms", [
+    ("tiny-llama", {0: [1, 0, 3, 2], 2: [2, 3, 1, 0]}),  # 4 heads, 2 KV groups: within groups, then groups exchanged
+    ("tiny-gpt2", {0: [3, 2, 1, 0], 1: [1, 0, 2, 3]}),  # fused c_attn: every head its own key and value
+])
+def test_permuting_heads_moves_each_heads_output_and_nothing_else(name, perms):
+    """The independent computation: the permuted model's head outputs z are the original's, heads reordered (captured
+    on the same prompts), the layers not named are untouched, and the logits are unchanged."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from lmlab.interventions import Capture, intervene
+    from lmlab.interventions.permute import permute_heads
+    from lmlab.models import layout_of, load_model
+
+    lm = load_model(name, dtype=torch.float32)
+    moved = dataclasses.replace(lm, model=copy.deepcopy(lm.model))
+    moved.layout = layout_of(moved.model)
+    batch = lm.encode(["When Mary and John went to the store, John gave a drink to", "The war lasted from the year"])
+    with torch.no_grad(), intervene(lm, Capture("z")) as before:
+        logits = lm.model(**batch).logits
+    permute_heads(moved, perms)
+    with torch.no_grad(), intervene(moved, Capture("z")) as after:
+        logits_after = moved.model(**batch).logits
+    for layer in range(lm.layout.n_layers):
+        want = before["z", layer][:, :, perms[layer]] if layer in perms else before["z", layer]
+        torch.testing.assert_close(after["z", layer], want, rtol=1e-5, atol=1e-5)
+        if layer in perms:  # it did move something
+            assert not torch.allclose(after["z", layer], before["z", layer], atol=1e-4)
+    torch.testing.assert_close(logits_after, logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_permutation_that_splits_a_kv_group_is_refused_before_any_weight_moves():
+    import torch
+
+    from lmlab.interventions.permute import permute_heads
+    from lmlab.models import load_model
+
+    lm = load_model("tiny-llama", dtype=torch.float32)  # heads 0-1 share a key and value, heads 2-3 another
+    weights = {n: p.detach().clone() for n, p in lm.model.named_parameters()}
+    with pytest.raises(LmlabError, match="share one key and value"):
+        permute_heads(lm, {0: [1, 0, 3, 2], 1: [2, 1, 0, 3]})  # layer 0 fine, layer 1 splits both groups
+    with pytest.raises(LmlabError, match="every head"):
+        permute_heads(lm, {0: [0, 0, 1, 2]})
+    assert all(torch.equal(p, weights[n]) for n, p in lm.model.named_parameters())
+
+
+def test_the_swap_moves_each_chosen_head_off_the_top_and_keeps_the_rest_in_place():
+    """moves(): on random top-k sets over layouts with and without grouped-query attention, every permutation keeps
+    each KV group's heads together, the top heads not moved stay where they are, a moved head leaves the top-k
+    positions unless reported stuck, and with one head a group (no GQA) exactly the heads a layer cannot hold are
+    stuck. swap:half moves half of them, the top head first."""
+    import random
+
+    from lmlab.interventions.permute import group_map
+    from lmlab.studies.compare.placebo import HALF, moved_heads, moves, where_now
+
+    rng = random.Random(0)
+    for _ in range(400):
+        n_kv, size, layers = rng.choice([1, 2, 3, 4]), rng.choice([1, 2, 3]), rng.randint(1, 3)
+        n = n_kv * size
+        heads = [(layer, h) for layer in range(layers) for h in range(n)]
+        top = rng.sample(heads, rng.randint(1, max(1, len(heads) // 2)))
+        how = rng.choice(["", HALF])
+        moved = moved_heads(top, how, n, n_kv)
+        assert len(moved) == (len(top) if how == "" else (len(top) + 1) // 2)
+        perms, stuck = moves(top, moved, n, n_kv)
+        for perm in perms.values():
+            group_map(perm, n, n_kv)  # raises where a group is split
+        for head in set(top) - set(moved):
+            assert where_now(perms, head) == head
+        for head in moved:
+            assert (where_now(perms, head) in set(top)) == (head in stuck)
+        if size == 1:
+            for layer in range(layers):
+                in_top = sum(h[0] == layer for h in top)
+                to_move = sum(h[0] == layer for h in moved)
+                assert sum(h[0] == layer for h in stuck) == max(0, to_move - (n - in_top))
+    assert moved_heads([(0, 1), (0, 2), (1, 0)], HALF) == [(0, 1), (1, 0)]
 
 
 def test_make_reads_every_bit_once():
@@ -179,6 +329,68 @@ def test_reproduce_leaves_compare_out():
         reproduce("unused", only=["compare"])
 
 
+PLANTED = [(0, 0), (0, 2), (1, 1), (1, 3)]  # one head of each KV group of the tiny model
+
+
+@pytest.fixture
+def planted_folder(tiny_smol_folder, tmp_path):
+    """The file's tiny Llama (2 layers of 4 heads, 2 KV groups, SmolLM2's tokenizer) with a circuit planted: the heads
+    PLANTED attend evenly to the whole prompt (their queries zeroed) and write minus a projection of what they read
+    into the residual (their value and output maps -c U^T, U), so every prompt pair's corrupted name moves the logit
+    difference the same way through them; every other head's output is scaled down. Its ranking then replicates
+    across prompt pairs, as a real model's circuit does and a random model's does not."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_smol_folder, dtype=torch.float32)
+    d, width = model.config.head_dim, model.config.hidden_size
+    per_group = model.config.num_attention_heads // model.config.num_key_value_heads
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for block in model.model.layers:
+            block.self_attn.o_proj.weight.mul_(0.1)
+        for layer, head in PLANTED:
+            attn = model.model.layers[layer].self_attn
+            u, _ = torch.linalg.qr(torch.randn(width, d, generator=generator))
+            attn.q_proj.weight[head * d:(head + 1) * d] = 0.0
+            group = head // per_group
+            attn.v_proj.weight[group * d:(group + 1) * d] = u.T
+            attn.o_proj.weight[:, head * d:(head + 1) * d] = -4.0 * u
+    folder = tmp_path / "planted"
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_smol_folder).save_pretrained(folder)
+    return folder
+
+
+def test_placebo_a_working_model_whose_circuit_moved_does_not_keep_it(planted_folder, tmp_path):
+    """--placebo end to end: the variants become the original with its circuit's heads moved to other heads of their
+    layers in the weights (`swap`: all of them; `swap:half`: half), chosen on other prompt pairs. The model answers
+    exactly as before, and the claim must find the circuit gone: `swap` does not keep it, `swap:half` never keeps it."""
+    import lmlab
+
+    result = lmlab.run("compare", str(planted_folder), profile="demo", out=tmp_path / "runs", placebo=True,
+                       tasks=["ioi"], n_prompts=16, verify_heads=3)
+    table = result.table("comparison").set_index("cell")
+    assert set(table.index) == {"swap", "swap:half"}  # the treatment replaced: no variant was given
+    assert table.loc["swap", "decision"] == "no"
+    assert table.loc["swap:half", "decision"] != "yes"
+    assert table.loc["swap:half", "decision"] == "no"  # here, where half the heads of a clean circuit moved
+    # the original's circuit replicates (the claim could tell), and the planted heads are the ones moved
+    assert table.loc["swap", "self_overlap"] > 0.9
+    moved = result.table("placebo").set_index("cell")
+    assert set(moved.loc["swap", "heads"].split(", ")) == {f"L{l}.H{h}" for l, h in PLANTED}
+    assert int(moved.loc["swap", "stuck"]) == 0 and int(moved.loc["swap:half", "moved"]) == 2
+    assert bool(moved.loc["swap", "chosen_on_other_pairs"])
+    # a working model: its answers and its clean metric are the original's, prompt by prompt
+    assert table["metric_change"].abs().max() < 1e-5
+    models = result.table("model").set_index("model_key")
+    assert models.loc["swap#0", "clean_metric"] == pytest.approx(models.loc["original", "clean_metric"], abs=1e-6)
+    verdict = result.verdict
+    assert verdict.summary.startswith("PLACEBO") and verdict.status != "reproduced"
+    assert "swap / ioi: does not keep the circuit" in verdict.summary
+    check_declared_columns(result)
+
+
 @pytest.fixture(scope="module")
 def controls(embedded_smollm, tmp_path_factory):
     """The two controls on the embedded SmolLM2, one run: IOI, 16 prompt pairs."""
@@ -193,7 +405,8 @@ def test_positive_control_a_copy_of_the_original_keeps_its_circuit(controls):
     table = controls.table("comparison").set_index("cell")
     same = table.loc["same"]
     assert same["decision"] == "yes"
-    assert same["jaccard"] == 1.0 and same["lo"] == pytest.approx(1.0)
+    assert same["jaccard"] == 1.0  # the same top-k on every prompt pair
+    assert same["overlap"] == pytest.approx(same["self_overlap"])  # half against half: a re-measurement, exactly
     # its measurements are the original's, prompt by prompt (the same model, copied)
     attr = controls.table("attribution")
     a = attr[attr["model_key"] == "original"].sort_values("idx")["scores"].map(json.loads).tolist()
@@ -205,9 +418,14 @@ def test_negative_control_the_original_without_its_circuit_does_not_keep_it(cont
     table = controls.table("comparison").set_index("cell")
     ablated = table.loc["ablate"]
     assert ablated["decision"] == "no"
-    assert ablated["hi"] < ablated["bar"] < table.loc["same", "lo"]
+    assert ablated["hi"] < ablated["bar"] == 0 < table.loc["same", "lo"]
+    # its heads were ranked on other prompt pairs, so the zeroed set is not exactly the set read: most of the
+    # original's circuit is gone from the ablated model's top-k, not necessarily all of it
     heads = controls.table("heads").set_index("cell")
-    assert heads.loc["ablate", "kept"] == ""  # every head of the original's circuit is gone from its top-k
+    kept = [h for h in heads.loc["ablate", "kept"].split(", ") if h]
+    lost = [h for h in heads.loc["ablate", "lost"].split(", ") if h]
+    assert len(lost) > len(kept)
+    assert bool(controls.table("selection")["other_pairs"].all())
     verdict = controls.verdict
     assert "ablate / ioi: does not keep the circuit" in verdict.summary
     assert "same / ioi: keeps the circuit" in verdict.summary

@@ -304,6 +304,31 @@ def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]
     return EffectCurve(list(grid), values, clean=values[-1], none=values[0])
 
 
+@torch.no_grad()
+def patched_metrics(lm: LoadedModel, task: CircuitTask, patched_sets: list, batch_size: int = 16, z_corr=None,
+                    max_rows: int = 256) -> np.ndarray:
+    """(len(patched_sets), n_prompts): the per-prompt metric with every component of patched_sets[i] [(layer,
+    index)] patched with its corrupted-run output and every other one clean. `effect_curve` is this with the sets
+    order[N:] for each N of its grid; any sets may be asked for here (the heads ranked on a resample of the prompts,
+    say), each a block of one batch as there (at most `max_rows` rows a pass)."""
+    if z_corr is None:
+        z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for s in patched_sets for _, h in s))
+    values = np.zeros((len(patched_sets), len(task)))
+    start = 0
+    for i, prompts in enumerate(_batches(task, batch_size)):
+        rows = len(prompts)
+        batch = dict(_encode(lm, prompts, corrupted=False), use_cache=False)
+        per_pass = max(1, max_rows // rows)
+        for first in range(0, len(patched_sets), per_pass):
+            sets = patched_sets[first:first + per_pass]
+            m = len(sets)
+            with intervene(lm, *_blocks_patching(lm, [list(s) for s in sets], z_corr[i], rows)):
+                metric = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m, task.metric).float().cpu()
+            values[first:first + m, start:start + rows] = metric.reshape(m, rows).numpy()
+        start += rows
+    return values
+
+
 def effect_curve_naive(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]], grid: list[int] | None = None,
                        batch_size: int = 16, z_corr=None, progress=None) -> EffectCurve:
     """The reference for `effect_curve`: one forward pass over the prompts per grid point."""

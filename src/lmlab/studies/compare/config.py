@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from lmlab.data.generated.circuits import TASKS, pairs_file, read_pair_rows
 from lmlab.studies.base import StudyConfig
 
-# variants that name no model: the original itself (the positive control) and the original with its top heads zeroed
-# (the negative control), "ablate:N"
+# variants that name no model: the original itself (the positive control), the original with its top heads zeroed
+# ("ablate:N"), and the original with its top heads moved to other heads of their layers ("swap", "swap:half": the
+# placebo, a working model whose circuit is known to sit elsewhere)
 SAME = "same"
 ABLATE = "ablate"
+SWAP = "swap"
+SWAP_HALF = "swap:half"
+PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
 MAKE_KINDS = ("quantized",)
 
 
@@ -18,6 +24,11 @@ class Config(StudyConfig):
     device_map_refusal = ("compare holds the original and one variant at a time on one device (a packed student is "
                           "rebuilt from the original's weights)")
     replicate_refusal = None  # --seeds: the students --make trains per cell
+    placebo_treatment: ClassVar[str] = (
+        "the variants (and any students --make would train) replaced by the original with each task's top-k heads, "
+        "ranked on other prompt pairs, exchanged in the weights with other heads of the same layers: 'swap' moves "
+        "all of them, 'swap:half' every other one, so the model computes exactly what it did with its circuit "
+        "moved, and 'swap' must come out 'does not keep', 'swap:half' never 'keeps'")
 
     variant: list[str] | None = Field(
         None, description="a model to compare with the original (repeatable): a folder or hub id of the same "
@@ -25,8 +36,11 @@ class Config(StudyConfig):
                           "transformers loads it); a packed student (.safetensors) of lmlab quantize; a quantize or "
                           "sparse-circuits run folder (each of its students or sparse models, their replicates "
                           "pooled per cell); 'same' (the original itself: the positive control); 'ablate' (the "
-                          "original with every task's circuit zeroed: the heads its overlap is read at; the negative "
-                          "control) or 'ablate:N' (its N top heads of every task zeroed)",
+                          "original with every task's circuit zeroed, its top-k heads ranked on other prompt pairs) or "
+                          "'ablate:N' (its N top heads of every task zeroed); 'swap' (the original with each task's "
+                          "top-k heads, ranked on other prompt pairs, exchanged in the weights with other heads of "
+                          "their layers: a working model whose circuit sits elsewhere, the negative control and the "
+                          "placebo) or 'swap:half' (every other one of them moved: half the circuit kept)",
         json_schema_extra={"repeatable": True})
     make: list[str] | None = Field(
         None, description="variants trained in the run by lmlab quantize's recipe (its decoder option, at this "
@@ -65,9 +79,10 @@ class Config(StudyConfig):
             elif name not in TASKS:
                 raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}, or "
                                  "file:PATH for prompt pairs of your own")
-        if not (self.variant or self.make):
+        if not (self.variant or self.make or self.placebo):
             raise LmlabError("give a variant to compare with the original: --variant DIR_OR_ID (repeatable), "
-                             "--variant same, --variant ablate:N, or --make quantized:2,1")
+                             "--variant same, --variant ablate:N, --variant swap, or --make quantized:2,1 (or "
+                             "--placebo)")
         for spec in self.variant or []:
             check_variant(spec)
         self.made_bits()
@@ -112,8 +127,10 @@ def check_variant(spec: str) -> None:
 
     if spec == SAME:
         return
-    if spec == ABLATE:
+    if spec in (ABLATE,) + PLACEBO_VARIANTS:
         return
+    if spec.startswith(SWAP + ":"):
+        raise LmlabError(f"--variant {spec}: the swap variants are 'swap' (every top head moved) and 'swap:half'")
     if spec.startswith(ABLATE + ":"):
         n = spec.partition(":")[2]
         if not n.isdigit() or int(n) < 1:

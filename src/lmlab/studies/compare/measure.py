@@ -10,7 +10,8 @@ import json
 import numpy as np
 
 from lmlab import circuits
-from lmlab.data.generated.circuits import make_task
+from lmlab.data.generated.circuits import CircuitTask, make_task
+from lmlab.errors import LmlabError
 from lmlab.evaluation import metric_values
 from lmlab.runs import RunDir
 from lmlab.studies.compare.config import circuit_k
@@ -69,12 +70,51 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
     return rows
 
 
-def top_heads(rows: list[dict], n: int | None, min_k: int) -> list[tuple[int, int]]:
-    """The n heads of largest |mean attribution| in one unit's rows (the ablation control's heads); n None: the
-    circuit's size, as the overlap is read (the heads for the threshold's effect, at least min_k)."""
-    per = np.array([json.loads(r["scores"]) for r in rows if r["kind"] == "attribution"])
+def top_heads(rows: list[dict], n: int | None, min_k: int, chosen: list[dict] | None = None) -> list[tuple[int, int]]:
+    """The n heads of largest |mean attribution| (the controls' heads): ranked on `chosen`'s rows (the original on
+    other prompt pairs, `select`) where given, else on the unit's own; n None: the circuit's size, as the overlap is
+    read (the original's heads for the threshold's effect, at least min_k, at most half)."""
+    per = np.array([json.loads(r["scores"]) for r in (chosen if chosen is not None else rows)
+                    if r["kind"] in ("attribution", "selection")])
     model = next(r for r in rows if r["kind"] == "model")
     if n is None:
         n = circuit_k(model["heads_needed"], model["total_heads"], min_k)
     scores = per.mean(0).reshape(model["n_layers"], model["n_heads"])
     return circuits.ranking(scores)[:n]
+
+
+def selection_task(name: str, tokenizer, n: int, seed: int) -> tuple[CircuitTask, bool]:
+    """Up to `n` prompt pairs of the task other than the `n` judged ones (the generator's stream continued past them,
+    or a file's pairs after its first `n`; pairs whose clean text is a judged one's left out), and whether they are
+    other pairs: a file that holds fewer than 4 others gives the judged pairs back (False)."""
+    judged = make_task(name, tokenizer, n, seed)
+    seen = {p.clean_text for p in judged.prompts}
+    try:
+        pool = make_task(name, tokenizer, 3 * n, seed)
+    except LmlabError:  # a file's later pairs that this tokenizer cannot take: none of them is used
+        return judged, False
+    others = []
+    for p in pool.prompts[n:]:
+        if p.clean_text not in seen:
+            seen.add(p.clean_text)
+            others.append(p)
+    if len(others) < min(4, n):
+        return judged, False
+    return CircuitTask(judged.name, judged.metric, others[:n]), True
+
+
+def select(lm, task_name: str, config, run_dir: RunDir) -> list[dict]:
+    """The original's attribution of every head on prompt pairs other than the judged ones (`selection_task`): where
+    the controls `ablate` and `swap` choose the heads they zero or move, so that a control does not act on exactly the
+    heads its overlap is then read at. One recorded unit per task (kind `selection`, one row per prompt pair)."""
+    done = run_dir.done("selection")
+    if task_name in done:
+        return done[task_name]
+    task, other = selection_task(task_name, lm.tokenizer, config.size("n_prompts"), config.seed)
+    per = circuits.attribution_scores(lm, task, config.batch_size, per_prompt=True)
+    rows = [{"kind": "selection", "task": task_name, "idx": i, "other_pairs": other, "scores": json.dumps(_round(p))}
+            for i, p in enumerate(per)]
+    run_dir.record("selection", task_name, rows)
+    run_dir.log(f"original {task_name}: heads ranked for the controls on {len(task)} "
+                + ("other prompt pairs" if other else "of the judged prompt pairs (the file holds no others)"))
+    return rows

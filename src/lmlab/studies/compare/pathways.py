@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from lmlab.claims import Bar, Claim
+from lmlab.claims import Claim
 from lmlab.runs import RunDir
 
 S1_CLAIM = "E_Q ΔP - control ΔP"
@@ -76,7 +76,7 @@ def pathway_claims(table, declared_claim) -> list[Claim]:
         # DECISION: the bar is half the original's effect, midway between it and none (as the circuit's bar lies
         # midway between a re-measurement and chance): "no" is then a variant whose interval excludes keeping half,
         # not only one whose effect reverses; where the original has none, S1's own reading (below 0) is reported
-        bar = Bar("<=", 0.5 * float(original.loc[dataset, "estimate"])) if has else Bar("<=", 0.0, null=0.0)
+        bar = declared_claim.make_bar(0.5 * float(original.loc[dataset, "estimate"]) if has else 0.0)
         c = Claim(name="keeps the pathway", estimate=float(est.mean()), se=math.sqrt(between + within), df=df,
                   bar=bar, unit=" pp", group=f"{cell} / {dataset}",
                   method=f"S1's interval per model, over {k} replicate model(s) of the cell",

@@ -9,14 +9,19 @@
    weights); a quantize run folder (each of its students: a cell per bits and budget, its replicates pooled) or a
    sparse-circuits run folder (each post-trained replicate); students trained here (`--make quantized:2,1`: lmlab
    quantize's own run, through the registry, at this profile's sizes, `--seeds` replicates a cell); the original
-   itself (`same`, the positive control) or the original with every task's circuit zeroed (`ablate`: the heads the
-   overlap is read at; `ablate:N`: the N top heads of each task), the negative control, through the installed
-   AblateHeads intervention.
+   itself (`same`, the positive control); the original with every task's circuit zeroed (`ablate`; `ablate:N`: the
+   N top heads of each task) through the installed AblateHeads intervention; the original with each task's top-k
+   heads exchanged in the weights with other heads of the same layers (`swap`; `swap:half`: every other one), a
+   working model whose circuit sits elsewhere (placebo.py; interventions.permute). The controls' heads are the
+   original's top heads ranked on prompt pairs other than the judged ones (measure.select), so no control acts on
+   exactly the heads its overlap is then read at. `--placebo` replaces the variants (and --make) by `swap` and
+   `swap:half`: the same run, whose circuits are known to have moved.
 3. With `--pathways` (quick and full), S1's knockout on the original and on each variant, through the registry, probes
    trained per model (pathways.py): does the variant keep the question-anchored pathway where the original has it?
-4. Analysis (analysis.py): the top-k overlap with the original (Jaccard, and the rank correlation over the union)
-   with intervals over prompt pairs and replicates; the heads that survive, the new ones, the task metric's change;
-   the pathway's effect per variant beside the original's.
+4. Analysis (analysis.py): the top-k overlap with the original like for like (each model's top-k on one half of the
+   prompt pairs against the original's on the other, beside the original's own half against half), with intervals
+   over prompt pairs and replicates; the rank correlation over the union; the heads that survive, the new ones, the
+   task metric's change; the pathway's effect per variant beside the original's.
 
 One variant is in memory at a time beside the original. Every model's measurements of a task are one recorded unit,
 so an interrupted run resumes at the next unit.
@@ -36,12 +41,14 @@ from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
 from lmlab.data.generated.circuits import make_task
 from lmlab.errors import LmlabError
 from lmlab.interventions import AblateHeads, install
+from lmlab.interventions.permute import permute_heads
 from lmlab.interventions.quant import load_packed
 from lmlab.models import LoadedModel, layout_of
 from lmlab.runs import RunDir
-from lmlab.studies.compare.config import ABLATE, SAME, Config
-from lmlab.studies.compare.measure import measure, top_heads
+from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
+from lmlab.studies.compare.measure import measure, select, top_heads
 from lmlab.studies.compare.pathways import measure_pathway
+from lmlab.studies.compare.placebo import HALF, moved_heads, moves
 
 ORIGINAL = "original"
 
@@ -51,7 +58,7 @@ class Variant:
     cell: str  # the comparison it belongs to (replicates of one recipe share a cell)
     replicate: int
     spec: str  # what the user gave (or the file found in a run folder)
-    kind: str  # same, ablate, packed, sparse, model
+    kind: str  # same, ablate, swap, packed, sparse, model
 
     @property
     def key(self) -> str:
@@ -69,6 +76,8 @@ def expand(spec: str) -> list[Variant]:
         return [Variant("same", 0, spec, "same")]
     if spec == ABLATE or spec.startswith(ABLATE + ":"):
         return [Variant(spec, 0, spec, "ablate")]
+    if spec in PLACEBO_VARIANTS:
+        return [Variant(spec, 0, spec, "swap")]
     path = Path(spec).expanduser()
     if path.suffix == ".safetensors":
         cell, rep = _rep_of(path.stem)
@@ -87,8 +96,8 @@ def expand(spec: str) -> list[Variant]:
     return [Variant(spec, 0, spec, "model")]
 
 
-def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list) -> LoadedModel:
-    if variant.kind in ("same", "ablate", "packed"):
+def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list, perms: dict | None = None) -> LoadedModel:
+    if variant.kind in ("same", "ablate", "packed", "swap"):
         model = copy.deepcopy(lm.model)
         # the copy's own layout: the original's points at the original's modules
         loaded = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name} ({variant.cell})",
@@ -98,6 +107,8 @@ def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list) -> L
             loaded.name = f"{lm.name} ({Path(variant.spec).stem})"
         elif variant.kind == "ablate":
             install(loaded, AblateHeads(ablated, mode="zero"))
+        elif variant.kind == "swap" and perms:
+            permute_heads(loaded, perms)
         return loaded
     loaded = config.load(variant.spec)
     if loaded.layout.n_layers != lm.layout.n_layers or loaded.layout.n_heads != lm.layout.n_heads:
@@ -131,11 +142,43 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
     return [str(result.path)]
 
 
+def _swap_rows(variant: Variant, task: str, top: list, moved: list, perms: dict, stuck: list, other: bool,
+               lm) -> dict:
+    """What a swap variant moved on one task (the `placebo` table)."""
+    name = lambda h: f"L{h[0]}.H{h[1]}"  # noqa: E731
+    return {"kind": "placebo", "cell": variant.cell, "task": task, "k": len(top), "moved": len(moved),
+            "stuck": len(stuck), "heads": ", ".join(name(h) for h in moved),
+            "stuck_heads": ", ".join(name(h) for h in stuck),
+            "layers_permuted": len(perms), "kv_groups": lm.layout.n_kv_heads, "chosen_on_other_pairs": other}
+
+
+def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir, original: dict,
+             chosen: dict) -> list[dict]:
+    """A swap variant, one model per task (that task's top-k heads, ranked on other prompt pairs, moved to other
+    heads of their layers), each measured as any variant; the `placebo` rows saying what moved."""
+    rows = []
+    for t in original:
+        top = top_heads(original[t], None, config.min_k, chosen[t])
+        how = HALF if variant.spec.endswith(":" + HALF) else ""
+        moved = moved_heads(top, how, lm.layout.n_heads, lm.layout.n_kv_heads)
+        perms, stuck = moves(top, moved, lm.layout.n_heads, lm.layout.n_kv_heads)
+        rows.append(_swap_rows(variant, t, top, moved, perms, stuck, bool(chosen[t][0]["other_pairs"]), lm))
+        if f"{variant.key}|{t}" not in run_dir.done("models"):
+            model = _load(variant, lm, config, [], perms)
+            measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
+            del model
+    return rows
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     tasks = list(config.size("tasks"))
-    variants = [v for spec in (config.variant or []) for v in expand(spec)]
-    made = _made(config, run_dir, lm)
-    variants += [v for folder in made for v in expand(folder)]
+    if config.placebo:  # the treatment (the variants given, the students --make trains) replaced by the swaps
+        variants, made = [v for spec in PLACEBO_VARIANTS for v in expand(spec)], []
+        run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
+    else:
+        variants = [v for spec in (config.variant or []) for v in expand(spec)]
+        made = _made(config, run_dir, lm)
+        variants += [v for folder in made for v in expand(folder)]
     keys = [v.key for v in variants]
     if len(set(keys)) != len(keys):
         raise LmlabError("two variants share a name and replicate; give each once")
@@ -145,17 +188,26 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     for name in tasks:  # answer tokens the tokenizer splits fail here, before any measurement
         make_task(name, lm.tokenizer, 2, config.seed)
     original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
-    pathways = bool(config.size("pathways"))
+    # the controls' heads: the original's ranking on other prompt pairs of each task
+    chosen = ({t: select(lm, t, config, run_dir) for t in tasks}
+              if any(v.kind in ("ablate", "swap") for v in variants) else {})
+    # DECISION: a head permutation leaves S1's knockout (every head's attention blocked alike) exactly as it was, so the
+    # swaps say nothing about the pathway: they, and a placebo run, skip it
+    pathways = bool(config.size("pathways")) and not config.placebo
     if pathways:
         measure_pathway(lm, ORIGINAL, ORIGINAL, 0, config, run_dir)
+    placebo_rows = []
     for variant in variants:
+        if variant.kind == "swap":
+            placebo_rows += _swapped(variant, lm, config, run_dir, original, chosen)
+            continue
         if (all(f"{variant.key}|{t}" in run_dir.done("models") for t in tasks)
                 and (not pathways or variant.key in run_dir.done("pathways"))):
             continue
         ablated = []
         if variant.kind == "ablate":
             n = int(variant.spec.partition(":")[2] or 0) or None  # None: each task's circuit (the claim's k)
-            ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k)})
+            ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k, chosen[t])})
         model = _load(variant, lm, config, ablated)
         for t in tasks:
             measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
@@ -167,6 +219,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made)} for v in variants]
+    rows += [r for rs in chosen.values() for r in rs] + placebo_rows
     from lmlab.studies.compare.analysis import derive
 
     return derive(pd.DataFrame(rows), config)
