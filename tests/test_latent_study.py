@@ -16,7 +16,7 @@ from lmlab.studies import run_study
 from lmlab.studies.latent.analysis import verdict
 from lmlab.studies.result import from_rows
 
-from helpers import interrupt_on_call
+from helpers import check_declared_columns, interrupt_on_call
 
 TINY = dict(model="scratch", rates=[4, 16], n_train=300, n_test=12, steps=12, vq_steps=10, d_model=32, n_layers=2,
             batch_size=16, seeds=2)
@@ -295,8 +295,12 @@ def test_verdict_can_go_each_way():
     good = verdict(_result(("r4", 4, same, [35] * 200, {}), ("r16", 16, better, [25] * 200, {})))
     assert good.status == "reproduced", good.summary
     assert good.evidence["deciding"]["source"] == "paper"
-    no_saving = verdict(_result(("r4", 4, same, [40] * 200, {}), ("r16", 16, same, [40] * 200, {})))
-    assert no_saving.status == "not reproduced" and _status(no_saving)[1]["tokens r=4 - CoT"] == "no"
+    # no shorter trace: the (reported) token claim says "no", and the gain with it cannot reproduce (a gate)
+    no_saving = verdict(_result(("r4", 4, same, [40] * 200, {}), ("r16", 16, better, [40] * 200, {})))
+    decided = _status(no_saving)[1]
+    assert decided["tokens r=4 - CoT"] == "no" and decided["accuracy r=16 - CoT, a gain"] == "yes"
+    assert no_saving.status == "inconclusive" and "the trace is shorter: FAILED" in no_saving.summary, no_saving.summary
+    assert all(c["reported"] for c in no_saving.evidence["claims"] if c["name"].startswith("tokens"))
     worse = [1] * 150 + [0] * 50
     drop = verdict(_result(("r4", 4, same, [35] * 200, {}), ("r16", 16, worse, [25] * 200, {})))
     assert drop.status == "not reproduced" and _status(drop)[1]["accuracy r=16 - CoT"] == "no"
@@ -508,3 +512,76 @@ def test_a_result_and_its_verdict_render_in_a_notebook():
     claims_only = result.verdict._repr_html_()
     assert "<img" not in claims_only and "Claim checked" in claims_only
     assert not re.search(r"<td>[^<]*[<>][^<]*</td>", claims_only)  # every cell escaped
+
+
+def _latents_and_text(vocab, target):
+    """(the codes between <boLatent> and <eoLatent>, the ids after them) of a training target or forced prefix; (None,
+    target) without latents."""
+    if vocab.bo_latent not in target:
+        return None, list(target)
+    assert target[0] == vocab.bo_latent
+    end = target.index(vocab.eo_latent)
+    return target[1:end], target[end + 1:]
+
+
+def test_placebo_sequences_keep_the_layout_and_hold_one_code(tmp_path):
+    """--placebo: every training sequence and every forced prefix has the study's layout (the same m, the same number
+    of codes between the markers, the same text after them) and one constant code at every latent position, where the
+    study's own codes vary."""
+    from lmlab.runs import RunDir
+
+    made = {}
+    for placebo in (False, True):
+        config = study.Config(**{**TINY, "rates": [4], "n_test": 8}, placebo=placebo)
+        prep = latent_recipe.prepare(config)
+        made[placebo] = latent_recipe._latent_items(prep, config, 4, RunDir(tmp_path / str(placebo), "latent", {}),
+                                                    0, config.seed)
+    vocab = prep.vocab
+    (items, forced, extra), (p_items, p_forced, p_extra) = made[False], made[True]
+    assert [p for p, _ in p_items] == [p for p, _ in items] and len(items) == TINY["n_train"]
+    used, with_latents = set(), 0
+    for (_, target), (_, p_target) in zip(items, p_items):
+        codes, text = _latents_and_text(vocab, target)
+        p_codes, p_text = _latents_and_text(vocab, p_target)
+        assert p_text == text  # the same m: the same chain text (and answer) after the codes
+        if codes is None:
+            assert p_codes is None
+            continue
+        assert len(p_codes) == len(codes) > 0 and all(vocab.is_code(t) for t in codes)
+        assert set(p_codes) == {vocab.code(L.PLACEBO_CODE)}
+        used |= set(codes)
+        with_latents += 1
+    assert with_latents > len(items) / 2 and len(used) > 1  # the study's codes vary; the placebo's do not
+    assert p_extra["train_m_share"] == extra["train_m_share"] and p_extra["tokens_per_code"] == extra["tokens_per_code"]
+    assert [m for _, m in p_forced] == [m for _, m in forced] and any(m for _, m in forced)
+    for (prefix, _), (p_prefix, _) in zip(forced, p_forced):
+        codes, _ = _latents_and_text(vocab, prefix)
+        p_codes, _ = _latents_and_text(vocab, p_prefix)
+        assert (codes is None) == (p_codes is None)
+        if codes is not None:
+            assert len(p_codes) == len(codes) and set(p_codes) == {vocab.code(L.PLACEBO_CODE)}
+    study.Config(**TINY, placebo=True).check_inputs(models=False)  # it declares its placebo: --placebo is accepted
+
+
+def test_placebo_end_to_end_is_the_same_run_with_codes_that_carry_nothing(tmp_path):
+    """`--placebo` at test sizes: the same run as the study's (its CoT and answer-only models the study's own, its
+    latent models forced into the same layout) in a folder of its own, a verdict marked as the placebo's that is not
+    "reproduced", and no decisive claim at "yes"."""
+    tiny = {**TINY, "rates": [16], "n_train": 150, "n_test": 8, "max_new": 40}
+    normal = run_study(study.SPEC, study.Config(**tiny), tmp_path)
+    placebo = run_study(study.SPEC, study.Config(**tiny, placebo=True), tmp_path)
+    assert placebo.path != normal.path and placebo.config["placebo"] and not normal.config.get("placebo")
+    same = ["variant", "replicate", "idx", "correct", "tokens", "latents"]
+    for name in ("cot", "answer-only"):
+        tables = [r.table("problem") for r in (normal, placebo)]
+        rows = [t[t["variant"] == name][same].reset_index(drop=True) for t in tables]
+        pd.testing.assert_frame_equal(rows[0], rows[1])
+    latent = [r.table("variant").set_index(["variant", "replicate"]).loc["r16"] for r in (normal, placebo)]
+    for column in ("forced_tokens", "forced_m_share", "train_m_share", "tokens_per_code"):  # the study's layout
+        assert latent[1][column].tolist() == pytest.approx(latent[0][column].tolist()), column
+    v = placebo.verdict
+    assert v.summary.startswith("PLACEBO (") and v.evidence["placebo"] == study.Config.placebo_treatment
+    assert v.status != "reproduced", v.summary
+    decisive = {c["name"]: c["decision"] for c in v.evidence["claims"] if not c["reported"]}
+    assert decisive and "yes" not in decisive.values(), decisive
+    check_declared_columns(placebo)

@@ -270,6 +270,15 @@ def codes_needed(ex: Example, m: int, chunk: int, rate: int) -> int:
     return sum(1 for _, e in segments(ex, chunk) if e <= m) * (chunk // rate)
 
 
+PLACEBO_CODE = 0  # the one code of the placebo (`--placebo`): any code would do, none carries anything
+
+
+def carry_nothing(codes: list[int]) -> list[int]:
+    """The placebo's codes: as many as `codes`, each the one constant code, so that the layout (m, the codes between
+    the markers) is the study's and the codes say nothing about the chunks they replace."""
+    return [PLACEBO_CODE] * len(codes)
+
+
 def replace_with_latents(vocab, chain: list[int], codes: list[int], m: int, n_codes: int) -> list[int]:
     """<boLatent> n_codes codes <eoLatent> in place of the first m chain tokens, then the rest of the chain as
     text (m = 0: the chain)."""

@@ -4,6 +4,8 @@ stress test and GSM8K) and `pretrained` (a pretrained model: fewer, smaller step
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from lmlab.errors import LmlabError
@@ -44,6 +46,10 @@ class Config(StudyConfig):
                                                   "training chain + answer, plus 16)")
 
     trains_own_model = True
+    placebo_treatment: ClassVar[str] = (
+        "every latent position holds one constant code, in training and in the forced-codes evaluation alike: the "
+        "same m and the same number of codes between <boLatent> and <eoLatent> as the study, codes that carry "
+        "nothing about the chain they replace")
 
     def check_inputs(self, models: bool = True) -> None:
         """check_config, and a gsm8k:PATH file read and parsed."""

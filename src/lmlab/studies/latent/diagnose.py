@@ -1,5 +1,6 @@
 """S0 diagnostic: where a finished `lmlab latent` run's largest-rate model goes wrong after the true codes of
-the first k chunks of each chain are forced in (k = 1, 2, 3).
+the first k chunks of each chain are forced in (k = 1, 2, 3); on a placebo run, the one constant code it was
+trained on, in the same layout.
 
     python -m lmlab.studies.latent.diagnose RUN [--n 300] [--replicate 0]
 
@@ -55,6 +56,7 @@ def main() -> None:
             m = segs[k_here - 1][1] if k_here > 0 else 0
             n_codes = L.codes_needed(ex, m, config.chunk, rate)
             codes = chunk_codes(vq, vocab, ex, config.chunk) if m else []
+            codes = L.carry_nothing(codes) if config.placebo else codes  # a placebo run's model knows one code
             prefixes.append(L.replace_with_latents(vocab, ex.chain[:m], codes, m, n_codes))
             kept.append(m)
         ids, mask = L.pad_left([ex.prompt + p for ex, p in zip(test, prefixes)], vocab.pad)

@@ -141,10 +141,12 @@ def chunk_codes_many(vq, vocab, examples: list[L.Example], chunk: int, batch_siz
 
 def forced_prefixes(vq, vocab, examples: list[L.Example], config: Config, rate: int) -> list[tuple[list[int], int]]:
     """<boLatent> true codes <eoLatent> for the largest m training allows each example, and that m (the "forced
-    codes" evaluation; an example that allows none gets no prefix), their codes encoded in batches."""
+    codes" evaluation; an example that allows none gets no prefix), their codes encoded in batches. Under the placebo
+    the codes are the constant code its model was trained on (`codes.carry_nothing`), in the same layout."""
     options = [L.replacement_options(ex, config.chunk) for ex in examples]
     need = [ex for ex, opts in zip(examples, options) if opts]
-    codes = iter(chunk_codes_many(vq, vocab, need, config.chunk))
+    encoded = chunk_codes_many(vq, vocab, need, config.chunk)
+    codes = iter([L.carry_nothing(c) for c in encoded] if config.placebo else encoded)
     out = []
     for ex, opts in zip(examples, options):
         if not opts:

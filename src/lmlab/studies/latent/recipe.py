@@ -35,6 +35,13 @@ variant train together as one stacked module (lmlab.train.ensemble) and generate
    and accuracy with the true codes forced in for the largest m training allows, which separates "the
    codes lose information" (forced below CoT) from "the model cannot produce the codes" (forced at CoT,
    free generation below).
+6. Placebo (`--placebo`): the same run with every code of the latent models' training sequences and of their
+   forced prefixes replaced by one constant code (`codes.carry_nothing`): each sequence keeps its m and its number of
+   codes between the markers, so the trace shortens exactly as in the study, but the codes say nothing about the
+   chain they stand for. The VQ-VAE is trained and its reconstruction measured as in the study (its codes are thrown
+   away); CoT and answer-only are the study's own models. Where the text the codes replace is needed for the answer,
+   the placebo's latent models must lose accuracy; where it restates the prompt, they lose nothing, and the accuracy
+   claims cannot tell the codes from a constant.
 
 Compression rate on the figure's x axis: r; CoT and answer-only are reference lines; each replicate is a point.
 
@@ -169,13 +176,17 @@ def final_weights(run_dir, name: str, replicate: int = 0) -> dict:
 
 def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, replicate: int, seed: int):
     """One replicate's VQ-VAE for `rate`, its training items (the leftmost m chain tokens of each replaced by
-    codes), the forced prefixes of the test problems, and the numbers that describe them."""
+    codes), the forced prefixes of the test problems, and the numbers that describe them. Under the placebo every
+    code of the items and of the forced prefixes is the one constant code (the VQ-VAE is trained as in the study and
+    its reconstruction measured, but its codes are thrown away)."""
     vocab, train_ex = prep.vocab, prep.train
     vq, chunks, _ = train_vq(vocab, train_ex, config, rate, run_dir, seed=seed, replicate=replicate)
     extra = vq_quality(vq, vocab, prep.dev, config, chunks)
     rng = random.Random(f"{seed}|{rate}")
     ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
     codes = parallel.share_out(len(train_ex), lambda idx: _codes_where(vq, vocab, train_ex, ms, idx, config.chunk))
+    if config.placebo:  # the same m and number of codes, every code the one constant code
+        codes = [L.carry_nothing(c) for c in codes]
     items, shares, ratio = [], [], []
     for ex, m, ex_codes in zip(train_ex, ms, codes):
         n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
