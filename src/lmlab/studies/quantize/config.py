@@ -3,7 +3,7 @@ option's) are in profiles.yaml, with the quick learning-rate DECISION."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -11,12 +11,34 @@ from lmlab.studies.base import StudyConfig
 
 MULTIPLIER = {"A": 1, "B": 3, "C": 6}
 BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a test keeps the two equal)
+UNDISTILLED = "undistilled"  # students quantized from the teacher and never distilled (zero KD steps)
+PLACEBO = ("Budget-C trained exactly as Budget-A from another seed, the 1-bit students at the 2-bit width (ternary), "
+           "and, for the claims that students stay close to the teacher, students quantized from it with zero KD "
+           "steps (never distilled) in place of the distilled ones")
 
 
 def claims_budget(budgets) -> str | None:
     """The budget the verdict's claims read students at, and whose convergence its gate reads: C where it ran, else
     the longest that did (None: no student)."""
     return max(budgets, key=lambda b: MULTIPLIER.get(b, 0), default=None)  # C is the longest
+
+
+def student_arm(bits: int, budget: str, placebo: bool) -> tuple[int, int]:
+    """(the bits its weights are quantized to, its KD epochs in Budget-A's) of the student in cell (bits, budget).
+    The study's own: (bits, the budget's MULTIPLIER), and the UNDISTILLED cell (the teacher quantized, the reference
+    the closeness claims are measured against) at zero epochs. The placebo's (`Config.placebo`): every budget
+    trained as Budget-A (1), and the 1-bit cells at the 2-bit width (ternary)."""
+    epochs = 0 if budget == UNDISTILLED else 1 if placebo else MULTIPLIER[budget]
+    return (2 if placebo and bits == 1 else bits), epochs
+
+
+def placebo_seed(seed: int, budget: str, replicate: int, n_seeds: int) -> int:
+    """The placebo's seed for a Budget-B or Budget-C student, trained as Budget-A: a replicate seed past the run's own
+    ones (B: replicates n..2n-1, C: 2n..3n-1 of `seed`), so that the cell is another independent draw of Budget-A's
+    training, not Budget-A's students again."""
+    from lmlab.claims import replicate_seed
+
+    return replicate_seed(seed, n_seeds * (1 + "BC".index(budget)) + replicate)
 
 
 def student_warmup(per_epoch: int, epochs_a: int) -> int:
@@ -31,6 +53,7 @@ class Config(StudyConfig):
     device_map_refusal = ("the quantize study trains a teacher and quantized students (KD) on one device per "
                           "process (docs/scaling.md)")
     launch_refusal = None  # teacher and students train data-parallel; the test set scored in shares (lmlab.parallel)
+    placebo_treatment: ClassVar[str] = PLACEBO
     tasks: list[str] | None = Field(None, description="generated tasks (fact-cola, fact-mrpc, fact-mnli, fact-stsb, "
                                                       "fact-qnli), glue-NAME from the hub, or glue-NAME:DIR (the tsv "
                                                       "files or a saved DatasetDict)")

@@ -10,6 +10,7 @@ budgets as the encoder study. Differences, all forced by having no hub:
   above distractor, or more probability above than below for Greater-Than). The rows have the encoder
   study's shape (kind = score / pred), so the figure, the intervals and the verdict are the same code;
   perplexity is an extra row kind ("lm") drawn as its own panel.
+- The undistilled reference cell and the placebo (`--placebo`) are the encoder study's (recipe.py's docstring).
 - Sizes: an LLM step costs ~100x a MiniLM step on CPU, so the quick profile runs Budget-A only with
   one short epoch; its verdict is about that budget (the Budget-C checks are then absent, not passed).
 """
@@ -37,7 +38,7 @@ from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
 from lmlab.runs import RunDir
-from lmlab.studies.quantize.config import MULTIPLIER, student_warmup
+from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, placebo_seed, student_arm, student_warmup
 from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
@@ -96,10 +97,17 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     rows: list[dict] = []
     seeds = config.replicate_seeds()
     units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
-                                             for b in budgets for r in range(len(seeds))]
+                                             for b in budgets + [UNDISTILLED] for r in range(len(seeds))]
     for key, bits, budget, replicate in units:
+        if key not in done and budget == UNDISTILLED and replicate:  # no training: replicate 0's student again
+            if not parallel.is_main():  # (rank 0 scored it and records it)
+                continue
+            done[key] = [{**row, "replicate": replicate} for row in done[f"{bits}bit-{UNDISTILLED}-rep0"]]
+            run_dir.record("results", key, done[key])
         if key not in done:
-            seed = config.seed if replicate is None else seeds[replicate]
+            seed = (config.seed if replicate is None else
+                    placebo_seed(config.seed, budget, replicate, len(seeds)) if config.placebo and budget in ("B", "C")
+                    else seeds[replicate])  # the placebo's Budget-B and C train as Budget-A from other seeds
             model, steps, info = (teacher, 0, {}) if bits == 32 else _student(
                 config, run_dir, lm, teacher, data, key, bits, budget, replicate, seed)
             if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
@@ -141,19 +149,22 @@ def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: i
     model = copy.deepcopy(teacher)
     for p in model.parameters():
         p.requires_grad_(True)
-    quantize_model(model, bits)
-    steps = _size(config, "epochs_a") * MULTIPLIER[budget] * per_epoch
+    width, epochs = student_arm(bits, budget, config.placebo)  # the placebo's arms: see the encoder's recipe
+    quantize_model(model, width)
+    steps = _size(config, "epochs_a") * epochs * per_epoch
     tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
                      warmup_steps=student_warmup(per_epoch, _size(config, "epochs_a")), seed=seed,
                      description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
                      **config.train_settings())
     weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
     work = run_dir.path / "work" / key
+    if not steps:  # the undistilled reference: the teacher quantized, scored, not packed (the encoder's recipe)
+        return model, 0, {"weight_bits": width}
     train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
-    info = {}
+    info = {"weight_bits": width}
     if parallel.is_main():
         shutil.rmtree(work, ignore_errors=True)
-        info = save_packed(model, run_dir.path / "packed" / f"{key}.safetensors")
+        info.update(save_packed(model, run_dir.path / "packed" / f"{key}.safetensors"))
         if config.export:  # beside the packed file
             export_compressed(model, run_dir.path / "export" / config.export / key, lm.tokenizer)
     return model, steps, info

@@ -19,7 +19,7 @@ from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
-from lmlab.studies.quantize.config import MULTIPLIER, Config, claims_budget, student_warmup
+from lmlab.studies.quantize.config import Config, claims_budget, student_arm, student_warmup
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
 
@@ -179,7 +179,9 @@ def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, c
     """A quantized copy of the teacher trained with KD: (the student, its steps, what the gates read of its training:
     the KD loss's last two quarters and, at the budget the claims read, its dev score's rise over its last quarter).
     The curve costs two scorings of STUDENT_DEV examples (MiniLM: 13-15 s for 1000 at one AVX2 thread, about a
-    third of a 62-step Budget-A student), so the budgets the gate does not read skip it."""
+    third of a 62-step Budget-A student), so the budgets the gate does not read skip it. Its width and epochs are
+    the cell's (`config.student_arm`: an undistilled student takes no step, the teacher quantized and scored as it
+    is; in the placebo every budget trains as Budget-A and the 1-bit cells are ternary)."""
     seed_unit(seed, task.name, key)
     model = copy.deepcopy(teacher)
     for p in model.parameters():
@@ -188,10 +190,13 @@ def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, c
     if config.layer_reduction:  # keep teacher layers 1, 3, 5, ...: the last layer is always kept
         n = layout_of(model).n_layers
         layer_map = keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
-    quantize_model(model, bits)
+    width, epochs = student_arm(bits, budget, config.placebo)
+    quantize_model(model, width)
+    if not epochs:  # the undistilled reference: the teacher quantized, no KD step, scored but not kept (packed/
+        return model, 0, {"weight_bits": width}  # holds the method's students, which `lmlab compare` reads)
     regression = task.num_labels == 1
     per_epoch = steps_per_epoch(config, len(task.train))
-    tc = train_config(config, config.size("epochs_a") * MULTIPLIER[budget], len(task.train),
+    tc = train_config(config, config.size("epochs_a") * epochs, len(task.train),
                       config.size("student_lr"), f"{task.name} {bits}-bit Budget-{budget}"
                       + (f", replicate {replicate}" if replicate is not None else ""),
                       weight_decay=config.size("weight_decay"), seed=seed,
@@ -204,7 +209,8 @@ def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, c
     data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
     trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0],
                     tc, work, on_step=_Hooks(*(h for h in (best, curve) if h is not None)), state=curve)
-    info = {**loss_quarters(trained.losses), **(curve.reading() if curve else {})}  # what the convergence gate reads
+    info = {**loss_quarters(trained.losses), **(curve.reading() if curve else {}),  # what the convergence gate reads
+            "weight_bits": width}  # (the cell's `bits` but for the placebo's 1-bit cells, which are ternary)
     if best is not None:  # (every process scored the same weights on dev, so each restores the same best)
         info["best_dev_step"], info["best_dev"] = best.restore()
     if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
@@ -228,7 +234,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
              replicate: int | None = None, seed: int | None = None, tokenizer=None,
              teacher_info: dict | None = None) -> list[dict]:
     """One configuration of one task: the teacher's own score (with `teacher_info`, its fine-tuning's loss
-    quarters and dev curve), or one quantized student (replicate `replicate`, seeded `seed`) trained with KD."""
+    quarters and dev curve), or one quantized student (replicate `replicate`, seeded `seed`) trained with KD (the
+    undistilled reference: with none)."""
     labels = np.array([e.label for e in task.test])
     seed = config.seed if seed is None else seed
     if bits == 32:
@@ -236,7 +243,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
     else:
         model, steps, info = _train_student(config, run_dir, task, teacher, collate, bits, budget, key, cache,
                                             replicate, seed)
-        if config.export and parallel.is_main():  # beside the packed file; rewritten whole if the unit runs again
+        if config.export and steps and parallel.is_main():  # beside the packed file (the undistilled have none);
+            # rewritten whole if the unit runs again
             export_compressed(model, run_dir.path / "export" / config.export / f"{task.name}-{key}", tokenizer)
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
         preds = predict_shared(model, collate, task.test)  # under a launch each process scores its share

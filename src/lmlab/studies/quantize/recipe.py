@@ -10,6 +10,13 @@ third of Budget-A (config.student_warmup): the paper's Budget-A is 3 epochs, one
 Budget-A that warmed up for its whole epoch would end at its peak rate, never decaying. Students are
 stored packed (interventions/quant.save_packed) and the size on disk is measured.
 
+Beside the students, one cell per width takes no KD step: `undistilled`, the teacher quantized and scored as it
+is (ours, not the paper's; scoring only, so it costs one pass over the test set a task and width; with no training
+it is the same student in every replicate, scored once and recorded per replicate; not packed: packed/ holds the
+method's students, which `lmlab compare` and `lmlab export` read). It is the harm the closeness
+claims are measured against: where quantization alone already stays within 2 points of the teacher, a distilled
+student's "close" says nothing of the method, and the analysis says so (analysis.py).
+
 What the verdict's convergence gates read (analysis.py): the teacher's dev score at each epoch's end, and each
 student's at the start of its last quarter and at its end (measure.DevCurve, at most 1000 dev examples); the KD
 loss's last two quarters only where a run has no dev curve. Under the linear decay to 0 the KD loss keeps falling
@@ -31,6 +38,20 @@ student together, data-parallel (each a slice of every KD batch; lmlab.train), e
 rank 0 alone packs and records each unit. `--layer-reduction true` makes every student keep teacher layers 1, 3, 5, ... (the last one always),
 with student block j distilled from teacher block 2j + 1 (DECISION: the paper keeps "every other layer"
 without saying which).
+
+The placebo (`--placebo`, `config.placebo`): the same run (tasks, data, teacher, sizes, seeds, replicates) with the
+treatment replaced so that none of the paper's claims can hold by construction, in one run:
+- every budget's students train exactly as Budget-A (Budget-A's epochs, warm-up and schedule); Budget-A's keep the
+  replicate seeds (they are the study's own Budget-A students), Budget-B's and C's take seeds past the run's own
+  (config.placebo_seed), so C is another draw of A: "Budget-C - Budget-A" has no effect to find;
+- the 1-bit cells are quantized at the 2-bit width (ternary), trained as the 2-bit cells are: "2-bit - 1-bit" has
+  none either;
+- the claims that the method does no harm ("teacher - 2-bit / 1-bit within 2 points") read the undistilled cells
+  instead of the distilled ones: the harm itself, which must not come out "close". The 1-bit claim reads a ternary
+  undistilled student too, like every 1-bit cell of the placebo: the harder test of the two, as a binary student
+  keeps less of its teacher than a ternary one.
+The teacher fine-tunes as usual. The recipe records measurements only (the cells, their widths, seeds and steps);
+which claim reads which cell is the analysis's (analysis.py's docstring).
 """
 
 from __future__ import annotations
@@ -51,7 +72,7 @@ from lmlab.files import atomic_write
 from lmlab.interventions.quant import check_bits
 from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
-from lmlab.studies.quantize.config import MULTIPLIER, Config
+from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, Config, placebo_seed
 from lmlab.studies.quantize.decoder import run_decoder
 from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, run_unit, seed_unit,
                                             steps_per_epoch, teacher_cache, train_config)
@@ -106,6 +127,21 @@ def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | N
     return teacher, (json.loads(fit.read_text()) if fit.is_file() else {})
 
 
+def _budgets(config: Config) -> list[str]:
+    """The student cells' budgets: the profile's, then the undistilled students' (no KD step; scoring only)."""
+    return list(config.size("budgets")) + [UNDISTILLED]
+
+
+def _seed(config: Config, budget: str | None, replicate: int | None) -> int | None:
+    """A unit's seed: the replicate's (None: the teacher, which is one per task); in the placebo, a Budget-B or C
+    student, trained as Budget-A, takes another seed (config.placebo_seed)."""
+    if replicate is None:
+        return None
+    if config.placebo and budget in ("B", "C"):
+        return placebo_seed(config.seed, budget, replicate, config.n_seeds)
+    return config.replicate_seeds()[replicate]
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     for b in config.size("bits"):
         check_bits(b)
@@ -130,16 +166,21 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         # the teacher is one per task (the claim is student vs its teacher); every student cell runs once per
         # replicate, each from its own seed (dropout masks, batch order)
         units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
-                                                  for b in budgets for r in range(config.n_seeds)]
-        seeds = config.replicate_seeds()
+                                                  for b in _budgets(config) for r in range(config.n_seeds)]
         for key, bits, budget, replicate in units:
             unit_key = f"{task.name}|{key}"
             if unit_key not in done:
-                if bits != 32 and cache is None:  # once per task, for all its students
-                    cache = teacher_cache(config, task, teacher, collate)
-                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
-                                          replicate=replicate, seed=None if replicate is None else seeds[replicate],
-                                          tokenizer=base.tokenizer, teacher_info=teacher_info)
+                if budget == UNDISTILLED and replicate:  # no training: every replicate is replicate 0's student
+                    first = done[f"{task.name}|{bits}bit-{UNDISTILLED}-rep0"]
+                    done[unit_key] = [{**row, "replicate": replicate, **({"seed": _seed(config, budget, replicate)}
+                                                                         if row["kind"] == "score" else {})}
+                                      for row in first]
+                else:
+                    if bits != 32 and cache is None and budget != UNDISTILLED:  # once per task, for all its students
+                        cache = teacher_cache(config, task, teacher, collate)
+                    done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
+                                              replicate=replicate, seed=_seed(config, budget, replicate),
+                                              tokenizer=base.tokenizer, teacher_info=teacher_info)
                 if parallel.is_main():  # the others trained and scored with it; rank 0 records
                     run_dir.record("results", unit_key, done[unit_key])
             rows += done[unit_key]
@@ -147,6 +188,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     parallel.main_only()
     rows.append(dict(kind="counts", model=base.name, tasks=",".join(t.name for t in tasks),
                      n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a"),
-                     seeds=config.n_seeds, bits=",".join(map(str, config.size("bits"))), budgets=",".join(budgets),
+                     seeds=config.n_seeds, bits=",".join(map(str, config.size("bits"))),
+                     budgets=",".join(_budgets(config)),
                      steps_per_epoch=steps_per_epoch(config, config.size("n_train"))))
     return pd.DataFrame(rows)

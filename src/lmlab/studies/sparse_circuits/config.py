@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -24,7 +24,13 @@ TOY_TASKS = {
 }
 
 
+PLACEBO = ("post-training at the same steps with the edge term's weight at zero: the same gates (sampled in training, "
+           "s_ij > 0 at evaluation), GECO loop, text, steps and seeds, on the model and on the addition toy, so the "
+           "'sparse' model is the dense one post-trained the same way with nothing pushing its edges down")
+
+
 class Config(StudyConfig):
+    placebo_treatment: ClassVar[str] = PLACEBO
     device_map_refusal = ("the sparse-circuits study post-trains the model unless --sparse-model names an earlier run's "
                           "sparse model, and post-training runs on one device per process (docs/scaling.md)")
     launch_refusal = None  # discovery by task, post-training and the toy data-parallel (lmlab.parallel)
@@ -38,6 +44,10 @@ class Config(StudyConfig):
     threshold: float = Field(0.9, gt=0, le=1, description="explained effect the circuit must reach")
     fine_grid: bool | None = Field(None, description="circuit-size grid: every N to 8, then +2, then x1.15 (false: x1.4 steps)")
     verify_heads: int | None = Field(None, ge=0, description="heads checked by activation patching on the first task")
+    rank_draws: int | None = Field(None, ge=0, description="resamples of the prompt pairs for the multiplier's "
+                                   "interval, each ranking the heads on its own draw and measuring that circuit "
+                                   "again (about a quarter of a curve's forward passes each; 0: the ranking fixed on "
+                                   "every pair, and a gate then keeps the study from 'reproduced')")
     mlps: bool = Field(False, description="MLPs as circuit components too (each layer's MLP output is one)")
     sparse_steps: int | None = Field(None, ge=1, description="post-training steps of the sparse-attention model")
     sparse_batch: int | None = Field(None, ge=1, description="sequences per post-training step")
@@ -79,6 +89,8 @@ class Config(StudyConfig):
                                             "stayed over its bound on average over this many steps, by more than "
                                             "the constraint gate allows (a tenth of the slack), returns the same way "
                                             "(0: only spikes)")
+    toy_rank_draws: int | None = Field(None, ge=0, description="toy: resamples of the prompt pairs for the toy's "
+                                       "multiplier, the heads re-ranked on each (as rank_draws)")
     toy_qk_lr_scale: float = Field(1.0, description="toy: q/k projections train at toy_sparse_lr x this (at 10 the "
                                                     "edges collapse within 40 steps and the multiplier then explodes)")
     batch_size: int = Field(16, ge=1, description="prompts or sequences per forward pass")
@@ -103,6 +115,9 @@ class Config(StudyConfig):
             if name not in TASKS:
                 raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
         if self.sparse_model:
+            if self.placebo:
+                raise LmlabError("--placebo post-trains the model with the edge term off; --sparse-model measures a "
+                                 "model post-trained earlier: give one or the other")
             self.sparse_training()
 
     def placement_refusal(self) -> str | None:

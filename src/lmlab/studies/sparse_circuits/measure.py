@@ -13,6 +13,7 @@ from lmlab.evaluation import causal_lm_ce
 from lmlab.runs import RunDir
 from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import Config
+from lmlab.studies.sparse_circuits.resample import draw_rows, measure_draws, prompt_draws
 
 
 def text_batches(lm, seqs: list[list[int]], batch_size: int):
@@ -45,7 +46,8 @@ def reference_batch(lm, items: list[dict]) -> dict:
 
 
 def discover(lm, variant: str, config: Config, run_dir: RunDir, replicate: int | None = None) -> None:
-    """Clean metric, ranking and explained-effect curve per task, recorded per task (resumable); `replicate`: the
+    """Clean metric, ranking and explained-effect curve per task, and the curve's points on `rank_draws` resamples of
+    the prompt pairs with the heads re-ranked on each (resample.py), recorded per task (resumable); `replicate`: the
     post-training replicate a sparse model is (its rows carry it)."""
     done = run_dir.done(f"discovery-{variant}")
     for i, name in enumerate(config.tasks):
@@ -55,12 +57,17 @@ def discover(lm, variant: str, config: Config, run_dir: RunDir, replicate: int |
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
         z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
         corrupted = circuits.metric_values(lm, task, config.batch_size, corrupted=True)
-        scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
+        per = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr, per_prompt=True)
+        scores = per.mean(0)  # (layers, heads): each head's mean over the prompt pairs
         order = circuits.ranking(scores)
         grid = circuits.heads_grid(len(order), fine=config.size("fine_grid"))
         curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=config.batch_size, z_corr=z_corr)
         clean = curve.clean  # every head kept: the unpatched run
         rep = {} if replicate is None else {"replicate": replicate}
+        # the multiplier's resamples, each ranking the heads on its own draw of the prompt pairs (resample.py)
+        draws = prompt_draws(len(task), config.size("rank_draws") or 0, config.seed)
+        reranked = measure_draws(per, curve, draws, config.threshold, lambda sets: circuits.patched_metrics(
+            lm, task, sets, config.batch_size, z_corr=z_corr))
         rows = [{"kind": "task", "variant": variant, **rep, "task": name, "clean_metric": float(clean.mean()),
                  "accuracy": float((clean > 0).mean()), "corrupted_metric": float(corrupted.mean()),
                  "metric": task.metric, "total_heads": len(order),
@@ -70,6 +77,8 @@ def discover(lm, variant: str, config: Config, run_dir: RunDir, replicate: int |
                          "values": json.dumps([round(float(v), 6) for v in values])})
         rows += [{"kind": "ranking", "variant": variant, **rep, "task": name, "rank": rank, "layer": l, "index": h,
                   "score": round(float(scores[l, h]), 6)} for rank, (l, h) in enumerate(order[:40], 1)]
+        rows += [{"kind": "rerank_draw", "variant": variant, **rep, "task": name, **r} for r in draw_rows(draws)]
+        rows += [{"kind": "rerank", "variant": variant, **rep, "task": name, **r} for r in reranked]
         run_dir.record(f"discovery-{variant}", key, rows)
         run_dir.log(f"{variant} {name}: clean {clean.mean():.3f}, corrupted {corrupted.mean():.3f}, "
                     f"N@{config.threshold} = {curve.heads_needed(config.threshold)}")

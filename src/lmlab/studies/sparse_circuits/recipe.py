@@ -22,13 +22,22 @@
    context), one sequence at a time, as the fraction of causal edges kept and as edges per query, the
    self-edge fallback of a query that kept nothing not counted (it is reported apart).
 3. The same discovery on the sparse model; multiplier = heads the dense model needs / heads the
-   sparse model needs at 0.9 (> 1: the sparse model needs fewer), with a percentile interval from
-   resampling prompts (the ranking is fixed; the curve is recomputed from per-prompt metrics).
+   sparse model needs at 0.9 (> 1: the sparse model needs fewer). Its interval resamples the prompt pairs with the
+   whole procedure on each draw (resample.py): each prompt pair's attribution is recorded, each of `rank_draws`
+   draws ranks the heads on its own pairs, and the circuit that ranking keeps is patched again, from the grid's
+   top down to the first point under the threshold (its mean metric over the draw's pairs recorded); the heads'
+   choice, made on the pairs, is resampled with them. Cost: about a quarter of a curve's forward passes per draw.
 4. The toy of the paper's Figure 1 (toy.py, toy_study.py): 4 layers trained from scratch on 2-digit addition,
    five problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained, k times
    (`--seeds`), the replicates trained together as one stacked module; each replicate's circuit for the ones
    digit is found dense and sparse, which draws the paper's figure at toy scale (explained effect vs heads kept,
    the multiplier over replicates); its attention edges are drawn dense above, sparse below.
+
+The placebo (`--placebo`, Config.placebo_treatment): the same run with the edge term's weight at zero in the
+post-training objective of the model and of the toy (train/sparse.py `edge_weight`): the same gates, GECO loop, text,
+steps and seeds, so the "sparse" model is the dense one post-trained the same way with nothing pushing its edges
+down; the gate stays (sampled in training, s_ij > 0 at evaluation), so what the gate does alone stays in it. Its
+verdict must not be "reproduced", and none of its decisive claims should say "yes".
 
 Under a launch (`torchrun -m lmlab sparse-circuits`, docs/scaling.md) discovery is shared out by task (the
 attribution check is one more unit), rank 0 samples the text and measures sparsity, and every process
@@ -140,14 +149,16 @@ def _post_train(lm, config: Config, run_dir: RunDir, replicate: int = 0, seed: i
                      **config.train_settings())
     out = sparse_post_train(lm.model, items, lambda b: reference_batch(lm, b), ce_fn, tau, tc,
                             where / "sparse_train", rate=rate, initial_multiplier=config.geco_initial,
-                            clip=config.geco_clip * config.slack if config.geco_clip else None)
+                            clip=config.geco_clip * config.slack if config.geco_clip else None,
+                            edge_weight=0.0 if config.placebo else 1.0)
     if parallel.is_main():  # every process holds the same weights: rank 0 saves them; the record first and the
         # model folder's lmlab.json last, so a kill in between leaves nothing a resume takes for complete
         info = {"tau": tau, "dense_train_ce": dense_ce, "paired_tau": config.paired_tau,
                 "final_multiplier": out.geco.multiplier,
                 "final_ema": out.geco.ema, "converged": out.geco.holds, "rate": rate, "losses": out.result.losses,
                 "steps": steps, "batch": config.size("sparse_batch"), "train_tokens": config.text_tokens,
-                "geco": [list(t) for t in out.geco.trace], "history": out.history, "seed": seed}
+                "geco": [list(t) for t in out.geco.trace], "history": out.history, "seed": seed,
+                "edge_weight": 0.0 if config.placebo else 1.0}
         atomic_write(where / "sparse_training.json", json.dumps(info))
         save_model(lm, folder, sparse_attention=True)
         shutil.rmtree(where / "sparse_train", ignore_errors=True)  # the saved model supersedes checkpoints

@@ -16,7 +16,10 @@ sparse-post-trained, each dissected dense and sparse.
    (toy.circuit_task, config.TOY_TASKS: the tens digit f of `a b + c d = e f`, its corrupted prompt changing c, or b
    so that the carry flips; toy_tasks picks them), heads ranked by attribution patching and the explained-effect
    curve with the top N heads kept (lmlab.circuits, the same code as the model's discovery); heads needed for 0.9, and
-   the multiplier dense / sparse.
+   the multiplier dense / sparse; and `toy_rank_draws` resamples of the prompt pairs, each ranking the heads on its
+   own draw and patching that circuit again (resample.py), for the multiplier's interval.
+
+Under `--placebo` the sparse post-training runs with the edge term's weight at zero (recipe.py says why).
 
 Everything is recorded as one unit per phase; the training phases checkpoint and resume on their own.
 """
@@ -36,7 +39,8 @@ from lmlab.runs import RunDir
 from lmlab import circuits
 from lmlab.studies.sparse_circuits import toy
 from lmlab.studies.sparse_circuits.config import Config
-from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE
+from lmlab.studies.sparse_circuits.resample import draw_rows, measure_draws, prompt_draws
+from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE, THRESHOLD
 from lmlab.train import TrainConfig, train
 from lmlab.train.ensemble import stack, unstack
 from lmlab.train.geco import sized_rate
@@ -72,7 +76,7 @@ def _train_toys(config: Config, run_dir: RunDir, seeds: list[int], data):
     drift = (config.size("toy_rollback_window") or 0, CONSTRAINT_TOLERANCE * config.toy_slack)  # the gate's tolerance
     out = sparse_post_train(model, data.train, toy.collate, toy.answer_loss, taus, tc, run_dir.path / "toy_sparse",
                             rate=rate, initial_multiplier=config.geco_initial, clip=clip, rollback=rollback,
-                            drift=drift)
+                            drift=drift, edge_weight=0.0 if config.placebo else 1.0)
     record = {"taus": taus, "dense_losses": dense_fit.replicate_losses or [[x] for x in dense_fit.losses],
               "gecos": out.gecos, "histories": out.histories, "steps": sparse_steps, "rollbacks": out.rollbacks}
     return dense_states, model, record
@@ -83,13 +87,18 @@ def _as_lists(values, k: int) -> list:
 
 
 def _discover(lm, task, config: Config) -> dict:
-    """Ranking and explained-effect curve of one toy (dense or sparse) on the toy's circuit task."""
+    """Ranking and explained-effect curve of one toy (dense or sparse) on the toy's circuit task, and the curve's
+    points on `toy_rank_draws` resamples of the prompt pairs with the heads re-ranked on each (resample.py)."""
     z_corr = circuits.corrupted_z(lm, task, config.batch_size)
-    scores = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr)
+    per = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr, per_prompt=True)
+    scores = per.mean(0)
     order = circuits.ranking(scores)
     curve = circuits.effect_curve(lm, task, order, grid=list(range(len(order) + 1)), batch_size=config.batch_size,
                                   z_corr=z_corr)
-    return {"order": order, "curve": curve, "scores": scores}
+    draws = prompt_draws(len(task), config.size("toy_rank_draws") or 0, config.seed)
+    reranked = measure_draws(per, curve, draws, THRESHOLD, lambda sets: circuits.patched_metrics(
+        lm, task, sets, config.batch_size, z_corr=z_corr))
+    return {"order": order, "curve": curve, "scores": scores, "draws": draws, "reranked": reranked}
 
 
 def run_toy(config: Config, run_dir: RunDir) -> None:
@@ -171,6 +180,8 @@ def _circuit_rows(r: int, models: dict, kind: str, task, config: Config) -> list
                  for n, values in zip(curve.grid, curve.values)]
         rows += [{"kind": "toy_ranking", **common, "rank": i, "layer": l, "index": h,
                   "score": round(float(found["scores"][l, h]), 6)} for i, (l, h) in enumerate(found["order"], 1)]
+        rows += [{"kind": "toy_rerank_draw", **common, **r} for r in draw_rows(found["draws"])]
+        rows += [{"kind": "toy_rerank", **common, **r} for r in found["reranked"]]
     return rows
 
 
