@@ -730,8 +730,11 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     assert both.verdict.status == "reproduced", both.verdict.summary
     ko = both.table("knockout")
     late = ko[ko.layer >= 1]
-    flips = late.groupby("condition").flipped.mean()
-    assert flips["eq"] > 0.15 and flips["eq"] > 4 * flips["control"], flips  # about half the anchored half
+    # on the questions that have a control (exactly as many tokens as E_Q; blocking them also reweights the uniform
+    # attention over the keys left, so it flips a few near-margin probes too)
+    paired = late[late.id.isin(set(late[late.condition == "control"].id))]
+    flips = paired.groupby("condition").flipped.mean()
+    assert flips["eq"] > 0.15 and flips["eq"] > 3 * flips["control"], flips  # about half the anchored half
     eq = late[late.condition == "eq"]
     assert set(eq[eq.group == "Q"].id) <= anchored  # only question-anchored items flip
     lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False, device=device)
