@@ -534,6 +534,34 @@ def test_patching_q_minus_a_holds_no_anchoring_by_construction_yet_the_claim_tha
     assert bigger[("d", "patching flips beyond random, Q - A")] == "yes" and bigger[("d", like)] != "yes"
 
 
+def test_the_patching_difference_of_differences_equals_a_plain_computation_per_replicate():
+    """Each replicate's decisive estimate against pandas on the same tables: the split from the E_Q knockout's flip
+    at the best layer, then mean (E_Q flip - random flip) over Q-Anchored questions minus over A-Anchored ones; the
+    like-margin check against the same within tercile strata of the clean margin."""
+    from lmlab.studies.knockout.analysis import patching_claims, split_at_best
+
+    result = from_rows("knockout", _near_margin(n=120, anchored=0.3, seed=2))
+    ko, patch = result.table("knockout"), result.table("patching")
+    claims, thin = patching_claims(patch, split_at_best(ko, result.table("probe")), "d")
+    got = {c.name: c.replicate_estimates for c in claims}
+    assert thin == (0, 3)
+    for r in range(3):
+        at = ko[(ko.replicate == r) & (ko.condition == "eq") & (ko.layer == BEST)].set_index("id")
+        flips = patch[patch.replicate == r].pivot(index="id", columns="condition", values="flipped")
+        d = (flips["eq"] - flips["random"]).rename("d").to_frame().join(at[["flipped", "p_clean"]])
+        plain = d[d.flipped == 1].d.mean() - d[d.flipped == 0].d.mean()
+        assert got["patching flips beyond random, Q - A"][r] == pytest.approx(plain)
+        d["stratum"] = pd.qcut(d.p_clean, 3, labels=False)
+        num = den = 0.0
+        for _, part in d.groupby("stratum"):
+            nq, na = (part.flipped == 1).sum(), (part.flipped == 0).sum()
+            if nq and na:
+                h = nq * na / (nq + na)
+                num += h * (part[part.flipped == 1].d.mean() - part[part.flipped == 0].d.mean())
+                den += h
+        assert got["patching beyond random, Q - A, like margins"][r] == pytest.approx(num / den)
+
+
 def test_a_replicate_whose_patched_questions_sit_on_one_side_fails_a_gate_not_a_claim():
     """Every patched question of one replicate Q-Anchored (its E_Q knockout flips the best-layer probe on each):
     Q - A is undefined there; a gate says so in words."""
@@ -736,7 +764,7 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     flips = paired.groupby("condition").flipped.mean()
     assert flips["eq"] > 0.15 and flips["eq"] > 3 * flips["control"], flips  # about half the anchored half
     eq = late[late.condition == "eq"]
-    assert set(eq[eq.group == "Q"].id) <= anchored  # only question-anchored items flip
+    assert set(eq[eq.flipped == 1].id) <= anchored  # only question-anchored items flip (the Q-Anchored ones)
     lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False, device=device)
     answer_only = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert answer_only.verdict.status in ("inconclusive", "not reproduced"), answer_only.verdict.summary
