@@ -105,7 +105,7 @@ def tiny_demo(tmp_path_factory):
 
     tmp_path = tmp_path_factory.mktemp("demo")
     models = dict(TINY, **{"sparse-circuits": "tiny-llama", "latent": "scratch"})
-    small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32),
+    small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32, toy_rank_draws=5),
                            "latent": dict(rates=[16], n_train=300, n_test=12, steps=12, seeds=2,
                                           vq_steps=10, d_model=32, n_layers=2, batch_size=16)})
     small["knockout"] = dict(per_dataset=12)  # the demo's own dataset (geo-continent)
