@@ -169,13 +169,14 @@ def forest_png(claims: list[dict]) -> str:
 
 def _beside_placebos(sections: list[dict]) -> None:
     """Each study's verdict gets its placebo's (the same study, model, profile and seed run with --placebo) beside
-    it, where both ran."""
+    it, where both ran; such a placebo keeps its section but not a row of its own in the verdicts table."""
     same = lambda s: (s["study"], s.get("model"), s.get("profile"), s.get("seed"))  # noqa: E731
     placebos = {same(s): s for s in sections if s.get("complete") and s.get("placebo")}
     for s in sections:
         p = placebos.get(same(s)) if s.get("complete") and not s.get("placebo") else None
         if p is not None:
             s["placebo_status"], s["placebo_anchor"] = p["status"], p["anchor"]
+            p["beside"] = True
 
 
 def build_report(paths: list[str | Path], out_file: str | Path) -> Path:
