@@ -48,7 +48,9 @@ def test_a_run_folder_gives_its_record_and_the_page_and_timings_follow_from_the_
                                         "finished": "2026-12-01T10:00:00+00:00"}}
     assert table["quantize"] == {"quick": {"seconds": 9}} and "knockout" not in table  # kept; not timed
     text = page.read_text()
-    assert "| filler | demo | 2 | **inconclusive** |" in text  # the latest of the study and profile
+    latest = text.split("## The latest run of each study, profile and seed")[1].split("\n## ")[0]
+    assert [latest.count(f"| filler | demo | {seed} | **inconclusive** |") for seed in (0, 2)] == [1, 1]
+    assert latest.count("| filler | demo (n_test_per_level 20) | 1 | **inconclusive** |") == 1  # one row a seed
     assert text.count("| 2026-12-0") == 4 and "NVIDIA H100" in text and "1 min 40 s" in text
 
     # read again: the same runs replace their records; a new run adds one and becomes the latest

@@ -7,7 +7,7 @@ threads, load average; or the GPU), lmlab's version and when it finished. Nothin
 
 - The records are kept in a JSON-lines file (`--records`); a run read again replaces its own record (same run
   folder name and finish time), so the file keeps the runs whose folders are gone.
-- The Markdown page (`--out`) is rendered from every record: the latest run of each study and profile first, then
+- The Markdown page (`--out`) is rendered from every record: the latest run of each study, profile and seed first, then
   every run by study, newest first.
 - The timings file (`--timings`, the one `lmlab reproduce` reads to order the studies and estimate the time left)
   takes, for each study and profile, the run time of its latest record made with the study's default model at the
@@ -144,7 +144,8 @@ def _cell(text: str) -> str:
 
 
 def render(records: list[Record], command: str) -> str:
-    """The Markdown page: the latest run of each study and profile, then every run by study."""
+    """The Markdown page: the latest run of each study, profile and seed (its placebo's under it), then every run by
+    study."""
     from lmlab.studies import STUDIES
 
     order = {name: i for i, name in enumerate(STUDIES)}
@@ -154,15 +155,15 @@ def render(records: list[Record], command: str) -> str:
              "verdict and the line that decided it, the run time over its sessions, and the machine it ran on (a load",
              "average above the threads means the cores were shared, so the time is not a timing). \"sizes\" says",
              "whether the run used the profile's own sizes or which it set.", ""]
-    latest: dict[tuple[str, str, bool], Record] = {}
+    latest: dict[tuple[str, str, int, bool], Record] = {}
     for r in records:
-        latest[(r.study, r.profile, r.placebo)] = r  # records are oldest first
-    lines += ["## The latest run of each study and profile", "",
+        latest[(r.study, r.profile, r.seed, r.placebo)] = r  # records are oldest first
+    lines += ["## The latest run of each study, profile and seed", "",
               "A study's placebo (the same run with its treatment replaced by one that cannot have the paper's effect) "
               "sits under it: it should never read \"reproduced\".", "",
               "| study | profile | seed | verdict | what decided it | time | machine |", "|---|---|---|---|---|---|---|"]
-    for (study, profile, placebo), r in sorted(latest.items(),
-                                               key=lambda kv: (order.get(kv[0][0], 99), kv[0][1], kv[0][2])):
+    for (study, profile, _, placebo), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1],
+                                                                                  kv[0][2], kv[0][3])):
         lines.append(f"| {study}{' · placebo' if placebo else ''} | {profile}{'' if r.sizes == 'profile' else ' (' + _cell(r.sizes) + ')'} | {r.seed} | "
                      f"**{r.verdict}** | {_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} |")
     for study in sorted({r.study for r in records}, key=lambda s: order.get(s, 99)):
