@@ -95,14 +95,12 @@ def using(model, impl):
 
 
 def check_declared_columns(result) -> None:
-    """Every non-empty table a study's run hands to its analysis is declared in the study's COLUMNS (beside its
-    CLAIMS) and carries every column declared there: a column renamed on one side fails here, not in a verdict."""
-    import importlib
-
+    """Every non-empty table a study's run hands to its analysis is declared in the study's tables (its spec's
+    `tables`: the analysis' COLUMNS) and carries every column declared there: a column renamed on one side fails
+    here, not in a verdict."""
     from lmlab.studies import STUDIES
 
-    module = importlib.import_module(STUDIES[result.study].verdict.target.split(":")[0])
-    declared = module.COLUMNS
+    declared = STUDIES[result.study].tables()
     tables = {name: t for name, t in result.tables.items() if len(t)}
     undeclared = {name: [c for c in t.columns if c != "model"] for name, t in tables.items() if name not in declared}
     assert not undeclared, f"{result.study}: tables not declared in COLUMNS: {undeclared}"

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from lmlab.claims import declared, Bar, Gate, Resampler, judge, replicate_seed, replicates_gate
+from lmlab.claims import declared, Bar, Gate, judge, replicates_gate
+from lmlab.resampling import Resampler, replicate_seed
 
 
 def _items(means, n=200, seed=0):

@@ -115,7 +115,8 @@ def test_like_for_like_a_half_replaced_circuit_the_old_bar_kept_is_not_kept():
     """Prompt noise both models share (the same prompt pairs) inflates an overlap of rankings made on every prompt
     pair, while the old bar's R, a re-measurement on halves, has none of it: there a variant with half its circuit
     replaced came out "keeps". On the same half-splits it does not."""
-    from lmlab.claims import Bar, Resampler
+    from lmlab.claims import Bar
+    from lmlab.resampling import Resampler
 
     circuit, half = (3, 17, 22, 40, 51, 60), (3, 22, 51, 9, 30, 44)  # every other head replaced
     rng = np.random.default_rng(2)
@@ -362,7 +363,7 @@ def planted_folder(tiny_smol_folder, tmp_path):
     return folder
 
 
-def test_placebo_a_working_model_whose_circuit_moved_does_not_keep_it(planted_folder, tmp_path):
+def test_placebo_a_working_model_whose_circuit_moved_does_not_keep_it(planted_folder, tmp_path, monkeypatch):
     """--placebo end to end: the variants become the original with its circuit's heads moved to other heads of their
     layers in the weights (`swap`: all of them; `swap:half`: half), chosen on other prompt pairs. The model answers
     exactly as before, and the claim must find the circuit gone: `swap` does not keep it, `swap:half` never keeps it."""
@@ -389,6 +390,31 @@ def test_placebo_a_working_model_whose_circuit_moved_does_not_keep_it(planted_fo
     assert verdict.summary.startswith("PLACEBO") and verdict.status != "reproduced"
     assert "swap / ioi: does not keep the circuit" in verdict.summary
     check_declared_columns(result)
+    _rejudged_under_another_rule_is_whole(result, monkeypatch)
+
+
+def _rejudged_under_another_rule_is_whole(result, monkeypatch):
+    """`lmlab verdict RUN` under a changed rule (the mark moved from the midpoint to chance): the comparison table
+    on disk, the figure's bar and the verdict all follow the new rule together (the derived tables made again from
+    the measurements), and the measurements stay as they were."""
+    import pandas as pd
+
+    from lmlab.studies.compare import analysis
+    from lmlab.studies.runner import rejudge
+
+    tables = result.path / "tables"
+    measured = (tables / "attribution.parquet").read_bytes()
+    before = pd.read_parquet(tables / "comparison.parquet").set_index("cell")
+    figure = (result.path / "figure.png").read_bytes()
+    monkeypatch.setattr(analysis, "KEEP", 0.0)
+    again = rejudge(result.path)
+    after = pd.read_parquet(tables / "comparison.parquet").set_index("cell")
+    assert (after["midpoint"] < before["midpoint"]).all()  # R > C: the mark at chance sits lower
+    assert after["midpoint"].to_numpy() == pytest.approx(after["chance"].to_numpy())
+    for cell, row in after.iterrows():
+        assert f"{cell} / ioi: {analysis.SAYS[row['decision']]}" in again.verdict.summary
+    assert (result.path / "figure.png").read_bytes() != figure  # the bar's tick moved with the table
+    assert (tables / "attribution.parquet").read_bytes() == measured
 
 
 @pytest.fixture(scope="module")
@@ -530,7 +556,7 @@ def test_pathways_compose_the_knockout_study_per_model(tiny_smol_folder, tmp_pat
     assert len(runs) == 2
     comparison = result.table("pathway_comparison").set_index("cell")
     assert comparison.loc["same", "estimate"] == pytest.approx(paths.set_index("model_key").loc["original", "estimate"])
-    assert "pathway: geo-capital" in set(result.summary()["task"])
+    assert "pathway: geo-capital" in set(result.report_rows()["task"])
     # a variant on which S1 measures nothing (here: too few questions for its probes) is named, with S1's reason
     few = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "few", variant=["same"],
                     tasks=["ioi"], n_prompts=4, verify_heads=3, pathways=True, pathway_datasets=["geo-capital"],

@@ -135,9 +135,9 @@ def test_the_emulated_gpu_refuses_what_cuda_refuses():
 # --- regression tests for the bugs the first GPU run met --------------------------------------------------
 
 def test_latent_codebook_restart_under_bf16_autocast_keeps_the_codebook_float32():
-    """GPU run: `Index put requires the source and destination dtypes match` (codes.py, the dead-code restart under
+    """GPU run: `Index put requires the source and destination dtypes match` (vqvae.py, the dead-code restart under
     bf16 autocast). The quantizer now searches and writes in float32 whatever the autocast."""
-    from lmlab.studies.latent.codes import Quantizer
+    from lmlab.studies.latent.vqvae import Quantizer
 
     torch.manual_seed(0)
     q = Quantizer(16, 8).train()

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lmlab.studies.latent import codes as L
+from lmlab.studies.latent import sequences, vqvae
 from lmlab.data.generated.reasoning import generate_problems
 from lmlab.errors import LmlabError
 from lmlab.studies import latent as study
@@ -56,7 +56,7 @@ def test_walk_traces_compute_their_answer_and_are_long():
         assert p.answer == f"{x} {y}" and p.steps[-1].endswith(f"{x} {y} .")
         chain = p.chain.split()
         assert all(chain[i] in "0123456789wall" for i in p.computed)
-    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in a["train"]], n_codes=8)
+    vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in a["train"]], n_codes=8)
     lengths = [len(vocab.encode(p.chain)) for p in a["train"]]
     assert min(lengths) >= 100  # long traces, as the issue asks
 
@@ -84,17 +84,17 @@ def test_turtle_traces_compute_their_answer_and_need_the_whole_walk():
         chain = p.chain.split()
         assert all(chain[i] in "0123456789wall" or chain[i] in HEADINGS for i in p.computed)
     assert turned > 0
-    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in a["train"]], n_codes=8)
+    vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in a["train"]], n_codes=8)
     lengths = [len(vocab.encode(p.chain)) for p in a["train"]]
     assert 70 <= min(lengths) and max(lengths) <= 100
 
 
 def test_replacement_puts_the_segment_codes_between_the_markers():
-    vocab = L.Vocab.from_texts(["a b c"], n_codes=8)
+    vocab = sequences.Vocab.from_texts(["a b c"], n_codes=8)
     chain = list(range(100, 140))  # 40 chain tokens
     codes = [1, 2, 3, 4, 5, 6, 7, 0]
     for m, n in ((16, 4), (32, 2), (32, 8), (0, 0)):
-        out = L.replace_with_latents(vocab, chain, codes, m, n)
+        out = sequences.replace_with_latents(vocab, chain, codes, m, n)
         if m == 0:
             assert out == chain
             continue
@@ -105,7 +105,7 @@ def test_replacement_puts_the_segment_codes_between_the_markers():
         assert [t - vocab.first_code for t in between] == codes[:n]
         assert out[end + 1:] == chain[m:]  # the rest of the trace is kept as text
     with pytest.raises(LmlabError, match="codes are needed"):
-        L.replace_with_latents(vocab, chain, codes, 16, 9)
+        sequences.replace_with_latents(vocab, chain, codes, 16, 9)
 
 
 def test_m_never_covers_the_last_step_and_chunks_never_split_a_number():
@@ -114,29 +114,29 @@ def test_m_never_covers_the_last_step_and_chunks_never_split_a_number():
     from lmlab.data.generated.planning import generate_walk_problems
 
     problems = generate_walk_problems(200, 0, 0, seed=0)["train"] + generate_problems(200, 0, 0, seed=0)["train"]
-    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=8)
+    vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=8)
     rng = random.Random(0)
     drawn = []
     for p in problems:
-        ex = L.make_example(vocab, p)
+        ex = sequences.make_example(vocab, p)
         assert ex.chain == vocab.encode(p.chain)  # word-by-word encoding is the plain encoding
         last_words = len(p.steps[-1].split())
         assert vocab.decode(ex.chain[ex.last_step:]).replace(" ", "") in (p.steps[-1].replace(" ", ""),
                                                                           p.steps[-1].replace(" ", "") + ".")
-        segs = L.segments(ex, 16)
+        segs = sequences.segments(ex, 16)
         assert segs[0][0] == 0 and segs[-1][1] == len(ex.chain)
         assert all(b - a <= 16 and b == c for (a, b), (c, _) in zip(segs, segs[1:] + [(len(ex.chain), 0)]))
         assert all(a in ex.starts for a, _ in segs)  # every chunk starts where a word starts
-        for m in L.replacement_options(ex, 16):
+        for m in sequences.replacement_options(ex, 16):
             assert m <= ex.last_step and m <= len(ex.chain) // 2 and m in ex.starts + [len(ex.chain)]
-        drawn += [L.draw_m(rng, ex, 16) for _ in range(5)]
+        drawn += [sequences.draw_m(rng, ex, 16) for _ in range(5)]
         assert last_words > 0
     zero = np.mean([m == 0 for m in drawn])
     assert 0.1 < zero < 0.5  # about 1/7, plus the short arithmetic chains that allow no whole chunk
-    digits = L.Vocab.from_texts(["12 + 345 = 357 ."], n_codes=2)
-    ex = L.make_example(digits, type("P", (), {"question": "12 + 345", "chain": "12 + 345 = 357 .",
+    digits = sequences.Vocab.from_texts(["12 + 345 = 357 ."], n_codes=2)
+    ex = sequences.make_example(digits, type("P", (), {"question": "12 + 345", "chain": "12 + 345 = 357 .",
                                                "steps": ("12 + 345 = 357 .",), "answer": 357})())
-    assert L.segments(ex, 4) == [(0, 3), (3, 7), (7, 11)]  # "12 +" | "345 =" | "357 ." : no number is cut
+    assert sequences.segments(ex, 4) == [(0, 3), (3, 7), (7, 11)]  # "12 +" | "345 =" | "357 ." : no number is cut
     assert ex.computed == [False] * 7 + [True] * 3 + [False]  # 357 is the result; 12 and 345 are copied
 
 
@@ -146,7 +146,7 @@ def test_vq_vae_round_trips_a_chunk_it_was_trained_on():
     prompts = torch.randint(5, vocab_size, (6, 5))
     chunks = torch.randint(5, vocab_size, (6, chunk))
     mask = torch.ones_like(prompts, dtype=torch.bool)
-    vq = L.ChunkVQVAE(vocab_size, chunk, rate=2, n_codes=32, dim=32, max_prompt=8)
+    vq = vqvae.ChunkVQVAE(vocab_size, chunk, rate=2, n_codes=32, dim=32, max_prompt=8)
     opt = torch.optim.Adam(vq.parameters(), lr=3e-3)
     vq.train()
     for _ in range(400):
@@ -166,17 +166,17 @@ def test_codes_encoded_in_batches_equal_each_segment_encoded_alone():
     from lmlab.studies.latent.measure import chunk_codes_many, padded
 
     problems = generate_turtle_problems(8, 0, 0, seed=1)["train"] + generate_problems(8, 0, 0, seed=1)["train"]
-    vocab = L.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=16)
-    examples = [L.make_example(vocab, p) for p in problems]
+    vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=16)
+    examples = [sequences.make_example(vocab, p) for p in problems]
     assert len({len(ex.prompt) for ex in examples}) > 1  # the batches really pad
     torch.manual_seed(0)
-    vq = L.ChunkVQVAE(len(vocab), 16, rate=4, n_codes=16, dim=32, max_prompt=64, pad_id=vocab.pad,
+    vq = vqvae.ChunkVQVAE(len(vocab), 16, rate=4, n_codes=16, dim=32, max_prompt=64, pad_id=vocab.pad,
                       max_offset=200).eval()
     torch.nn.init.normal_(vq.quantizer.codebook.weight)
     batched = chunk_codes_many(vq, vocab, examples, 16, batch_size=7)
     books = vq.quantizer.codebook.weight
     for ex, got in zip(examples, batched):
-        segs = L.segments(ex, 16)
+        segs = sequences.segments(ex, 16)
         assert len(got) == 4 * len(segs)
         for s, (a, b) in enumerate(segs):
             prompt = torch.tensor([ex.prompt])
@@ -234,7 +234,7 @@ def test_bad_settings_fail_before_training(tmp_path):
         run_study(study.SPEC, study.Config(**{**TINY, "codebook": 100000}), tmp_path)
     with pytest.raises(LmlabError, match="supports --model scratch .* or smollm2-135m, not .tiny-bert."):
         run_study(study.SPEC, study.Config(**{**TINY, "model": "tiny-bert"}), tmp_path)
-    vocab = L.Vocab.from_texts(["Emma has 3 apples"], n_codes=2)
+    vocab = sequences.Vocab.from_texts(["Emma has 3 apples"], n_codes=2)
     with pytest.raises(LmlabError, match="'pears' is not in the vocabulary"):
         vocab.encode("Emma has 3 pears")
 
@@ -392,21 +392,21 @@ def test_study_trains_on_a_gsm8k_file(tmp_path):
 
 @pytest.mark.embedded
 def test_tokenizer_vocab_on_smollm2(embedded_smollm):
-    vocab = L.TokenizerVocab(embedded_smollm.tokenizer, n_codes=8)
+    vocab = sequences.TokenizerVocab(embedded_smollm.tokenizer, n_codes=8)
     assert len(vocab) == len(embedded_smollm.tokenizer) + 4 + 8  # the loaded tokenizer itself is not grown
     from lmlab.data.generated.planning import generate_walk_problems
 
-    arithmetic = L.make_example(vocab, generate_problems(5, 0, 0, seed=0)["train"][0])
+    arithmetic = sequences.make_example(vocab, generate_problems(5, 0, 0, seed=0)["train"][0])
     assert vocab.parse_answer(arithmetic.chain + arithmetic.answer) == arithmetic.value
     assert vocab.parse_answer(arithmetic.chain) is None
     problem = generate_walk_problems(5, 0, 0, seed=0)["train"][0]
-    ex = L.make_example(vocab, problem)
+    ex = sequences.make_example(vocab, problem)
     assert ex.prompt[-1] == vocab.cot and ex.answer[0] == vocab.ans and ex.answer[-1] == vocab.eos
     assert vocab.decode(ex.chain).strip() == problem.chain
-    assert L.is_correct(vocab, ex.chain + ex.answer, problem.answer)
-    assert not L.is_correct(vocab, ex.chain, problem.answer)
-    m = L.replacement_options(ex, 16)[0]
-    out = L.replace_with_latents(vocab, ex.chain, list(range(8)), m, L.codes_needed(ex, m, 16, 4))
+    assert sequences.is_correct(vocab, ex.chain + ex.answer, problem.answer)
+    assert not sequences.is_correct(vocab, ex.chain, problem.answer)
+    m = sequences.replacement_options(ex, 16)[0]
+    out = sequences.replace_with_latents(vocab, ex.chain, list(range(8)), m, sequences.codes_needed(ex, m, 16, 4))
     assert out[0] == vocab.bo_latent and out[5] == vocab.eo_latent and out[6:] == ex.chain[m:]
     assert vocab.decode(ex.chain[m:]).startswith(" ")  # the text resumes at a word start
     assert all(vocab.is_code(t) for t in out[1:5])
@@ -548,7 +548,7 @@ def test_placebo_sequences_keep_the_layout_and_hold_one_code(tmp_path):
             assert p_codes is None
             continue
         assert len(p_codes) == len(codes) > 0 and all(vocab.is_code(t) for t in codes)
-        assert set(p_codes) == {vocab.code(L.PLACEBO_CODE)}
+        assert set(p_codes) == {vocab.code(sequences.PLACEBO_CODE)}
         used |= set(codes)
         with_latents += 1
     assert with_latents > len(items) / 2 and len(used) > 1  # the study's codes vary; the placebo's do not
@@ -559,7 +559,7 @@ def test_placebo_sequences_keep_the_layout_and_hold_one_code(tmp_path):
         p_codes, _ = _latents_and_text(vocab, p_prefix)
         assert (codes is None) == (p_codes is None)
         if codes is not None:
-            assert len(p_codes) == len(codes) and set(p_codes) == {vocab.code(L.PLACEBO_CODE)}
+            assert len(p_codes) == len(codes) and set(p_codes) == {vocab.code(sequences.PLACEBO_CODE)}
     study.Config(**TINY, placebo=True).check_inputs(models=False)  # it declares its placebo: --placebo is accepted
 
 

@@ -1,6 +1,6 @@
 """The house: every import of src/lmlab (at the top of a file or in a function) runs down the floors of
-docs/layers.md or stays on its floor, none closes a circle, no study imports another study, and no function runs
-over 60 lines."""
+docs/layers.md or stays on its floor, none closes a circle, no study imports another study, a study's
+measurements never import its analysis, and no function runs over 60 lines."""
 
 from __future__ import annotations
 
@@ -77,6 +77,31 @@ def test_imports_run_down_the_floors_of_docs_layers():
                 across.append(f"{name} imports {target}")
     assert not up, up
     assert not across, across
+
+
+def is_analysis(name: str) -> bool:
+    last = name.rpartition(".")[2]
+    return last == "analysis" or last.endswith("_analysis")
+
+
+def test_measurements_never_import_their_analysis():
+    """Data flows one way: a study's recipe.py and measure.py, and every module of its package they reach, never
+    import an analysis module (analysis.py or a *_analysis.py): what is derived from the measurements is the
+    analysis' to make, when a run finishes and when it is re-judged."""
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    back = []
+    for start in (n for n in known if study_of(n) and n.rpartition(".")[2] in ("recipe", "measure")):
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            for nxt in graph.get(node, ()):
+                if study_of(nxt) == study_of(start) and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        back += [f"{start} reaches {n}" for n in sorted(seen) if is_analysis(n)]
+    assert len([n for n in known if study_of(n) and n.endswith(".recipe")]) >= 6
+    assert not back, back
 
 
 def test_no_import_closes_a_circle():

@@ -174,7 +174,7 @@ def test_time_left_scales_the_measured_shares_by_this_machines_pace():
 
 def test_the_reports_first_table_gives_each_verdict_in_one_line():
     """The line per study: the claim that decided the verdict with its interval, or the gate that kept it open."""
-    from lmlab.report import headline
+    from lmlab.render import headline
 
     claim = dict(name="edges kept", group="", estimate=0.021, low=0.015, high=0.03, unit="%", scale=100,
                  bar=dict(direction="<=", value=0.05), decision="yes", reported=False)
@@ -186,7 +186,8 @@ def test_the_reports_first_table_gives_each_verdict_in_one_line():
     assert headline("inconclusive", {"claims": [claim], "gates": [gate]}).startswith("a validity check of ours failed: post-training converged")
     assert headline("inconclusive", {"claims": [], "gates": []}) == ""
     # a verdict of today names what decided it, whose claim it is, and where the paper says it
-    from lmlab.claims import Bar, Resampler, deciding
+    from lmlab.claims import Bar, deciding
+    from lmlab.resampling import Resampler
 
     c = Resampler(200, 3).mean_claim("edges kept", np.full((3, 200), 0.02), Bar("<=", 0.05), unit="%", scale=100,
                                      source="paper", where="its abstract: about 0.4%", bar_note="ours: 5%")

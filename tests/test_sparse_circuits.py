@@ -1046,7 +1046,7 @@ def test_the_toy_replicates_apart_from_the_models(tmp_path, monkeypatch):
     """The quick profile trains 5 toys (the multiplier's interval needs about 5) beside the model's 3 replicates;
     --seeds sets both where --toy-seeds does not, and replicate r draws the same seed at any count. run_toy trains
     the toy's count."""
-    from lmlab.claims import replicate_seed
+    from lmlab.resampling import replicate_seed
     from lmlab.runs import RunDir
     from lmlab.studies.sparse_circuits import toy_study
 

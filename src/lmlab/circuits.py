@@ -1,4 +1,4 @@
-"""Circuit discovery over attention heads (S4): attribution and activation patching, explained effect.
+"""Circuit discovery over attention heads (sparse-circuits): attribution and activation patching, explained effect.
 
 Both scorers answer the same question with the same interface: how much does the task metric move
 when one head's output z (o_proj's input slice) is replaced by its output on the corrupted prompt?

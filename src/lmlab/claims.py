@@ -1,21 +1,12 @@
-"""Verdicts as claims: one representation of a checked claim, validity gates, one rule that judges them, and
-intervals over two levels of replication (training runs, then test items).
+"""Verdicts as claims: one representation of a checked claim (declared once, then judged), validity gates, and one
+rule that judges them. Their intervals are lmlab.resampling's; their text and HTML, lmlab.render's.
 
 A study's claim is about a *method*; a model we train is one draw of its training procedure. So every
 measurement carries its replicate (an independent training run or random draw, its seed derived from the run's
 `--seed`, `replicate_seed`) and its item (a test problem, a question, a prompt pair), and a claim's estimate is
 the mean over replicates of each replicate's statistic.
 
-Interval (`Resampler.claim`): with k replicates and n items,
-    se^2 = se_seed^2 + se_item^2
-    se_seed^2 = var_r(stat_r) / k                            (between replicates, k - 1 degrees of freedom)
-    se_item^2 = var_b(mean_r stat_r(items drawn b)) over item resamples, the same draws for every statistic
-and a t interval with Welch-Satterthwaite degrees of freedom combining k - 1 and n - 1. With k = 3 a bootstrap
-over replicates has 10 distinct draws and under-covers; the t quantile at 2 degrees of freedom
-(4.30) is what makes three replicates honest. Where items are shared by every replicate (the same test set), the
-item variance is the shared part and the between-replicate variance adds the rest; the sum slightly
-double-counts the replicate-by-item interaction (conservative). One replicate: the item level alone, said in the
-claim's method, and a study that trains adds a gate (one training run cannot decide a claim about a method).
+Intervals: lmlab.resampling (`Resampler`: two levels, replicates and items, one set of item draws per verdict).
 
 Decision (`Claim.decide`): the claim holds when the quantity is on the bar's side. "yes" when the interval lies on
 that side (or, for a claim with a `null`, when the estimate is past the bar and the interval excludes the null);
@@ -23,8 +14,8 @@ that side (or, for a claim with a `null`, when the estimate is past the bar and 
 verdict that can say "no", `judge`); "open" otherwise, and also when the replicates disagree (a quarter or more of
 them on the bar's other side from the rest; with 2-4 replicates any one): then no interval is trusted to decide.
 Not any one at every k: the chance that some replicate lands across a bar its method's mean clears grows with k, so
-that rule made more replication decide less (S0's quick at 10 replicates: tokens r=16 - r=4 -3.86 [-6.60, -1.12]
-against a +0.5 bar, held open by one replicate of ten at +0.72).
+that rule made more replication decide less (at 10 replicates, one replicate across the bar would hold open a
+claim whose interval lies wholly on the bar's side).
 
 Whose claim (`Claim.source`): "paper" (the paper states it; `where` says where, with the paper's number where it
 gives one) or "lmlab" (our reading, a stricter margin, a validity check; `where` gives the reason). A bar of ours on
@@ -46,9 +37,8 @@ paper's effect where the claim names one; the time is this run's pace.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -56,11 +46,6 @@ Decision = Literal["yes", "no", "open"]
 DISAGREE = 0.25  # the share of replicates across the bar (the smaller side) that keeps a claim open
 Z_80 = 1.96 + 0.84  # two-sided 5% at 80% power: the one power convention of every verdict
 SCHEMA = 3  # verdict.json's layout: claims (with their source) and gates as lists of dicts, and what decided
-
-
-def replicate_seed(seed: int, replicate: int) -> int:
-    """The seed of replicate r of a run seeded `seed`: a hash, so runs at --seed 0 and --seed 1 share no replicate."""
-    return zlib.crc32(f"lmlab|{int(seed)}|replicate|{int(replicate)}".encode()) & 0x7FFFFFFF
 
 
 def t_quantile(df: float, confidence: float = 0.95) -> float:
@@ -78,11 +63,11 @@ class Bar:
     """What a claim is checked against; built only from the claim's declaration (`Declared.bar`), never by hand.
 
     The claim holds when the quantity is `direction` `value` (">=" or "<="). With `null`, "yes" needs the estimate
-    past the bar and the interval clear of `null` (a large effect that is surely not zero: S1's "far below");
-    without, the whole interval past the bar. "no" needs the whole interval (at the level "no" is read at) on the
-    wrong side of `margin` where one is set, else of the bar. `margin` is a margin of ours on a paper's claim: it
-    lies on the lenient side of the bar, so it can only make "no" harder to reach, never "yes" easier (S2's
-    Budget-C >= Budget-A: "yes" needs C above A; "no" needs C a point below A)."""
+    past the bar and the interval clear of `null` (a large effect that is surely not zero: the knockout study's
+    "far below"); without, the whole interval past the bar. "no" needs the whole interval (at the level "no" is
+    read at) on the wrong side of `margin` where one is set, else of the bar. `margin` is a margin of ours on a
+    paper's claim: it lies on the lenient side of the bar, so it can only make "no" harder to reach, never "yes"
+    easier (the quantize study's Budget-C >= Budget-A: "yes" needs C above A; "no" needs C a point below A)."""
     direction: Literal[">=", "<="]
     value: float
     null: float | None = None
@@ -103,6 +88,12 @@ class Bar:
     def no_line(self) -> float:
         """Where "no" starts: our margin, else the bar."""
         return self.value if self.margin is None else self.margin
+
+    @classmethod
+    def stored(cls, bar: dict) -> "Bar":
+        """The bar a verdict.json stored (its dict), to be written in words again (KeyError or ValueError where a
+        verdict stored before margins existed lacks a field)."""
+        return cls(bar["direction"], float(bar["value"]), bar.get("null"), bar.get("margin"))
 
     def text(self, unit: str = "", scale: float = 1.0) -> str:
         num = lambda x: f"{scale * x:+g}" if x else "0"  # noqa: E731
@@ -511,184 +502,6 @@ def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = (), scope: str = "
     if scope:
         out["scope"] = scope
     return out
-
-
-def headline(status: str, evidence: dict) -> str:
-    """The one line that decided a verdict, from the verdict's `deciding` record (the claim or gate, whose claim it
-    is and its bar: claims.deciding); for a verdict stored without one: for "not reproduced" the first claim that failed, for "reproduced" the
-    first decisive claim, for "inconclusive" the first failed gate that kept it open, else the first open claim;
-    as "name: estimate [low, high] (bar)". "" for a verdict without claims (the study's summary says why)."""
-    decided = evidence.get("deciding") or {}
-    if decided.get("kind") == "claim":
-        who = "the paper's claim" if decided.get("source") == "paper" else "a claim of ours"
-        return (f"{decided['line']}; {who}"
-                + (f" ({decided['where']})" if decided.get("where") else "")
-                + (f"; bar: {decided['bar_note']}" if decided.get("bar_note") else ""))
-    if decided.get("kind") == "gate":
-        return f"a validity check of ours: {decided['text']}"
-    claims = [c for c in evidence.get("claims", []) if not c.get("reported")]
-    failed = [g for g in evidence.get("gates", []) if not g.get("passed")]
-    if failed and (status == "inconclusive" or not claims):
-        gate = next((g for g in failed if g.get("blocks") == "all"), failed[0])
-        return f"a validity check of ours failed: {gate['name']}" + (f": {gate['why']}" if gate.get("why") else "")
-    wanted = {"not reproduced": "no", "reproduced": "yes"}.get(status, "open")
-    claim = next((c for c in claims if c.get("decision") == wanted), claims[0] if claims else None)
-    if claim is None:
-        return ""
-    scale, unit = float(claim.get("scale", 1.0) or 1.0), claim.get("unit", "")
-
-    def num(x):
-        return "nan" if x is None or x != x else f"{scale * float(x):+.{2 if abs(scale * float(x)) < 10 else 1}f}"
-
-    bar = claim.get("bar", {})
-    name = claim["name"] + (f" ({claim['group']})" if claim.get("group") else "")
-    return (f"{name}: {num(claim.get('estimate'))}{unit} [{num(claim.get('low'))}, {num(claim.get('high'))}] "
-            f"(bar {_bar_text(bar, unit, scale)})")
-
-
-def _bar_text(bar: dict, unit: str, scale: float) -> str:
-    """A stored bar (verdict.json's dict) in words; a verdict stored before margins existed has none."""
-    try:
-        return Bar(bar["direction"], float(bar["value"]), bar.get("null"), bar.get("margin")).text(unit, scale)
-    except (KeyError, TypeError, ValueError):
-        return f"{bar.get('direction', '')} {scale * float(bar.get('value', 0) or 0):+g}{unit}"
-
-
-_BADGE = {"reproduced": "#d4f4d4", "not reproduced": "#f8d7d7", "inconclusive": "#fcefc7"}
-
-
-def verdict_html(status: str, claim: str, summary: str, evidence: dict) -> str:
-    """A verdict as HTML (a notebook shows it): the status and the line that decided it, the claim checked, a table
-    of the claims (estimate, 95% interval, bar, decision, whose, replicates x items) and the gates that failed; the
-    full summary folded below."""
-    from html import escape
-
-    line = headline(status, evidence)
-    rows = []
-    for c in evidence.get("claims", []):
-        scale, unit = float(c.get("scale", 1.0) or 1.0), c.get("unit", "")
-
-        def num(x):
-            return "nan" if x is None or x != x else f"{scale * float(x):+.{2 if abs(scale * float(x)) < 10 else 1}f}"
-
-        bar = c.get("bar", {})
-        name = c["name"] + (f" ({c['group']})" if c.get("group") else "")
-        size = f"{c.get('replicates', 1)} x {int(c.get('n', 0) or 0):,} {c.get('n_unit', 'items')}"
-        rows.append("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (
-            name, f"{num(c.get('estimate'))}{unit} [{num(c.get('low'))}, {num(c.get('high'))}]",
-            _bar_text(bar, unit, scale),
-            "reported" if c.get("reported") else c.get("decision", ""), c.get("source", ""), size)) + "</tr>")
-    gates = [g for g in evidence.get("gates", []) if not g.get("passed")]
-    gate_rows = "".join(f"<li>{escape(g['name'])} (blocks {escape(str(g.get('blocks', 'all')))}): "
-                        f"{escape(g.get('why', ''))}</li>" for g in gates)
-    head = (f'<p><span style="background:{_BADGE.get(status, "#ddd")};padding:2px 8px;border-radius:4px;'
-            f'font-weight:600">{escape(status)}</span> {escape(line)}</p><p><b>Claim checked:</b> {escape(claim)}</p>')
-    table = ('<table><tr><th>claim</th><th>estimate [95% interval]</th><th>bar</th><th>decision</th><th>whose</th>'
-             '<th>replicates x items</th></tr>' + "".join(rows) + "</table>") if rows else ""
-    failed = f"<p><b>Gates failed:</b></p><ul>{gate_rows}</ul>" if gates else ""
-    return (f"<div>{head}{table}{failed}<details><summary>Summary</summary><p>{escape(summary)}</p></details>"
-            "</div>")
-
-# --- two levels of replication -----------------------------------------------------------------------------
-
-class Resampler:
-    """Item resamples drawn once per verdict (every statistic sees the same draws, so paired comparisons stay
-    paired), and the two-level interval of a statistic computed per replicate.
-
-    `n_items`: the items every replicate shares (the same test set); `stat(r, idx)` returns replicate r's statistic
-    on the items `idx` (an index array into 0..n_items-1, with repeats)."""
-
-    def __init__(self, n_items: int, replicates: int, n_boot: int = 1000, seed: int = 0,
-                 strata: Sequence[int] | None = None):
-        """`strata`: sizes of consecutive groups of items (tasks) each resampled within itself, so every draw keeps
-        each group's size (their sum is n_items)."""
-        self.n, self.k, self.n_boot = int(n_items), max(int(replicates), 1), n_boot
-        rng = np.random.default_rng(seed)
-        sizes = list(strata) if strata else [self.n]
-        if sum(sizes) != self.n:
-            raise ValueError(f"strata {sizes} do not add up to {self.n} items")
-        offsets = np.concatenate([[0], np.cumsum(sizes)])[:-1]
-        parts = [o + rng.integers(0, max(size, 1), (n_boot, size)) for o, size in zip(offsets, sizes) if size]
-        self.draws = np.concatenate(parts, axis=1) if parts else np.zeros((n_boot, 0), int)
-        self.everything = np.arange(self.n)
-        self._counts: np.ndarray | None = None
-
-    def claim(self, name: str, stat: Callable[[int, np.ndarray], float], bar: Bar, **kwargs) -> Claim:
-        per = np.array([stat(r, self.everything) for r in range(self.k)], dtype=float)
-        boot = np.array([_mean_of_finite([stat(r, idx) for r in range(self.k)]) for idx in self.draws], dtype=float)
-        return self.combine(name, per, boot, bar, **kwargs)
-
-    def counts(self) -> np.ndarray:
-        """Each resample as item counts: (n_boot, n_items), row b = how often draw b took each item."""
-        if self._counts is None:
-            self._counts = np.stack([np.bincount(d, minlength=self.n) for d in self.draws]).astype(float) \
-                if len(self.draws) else np.zeros((0, self.n))
-        return self._counts
-
-    def weighted_claim(self, name: str, stat: Callable[[int, np.ndarray], np.ndarray], bar: Bar, **kwargs) -> Claim:
-        """`claim` for a statistic computed for many resamples at once: `stat(r, W)` is replicate r's statistic under
-        each row of item weights W (m, n_items) -> (m,), where a resample's weights are its items' counts and the
-        whole test set is a row of ones. The same draws and the same result as `claim` with the loop."""
-        per = np.array([np.asarray(stat(r, np.ones((1, self.n))), dtype=float)[0] for r in range(self.k)])
-        vals = np.stack([np.asarray(stat(r, self.counts()), dtype=float) for r in range(self.k)], axis=1)
-        finite = np.isfinite(vals)
-        boot = np.where(finite.any(1), np.where(finite, vals, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
-        return self.combine(name, per, boot, bar, **kwargs)
-
-    def mean_claim(self, name: str, values: np.ndarray, bar: Bar, **kwargs) -> Claim:
-        """A per-item mean: `values` (replicates, items), NaN for an item a replicate lacks; vectorised."""
-        values = np.atleast_2d(np.asarray(values, dtype=float))
-        ok = np.isfinite(values)
-        x = np.where(ok, values, 0.0)
-        per = x.sum(1) / np.maximum(ok.sum(1), 1)
-        counts = self.counts()  # (boot, items)
-        num = counts @ x.T  # (boot, replicates)
-        den = counts @ ok.T.astype(float)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = num / den
-        finite = np.isfinite(ratio)
-        boot = np.where(finite.any(1), np.where(finite, ratio, 0.0).sum(1) / np.maximum(finite.sum(1), 1), np.nan)
-        return self.combine(name, per, boot, bar, **kwargs)
-
-    def combine(self, name: str, per: np.ndarray, boot: np.ndarray, bar: Bar, **kwargs) -> Claim:
-        per = np.asarray(per, dtype=float)
-        good = per[np.isfinite(per)]
-        k = len(good)
-        estimate = float(good.mean()) if k else float("nan")
-        boot = boot[np.isfinite(boot)]
-        se_item = float(np.std(boot, ddof=1)) if len(boot) > 1 else float("nan")
-        if k > 1:
-            se_seed = float(np.std(good, ddof=1) / np.sqrt(k))
-            a, b = se_seed ** 2, se_item ** 2
-            denom = (a * a / (k - 1) if a else 0.0) + (b * b / max(self.n - 1, 1) if b else 0.0)
-            df = (a + b) ** 2 / denom if denom > 0 else float(k - 1)
-            method = f"t over {k} replicates and {self.n} items (Satterthwaite df {df:.1f}; item resamples shared)"
-        else:
-            se_seed, df = 0.0, float(max(self.n - 1, 1))
-            method = f"one replicate: items only ({self.n} items, bootstrap SE, normal t)"
-        se = math.sqrt(se_seed ** 2 + (se_item if np.isfinite(se_item) else 0.0) ** 2) if k else float("nan")
-        if k and not np.isfinite(se_item) and k < 2:
-            se = float("nan")
-        return Claim(name=name, estimate=estimate, se=se, df=df, bar=bar, method=kwargs.pop("method", method),
-                     n=self.n, replicates=k, replicate_estimates=[float(x) for x in per], se_seed=se_seed,
-                     se_item=se_item if np.isfinite(se_item) else 0.0, **kwargs)
-
-
-def _mean_of_finite(values) -> float:
-    """The mean of the finite values (NaN when none is: a resample without a defined statistic)."""
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    return float(values.mean()) if len(values) else float("nan")
-
-
-def still_falling(q3: float, q4: float, relative: float = 0.10, absolute: float = 0.0) -> bool:
-    """Whether a training had not converged: its loss's last-quarter mean `q4` still fell below the third quarter's
-    `q3` by more than `relative` of it and by more than `absolute` (a heuristic; every study's convergence gate
-    reads its training losses this way). Unknown quarters (NaN) count as converged."""
-    if not (np.isfinite(q3) and np.isfinite(q4)):
-        return False
-    drop = float(q3) - float(q4)
-    return drop > relative * abs(float(q3)) and drop > absolute
 
 
 def replicates_gate(k: int, trains: bool = True) -> Gate:

@@ -62,7 +62,8 @@ def friendly(fn: Callable) -> Callable:
 @friendly
 def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now"),
            architectures: bool = typer.Option(False, "--architectures",
-                                              help="every causal-LM architecture transformers registers, and the encoders S2 takes: supported (each "
+                                              help="every causal-LM architecture transformers registers, and the "
+                                                   "encoders the quantize study takes: supported (each "
                                                    "intervention checked on a tiny random instance) or refused, "
                                                    "and why"),
            markdown: bool = typer.Option(False, "--markdown", help="with --architectures: print it as Markdown")):
@@ -79,7 +80,7 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
                          ["model_type", "status", "what is refused, and why"], rows, keep=("model_type",)))
         encoders = table()["encoders"]
         n = sum(r["status"] == "supported" for r in encoders.values())
-        out.print(_table(f"encoders, for S2's classifiers: {n} of {len(encoders)} supported",
+        out.print(_table(f"encoders, for the quantize study's classifiers: {n} of {len(encoders)} supported",
                          ["model_type", "status", "what is refused, and why"],
                          [[name, row["status"], row["reason"]] for name, row in encoders.items()],
                          keep=("model_type",)))
@@ -345,8 +346,9 @@ def claims(study: str = typer.Argument(..., help="knockout, quantize, filler, sp
 @app.command()
 @friendly
 def verdict(run_dirs: list[Path] = typer.Argument(..., help="finished run folders")):
-    """Judge finished runs again from their tables with this lmlab's claims (their sources and bars), rewriting each
-    run's verdict.json and figure; the tables stay as they are. Then `lmlab report` shows the new verdicts."""
+    """Judge finished runs again from their measurements with this lmlab's claims (their sources and bars): the
+    tables a study derives from its measurements are made again, then each run's verdict.json and figures rewritten;
+    the measured tables stay as they are. Then `lmlab report` shows the new verdicts."""
     from lmlab.studies.runner import rejudge
 
     for folder in run_dirs:
@@ -510,7 +512,7 @@ def _study_command(spec):
         result = run_study(spec, settings, out_dir)
         if result is None:  # another process of a launch: rank 0 reports
             return
-        from lmlab.claims import headline
+        from lmlab.render import headline
 
         decided = headline(result.verdict.status, result.verdict.evidence)
         out.print(f"{spec.title}: [bold]{result.verdict.status}[/]", highlight=False)

@@ -1,4 +1,4 @@
-"""`lmlab export RUN_DIR`: the students of a quantize run (S2) in a format other tools load.
+"""`lmlab export RUN_DIR`: the students of a quantize run in a format other tools load.
 
 Each packed student (RUN_DIR/packed/*.safetensors) is rebuilt exactly as the study scored it (its teacher's
 architecture, `load_packed`) and written by interventions/export.py to RUN_DIR/export/FORMAT/NAME (or --out):
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lmlab.errors import LmlabError
 from lmlab.extras import EXPORT, EXPORT_FORMATS
-from lmlab.runs import study_run
+from lmlab.runs import packed_students, study_run
 
 NAME = re.compile(r"^(?:(?P<task>.+)-)?(?P<bits>\d+)bit-(?P<budget>[ABC])-rep(?P<rep>\d+)$")
 
@@ -28,7 +28,7 @@ def _check(run_dir: Path, fmt: str) -> list[Path]:
     if not run_dir.is_dir():
         raise LmlabError(f"{run_dir} is not a folder; give a quantize run folder (runs/quantize-...)")
     study_run(run_dir, "quantize")
-    packed = sorted(p for p in (run_dir / "packed").glob("*.safetensors") if NAME.match(p.stem))
+    packed = [p for p in packed_students(run_dir) if NAME.match(p.stem)]
     if not packed:
         raise LmlabError(f"{run_dir} holds no packed students yet (packed/*.safetensors): run the quantize study "
                          "first; the students are packed as each finishes")

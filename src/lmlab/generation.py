@@ -283,7 +283,7 @@ def greedy_answers(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens
     `masked`: for each prompt, positions whose keys no query may read, in any layer or head, the prompt's later
     tokens and the generated ones alike (their attention-mask columns are 0, as padding's are, and travel with the
     cache as rows join and leave), while every token keeps its position: the prompt as if those tokens were not
-    there, at the positions it has with them (S3's placebo: filler inserted, then hidden).
+    there, at the positions it has with them (the filler study's placebo: filler inserted, then hidden).
     """
     if not prompts:
         return []
@@ -346,8 +346,8 @@ def last_token_features(lm: LoadedModel, sequences: Sequence[list[int]], layers:
 
     The sequences' common prefix (a few-shot prompt a study puts before every question) is run once and its
     cache copied to every batch (`share_prefix`); each row's own tokens follow, left-padded, with masked
-    columns between prefix and suffix and their true positions, as in generation. S1's prompts share 46 of
-    their ~54 tokens."""
+    columns between prefix and suffix and their true positions, as in generation. The knockout study's prompts
+    share 46 of their ~54 tokens."""
     feats = np.zeros((len(sequences), len(layers), lm.layout.d_model), dtype=np.float32)
     prefix, cache = prefix_cache(lm, sequences) if share_prefix else (0, None)
     with Progress(transient=True) as bar:

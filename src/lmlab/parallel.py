@@ -14,8 +14,9 @@ own to that: no scheduler, no queue. What it adds is the rule each study follows
 - `main_only()` marks where the rest of the study (fitting, tables, the verdict, the figure) runs on rank 0
   alone: the other processes stop there, and rank 0 writes the run folder.
 
-Training (S0, S2's students, S4's post-training) runs data-parallel inside `lmlab.train.train` (accelerate
-DDP): every process runs it, each on its slice of every global batch.
+Training (the latent study's models, the quantize study's students, the sparse-circuits study's post-training) runs
+data-parallel inside `lmlab.train.train` (accelerate DDP): every process runs it, each on its slice of every global
+batch.
 """
 
 from __future__ import annotations

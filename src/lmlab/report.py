@@ -15,7 +15,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from lmlab.claims import headline  # noqa: F401  (the report's one line a study; re-exported)
+from lmlab.render import headline
 from lmlab.environment import describe
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
@@ -70,7 +70,7 @@ def _section(run: Path) -> dict:
         return dict(anchor=run.name, study=study, title=spec.title if spec else study, model="", status="incomplete",
                     summary=str(exc), seconds=None, complete=False, folder=str(run), rows=[])
     figure = base64.b64encode((run / "figure.png").read_bytes()).decode() if (run / "figure.png").exists() else ""
-    key = result.summary()
+    key = result.report_rows()
     rows = [dict(model=m, status=v.status, summary=v.summary, headline=headline(v.status, v.evidence))
             for m, v in result.verdicts.items()]
     placebo = bool(result.config.get("placebo"))
@@ -94,13 +94,10 @@ DECISION_COLORS = {"yes": "#2e7d32", "no": "#c62828", "open": "#b58900"}
 
 
 def declared_claims(study: str) -> list:
-    """The claims a study declares (its analysis module's CLAIMS): name, statistic, bar, whose, where, decisive."""
-    import importlib
-
+    """The claims a study declares (its spec's claims): name, statistic, bar, whose, where, decisive."""
     if study not in STUDIES:
         raise LmlabError(f"no study '{study}'; the studies: {', '.join(STUDIES)}")
-    module = importlib.import_module(STUDIES[study].verdict.target.split(":")[0])
-    return list(module.CLAIMS)
+    return list(STUDIES[study].claims())
 
 
 def claims_markdown(study: str) -> str:

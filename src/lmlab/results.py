@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from lmlab.claims import headline
+from lmlab.render import headline
 from lmlab.environment import machine
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write

@@ -53,6 +53,40 @@ def study_run(path: str | Path, study: str) -> tuple[Path, dict]:
     return path, yaml.safe_load((path / "config.yaml").read_text())
 
 
+# --- the models a run folder holds for other commands (compare, export, lm-eval) to load: each layout named once,
+# where the study writes it and where another reads it
+
+
+def packed_student(run: str | Path, name: str) -> Path:
+    """Where a quantize run packs its student `name` (the cell's key, e.g. "2bit-A-rep0")."""
+    return Path(run) / "packed" / f"{name}.safetensors"
+
+
+def packed_students(run: str | Path) -> list[Path]:
+    """A quantize run's packed students so far, by name."""
+    return sorted((Path(run) / "packed").glob("*.safetensors"))
+
+
+def holds_packed_students(run: str | Path) -> bool:
+    return (Path(run) / "packed").is_dir()
+
+
+def sparse_model_folder(run: str | Path, replicate: int) -> Path:
+    """The folder of a sparse-circuits run's post-trained model of `replicate` (an HF folder; its training record,
+    sparse_training.json, beside it)."""
+    return Path(run) / "post_training" / f"rep{replicate}" / "sparse_model"
+
+
+def sparse_model_folders(run: str | Path) -> list[tuple[int, Path]]:
+    """A sparse-circuits run's post-trained models so far: (replicate, folder), by replicate."""
+    found = [(int(f.parent.name[3:]), f) for f in (Path(run) / "post_training").glob("rep*/sparse_model")]
+    return sorted(found)
+
+
+def holds_sparse_models(run: str | Path) -> bool:
+    return (Path(run) / "post_training").is_dir()
+
+
 class RunDir:
     """The folder of one study run. `RunDir.open(root, study, model, config_dict)`."""
 

@@ -36,7 +36,7 @@ def wilson(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """Wilson score interval for a proportion (scipy's binomtest); defined (0 to 1) even for n = 0."""
     if n == 0:
         return Interval(float("nan"), 0.0, 1.0, 0)
-    from scipy import stats as _st  # on first use: scipy.stats takes 0.5 s to import
+    from scipy import stats as _st  # on first use: scipy.stats is slow to import
 
     ci = _st.binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
     return Interval(successes / n, float(ci.low), float(ci.high), n)

@@ -1,7 +1,8 @@
-"""S4: attribution patching (three passes) vs activation patching (one pass per head), same IOI prompts.
+"""The sparse-circuits study's attribution patching (three passes) vs activation patching (one pass per head),
+same IOI prompts.
 
 Both score every head of the model; the benchmark prints the wall-time ratio and the Spearman
-correlation between the two rankings (signed scores). Targets from the issue: >= 20x faster and
+correlation between the two rankings (signed scores). Targets: >= 20x faster and
 Spearman >= 0.8 on the embedded model.
 """
 

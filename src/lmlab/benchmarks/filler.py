@@ -1,4 +1,4 @@
-"""S3 generation throughput (problems/s) and ARM's cost, measured side by side.
+"""The filler study's generation throughput (problems/s) and ARM's cost, measured side by side.
 
 The same test problems are generated greedily with the same budget, several alternating rounds: the plain
 model with every prompt run whole, with the batch's shared prefix run once (generation.py), with 55 inserted

@@ -1,6 +1,7 @@
-"""Greedy decoding: lmlab's loop (S1's answers, S3's solutions) vs `transformers`' `generate`, side by side.
+"""Greedy decoding: lmlab's loop (the knockout study's answers, the filler study's solutions) vs `transformers`'
+`generate`, side by side.
 
-The same prompts (S1: few-shot geo-capital questions; S3: the filler study's chat prompts on generated
+The same prompts (the knockout study's few-shot geo-capital questions; the filler study's chat prompts on generated
 arithmetic problems, 55 filler tokens inserted), the same number of new tokens for every row (neither stops at
 an end-of-sequence token, so both do the same work), at batch 1 and at the study's batch; the cases alternate,
 the best of the repeats is kept, and the share of generated tokens on which the two agree is printed (greedy on
@@ -8,9 +9,9 @@ the same model: float order may split a near-tie). The bound: decoding reads eve
 batch 1 no loop beats (memory bandwidth / weight bytes) tokens a second; the bandwidth is measured here (a sum
 over a 1 GiB tensor on the device), and the share of the bound printed (at batch b the bound is b times that).
 
-`--device cuda`: the model in bf16 on the GPU, both loops at batch 1, the study's batch (S3's quick profile
-generates thousands of problems there in batches of 1024) and GPU_BATCH, the GPU's queue drained before each clock
-reading.
+`--device cuda`: the model in bf16 on the GPU, both loops at batch 1, the study's batch (the filler study's quick
+profile generates thousands of problems there in batches of 1024) and GPU_BATCH, the GPU's queue drained before each
+clock reading.
 """
 
 from __future__ import annotations
@@ -115,8 +116,8 @@ def generation_cache_bench(model: str = "smollm2-135m", repeats: int = 2, device
                            **_) -> list[dict]:
     """lmlab's loop as it runs (the cache written in place, finished rows waiting until they are an eighth of the
     batch) against the same loop with transformers' growing cache layer (a copy of the whole cache each step) and
-    finished rows leaving at once: S3's prompts, greedy, stopping at the model's stop tokens, at S3's batch (64 on a
-    CPU, 1024 on a GPU). The answers must be identical."""
+    finished rows leaving at once: the filler study's prompts, greedy, stopping at the model's stop tokens, at
+    that study's batch (64 on a CPU, 1024 on a GPU). The answers must be identical."""
     import torch
 
     from lmlab import generation
@@ -141,8 +142,8 @@ def generation_cache_bench(model: str = "smollm2-135m", repeats: int = 2, device
                              "copying": _synced(lambda: run(False), device)}, repeats)
     tokens = sum(len(o) for o in outs["in place"])
     same = sum(a == b for a, b in zip(outs["in place"], outs["copying"]))
-    setup = (f"{model}, S3 prompts, {len(prompts)} prompts, greedy up to {new} new tokens ({tokens} generated), batch "
-             f"{batch}, best of {repeats}; answers identical: {same} of {len(prompts)}; on {device}"
+    setup = (f"{model}, filler prompts, {len(prompts)} prompts, greedy up to {new} new tokens ({tokens} generated), "
+             f"batch {batch}, best of {repeats}; answers identical: {same} of {len(prompts)}; on {device}"
              + (" (bf16)" if gpu else ""))
     return [dict(benchmark="generation-cache", case=f"S3, batch {batch}: {name}", value=round(tokens / times[name], 1),
                  unit="tokens/s", ratio=round(times["copying"] / times[name], 2), target=None,

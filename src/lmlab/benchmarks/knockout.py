@@ -1,4 +1,4 @@
-"""S1 knockout sweep as the study runs it vs one forward per (sample, layer cut-off).
+"""The knockout sweep as the knockout study runs it vs one forward per (sample, layer cut-off).
 
 Both variants compute the same hidden states, E_Q knocked out in layers 0..k and read at layer k for every
 sweep layer k of every sample, on real geo-capital prompts with their gold answer appended, measured in the

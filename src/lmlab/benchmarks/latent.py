@@ -1,4 +1,5 @@
-"""S0: latent (r = the run's largest rate) vs CoT inference, wall time and tokens per problem.
+"""The latent study's latent model (r = the run's largest rate) vs CoT at inference, wall time and tokens per
+problem.
 
 The two fine-tuned models of one finished `lmlab latent` run (given with `--latent-run DIR`; without it
 the quick from-scratch study is run, or reused, under the bench folder) generate greedily on the same
@@ -97,8 +98,8 @@ def latent_codes_bench(device: str = "cpu", n_problems: int = 3000, repeats: int
     one, many = results["one problem a call"], results["batches of 1024 segments"]
     same = sum(a == b for x, y in zip(one, many) for a, b in zip(x, y))
     total = sum(len(x) for x in one)
-    setup = (f"{len(prep.train)} training problems of S0's quick profile, r = {vq.rate}, untrained VQ-VAE, {device}, "
-             f"best of {repeats} alternating; codes that agree: {same} of {total}")
+    setup = (f"{len(prep.train)} training problems of the latent study's quick profile, r = {vq.rate}, untrained "
+             f"VQ-VAE, {device}, best of {repeats} alternating; codes that agree: {same} of {total}")
     base = times["one problem a call"]
     return [dict(benchmark="latent-codes", case=f"S0 chain codes: {name}", value=round(t, 3), unit="s",
                  ratio=round(t / base, 3), target=None, setup=setup) for name, t in times.items()]

@@ -1,4 +1,5 @@
-"""S2 packed checkpoint sizes, measured on disk: the quantized matrices packed vs the same matrices in fp32.
+"""The quantize study's packed checkpoint sizes, measured on disk: the quantized matrices packed vs the same
+matrices in fp32.
 
 Two safetensors files are written for each bit width, one with the packed codes and scales of every
 quantized matrix, one with those matrices in fp32, and their sizes on disk are compared (XTC: 32x).
@@ -67,12 +68,12 @@ def _kd_step(run: dict, batch: dict, teacher) -> None:
 
 @benchmark("kd-step")
 def kd_step_bench(steps: int = 12, **_) -> list[dict]:
-    """S2's KD step (2-bit student, MiniLM, batch 32 of fact-mnli), side by side in one run: batches padded to
-    max_length with the teacher run every step, padded per batch (the study before the cache), padded per batch
-    with the teacher's outputs read from a TeacherCache built once (the study; its one-off build time is reported
-    apart and amortised over every student's steps), and that step with its forward pass under bf16 autocast
-    (`--dtype bfloat16`; float32 master weights, as the training loop keeps them; the row says whether this CPU has
-    bf16 in hardware). Each case trains its own fresh student on the same batches with the study's optimizer
+    """The quantize study's KD step (2-bit student, MiniLM, batch 32 of fact-mnli), side by side in one run: batches
+    padded to max_length with the teacher run every step, padded per batch (the study before the cache), padded per
+    batch with the teacher's outputs read from a TeacherCache built once (the study; its one-off build time is
+    reported apart and amortised over every student's steps), and that step with its forward pass under bf16
+    autocast (`--dtype bfloat16`; float32 master weights, as the training loop keeps them; the row says whether this
+    CPU has bf16 in hardware). Each case trains its own fresh student on the same batches with the study's optimizer
     (AdamW, fused), and the cases take turns step by step (the order rotating), so that a drift in the machine's
     speed falls on all of them alike; a case's rate is from its median step time after two warm-up steps."""
     import statistics

@@ -1,10 +1,10 @@
 """Replicates trained together (one stacked module, lmlab.train.ensemble) vs one after the other, side by side.
 
-For S0's scratch model (the demo's size, a batch of 32 turtle chains) and S4's addition toy (dense steps and
-sparse post-training steps), the same k = 3 replicates take optimizer steps on the same batches either as three
-separate models in turn or as one stacked model; the cases alternate step by step (the order rotating), so a
-drift in the machine's speed falls on both alike, and each rate is from the median of steps after two warm-up
-steps. The ratio is time one after the other / time together (> 1: together is faster).
+For the latent study's scratch model (the demo's size, a batch of 32 turtle chains) and the sparse-circuits study's
+addition toy (dense steps and sparse post-training steps), the same k = 3 replicates take optimizer steps on the
+same batches either as three separate models in turn or as one stacked model; the cases alternate step by step (the
+order rotating), so a drift in the machine's speed falls on both alike, and each rate is from the median of steps
+after two warm-up steps. The ratio is time one after the other / time together (> 1: together is faster).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ and imports none of them.
     triviaqa    mandarjoshi/trivia_qa, rc.nocontext validation
     nq          google-research-datasets/nq_open    validation
     hotpotqa    hotpotqa/hotpot_qa, distractor      validation
-    gsm8k       openai/gsm8k, main                  test (S0 trains: train, split into its train/dev/test)
+    gsm8k       openai/gsm8k, main                  test (the latent study: train, split into its train/dev/test)
     math500     HuggingFaceH4/MATH-500              test
     glue-NAME   nyu-mll/glue, NAME                  train and validation (mnli: validation_matched)
 

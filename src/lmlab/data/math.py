@@ -8,7 +8,7 @@ Generated levels (seeded; problems never repeat across splits):
     5 word problem          Tom has 12 apples. He buys 7 more and then gives 5 away. How many ...?
 Real files, one rule for both formats: a row that is not JSON, lacks a field, or has an answer we cannot
 read is an error naming the file and line (never silently skipped, never scored). `read_gsm8k` is the one
-GSM8K parser: S3 takes its final answers, S0 its reasoning lines too.
+GSM8K parser: the filler study takes its final answers, the latent study its reasoning lines too.
 """
 
 from __future__ import annotations

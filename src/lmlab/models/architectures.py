@@ -3,8 +3,9 @@ beside this file), read without torch.
 
 Each causal-LM type the transformers it was written with registers is "supported" (every intervention matched an
 independent computation on a tiny random instance of it) or "refused" with one sentence why. A type the table does
-not know (a newer transformers) is tried by discovery and is not marked checked. The encoders S2 distils (BERT and
-its kin, loaded as sequence classifiers) have a table of their own, checked on what S2 uses of them.
+not know (a newer transformers) is tried by discovery and is not marked checked. The encoders the quantize study
+distils (BERT and its kin, loaded as sequence classifiers) have a table of their own, checked on what that study
+uses of them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def markdown() -> str:
     encoders = table()["encoders"]
     if encoders:
         n = sum(r["status"] == "supported" for r in encoders.values())
-        lines += ["", f"Encoders, for S2's classifiers: {n} of {len(encoders)} supported.", "",
+        lines += ["", f"Encoders, for the quantize study's classifiers: {n} of {len(encoders)} supported.", "",
                   "| model_type | status | what is refused, and why |", "|---|---|---|"]
         for name, row in encoders.items():
             lines.append(f"| {name} | {row['status']} | {row['reason'].replace('|', '/')} |")

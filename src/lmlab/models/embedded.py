@@ -1,6 +1,6 @@
 """The offline default models, shipped inside PyPI packages, and the cache of their safetensors.
 
-A GGUF file is de-quantized by transformers on load (~16 s for SmolLM2-135M on 2 cores). We do that
+A GGUF file is de-quantized by transformers on every load, which is slow even for SmolLM2-135M. We do that
 once and keep the result as an ordinary Hugging Face folder (safetensors weights, config, tokenizer)
 under the user's cache directory, so later loads take about a second.
 """
@@ -157,7 +157,7 @@ def serve_tokenizer_from_file(folder: Path) -> None:
 
     transformers 5 rebuilds a model-specific tokenizer class (Gemma's, from a GGUF) from the vocabulary
     in Python, and parses the 33 MB tokenizer.json in Python when tokenizer_config.json does not list
-    the added tokens: 3.9 s of Gemma-3's 4.4 s cached load. The file already holds the whole pipeline
+    the added tokens: most of Gemma-3's cached load. The file already holds the whole pipeline
     (normalizer, pre-tokenizer, model, post-processor, as the GGUF conversion wrote it), so the config
     names the generic `TokenizersBackend`, which hands the file to the Rust loader, and lists the added
     tokens. The encodings are the same (checked in tests/test_embedded_gemma3.py). Idempotent; run on

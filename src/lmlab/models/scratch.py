@@ -1,6 +1,6 @@
-"""Models trained from scratch in a run (S0's base model, S4's addition toy): a Llama block stack built
-from a config, no download. `load_model("scratch", scratch=ScratchSpec(...))` returns one as a
-`LoadedModel`, so every study gets its model through `load_model`.
+"""Models trained from scratch in a run (the latent study's base model, the sparse-circuits study's addition toy): a
+Llama block stack built from a config, no download. `load_model("scratch", scratch=ScratchSpec(...))` returns one as
+a `LoadedModel`, so every study gets its model through `load_model`.
 """
 
 from __future__ import annotations

@@ -120,17 +120,17 @@ class StudyResult:
             data = buf.getvalue()
         parts.append(f'<img alt="figure" style="max-width:100%" src="data:image/png;base64,'
                      f'{base64.b64encode(data).decode()}">')
-        key = self.summary()
+        key = self.report_rows()
         if len(key):
             parts.append("<details><summary>Key rows</summary>" + key.to_html(index=False, na_rep="") + "</details>")
         return "".join(parts)
 
-    def summary(self) -> pd.DataFrame:
+    def report_rows(self) -> pd.DataFrame:
         """The key rows for the report, per model."""
         parts = []
         for model in self.models:
             view = self.for_model(model)
-            key = self.spec.summary(view) if self.spec.summary else pd.concat(list(view.tables.values())[:1])
+            key = self.spec.report_rows(view) if self.spec.report_rows else pd.concat(list(view.tables.values())[:1])
             parts.append(key.assign(model=model) if "model" not in key else key)
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 

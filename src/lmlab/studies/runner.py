@@ -115,6 +115,8 @@ def _stop_on_storage(run: RunDir, exc: BaseException) -> None:
 
 
 def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: float, tag) -> StudyResult:
+    if spec.derive is not None:  # the tables the analysis derives from the measurements (made again by rejudge)
+        frame = spec.derive(frame, config)
     tables, meta = split_tables(frame, config.model)
     if config._placed:
         meta["device_map"] = dict(config._placed)
@@ -163,12 +165,17 @@ def _combine(spec: StudySpec, config: StudyConfig, out, children: list[StudyResu
 
 
 def _write(run: RunDir, result: StudyResult) -> None:
+    """The tables, meta and verdict, the figure, and (one model's run) the study's figures beside it."""
     import matplotlib.pyplot as plt
 
     result.save(run.path)
     fig = draw(result)
     run.write_figure(fig)
     plt.close(fig)
+    if result.spec.figures is not None and len(result.models) == 1:
+        for name, extra in result.spec.figures(result).items():
+            run.write_figure(extra, name=name)
+            plt.close(extra)
 
 
 def _with_spec(result: StudyResult, spec: StudySpec) -> StudyResult:
@@ -180,15 +187,18 @@ _PENDING = Verdict(status="inconclusive", claim="", summary="not judged yet")
 
 
 def rejudge(folder) -> StudyResult:
-    """A finished run judged again from its tables by this lmlab's verdict rules (the claims, their sources and
-    bars may have changed since it ran): verdict.json, the figure and the manifest's verdict rewritten, the tables
-    untouched. A several-model run judges each model's rows by themselves and the whole by the usual rule."""
+    """A finished run judged again from its measurements by this lmlab's rules (the claims, their sources and bars may
+    have changed since it ran): the derived tables made again from the measured ones (a study with `derive`), then
+    verdict.json, the figures and the manifest's verdict rewritten, so the folder agrees with itself. A several-model
+    run judges each model's rows by themselves and the whole by the usual rule."""
     import json
 
     from lmlab.files import atomic_write
 
     result = load_result(folder)
     spec = result.spec
+    if spec.derive is not None:
+        _derive_again(spec, result)
     if len(result.models) == 1:
         verdicts = {result.models[0]: judged(spec, result)}
     else:
@@ -203,3 +213,17 @@ def rejudge(folder) -> StudyResult:
     atomic_write(manifest_file, json.dumps(manifest, indent=2))
     return result
 
+
+def _derive_again(spec: StudySpec, result: StudyResult) -> None:
+    """Each model's derived tables made again from its measured ones (`spec.derive` replaces its own kinds); the
+    files of a derived table the rules no longer make are removed."""
+    tables: dict[str, pd.DataFrame] = {}
+    for model in result.models:
+        frame = result.for_model(model).long().drop(columns="model")
+        made, _ = split_tables(spec.derive(frame, result.config), model)
+        for name, table in made.items():
+            tables[name] = pd.concat([tables[name], table], ignore_index=True) if name in tables else table
+    for stale in set(result.tables) - set(tables):
+        for suffix in (".csv", ".parquet"):
+            (result.path / "tables" / f"{stale}{suffix}").unlink(missing_ok=True)
+    result.tables = tables

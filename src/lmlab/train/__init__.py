@@ -1,4 +1,4 @@
-"""One training loop on accelerate, shared by the studies that train (S0, S2, S4)."""
+"""One training loop on accelerate, shared by the studies that train (latent, quantize, sparse-circuits)."""
 
 from lmlab.train.loop import TrainConfig, TrainingDiverged, TrainResult, train
 

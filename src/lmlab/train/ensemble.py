@@ -1,9 +1,10 @@
 """k independently initialised replicates of one small model, trained as one ("stacked weights").
 
-A study that trains a small model from scratch (S0's scratch model, S4's addition toy) answers a claim about its
-*training method*, so it trains k replicates, each from its own seed. On such models a step is mostly per-call
-overhead (Python, one small kernel after another), so k models one after the other cost about k times one; the
-same k models as one module whose every weight has a leading replicate dimension cost little more than one.
+A study that trains a small model from scratch (the latent study's scratch model, the sparse-circuits study's
+addition toy) answers a claim about its *training method*, so it trains k replicates, each from its own seed. On
+such models a step is mostly per-call overhead (Python, one small kernel after another), so k models one after the
+other cost about k times one; the same k models as one module whose every weight has a leading replicate dimension
+cost little more than one.
 
 `stack(models)` returns a copy of the first model in which every `nn.Linear`, `nn.Embedding` and RMSNorm holds
 the k models' weights stacked (k, ...), under the same parameter names. Its batch is k blocks of rows, replicate

@@ -5,14 +5,14 @@
 
 A step may bring its own tau (a bound measured on the same batch, `loss(..., tau=)` and `update(..., tau=)`):
 the constraint then compares like with like and batch-to-batch noise in B largely cancels.
-The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks
-while it holds, so the objective is pushed only as far as the constraint allows. The multiplicative
-update keeps lambda positive. `clip` bounds the violation one update acts on: at the start of sparse
-post-training the sampled gate drops edges the model needs and the CE jumps far above a small slack, and an
-unbounded update then multiplies lambda by e^10 in twenty steps, after which the edge term no longer moves
-anything (seen on the addition toy: 35-45% of edges kept at lambda 300-5000); with the violation clipped to
-twice the slack lambda still grows steadily while the constraint is violated. `trace` keeps (B, tau, ema, lambda) per step; `state_dict` / `load_state_dict`
-carry it with the multiplier, so a resumed run continues exactly and its trace is whole.
+The multiplier grows while the moving average of the constraint is violated (B above tau) and shrinks while it
+holds, so the objective is pushed only as far as the constraint allows. The multiplicative update keeps lambda
+positive. `clip` bounds the violation one update acts on: at the start of sparse post-training the sampled gate
+drops edges the model needs and the CE jumps far above a small slack, and an unbounded update then multiplies lambda
+by e^10 in twenty steps, after which the edge term no longer moves anything; with the violation clipped to twice the
+slack lambda still grows steadily while the constraint is violated. `trace` keeps (B, tau, ema, lambda) per step;
+`state_dict` / `load_state_dict` carry it with the multiplier, so a resumed run continues exactly and its trace is
+whole.
 
 `sized_rate(steps, scale)`: a rate for a step budget, so that a violation of `scale` held for half the
 budget moves lambda by a factor of 10 (short runs need a fast multiplier, long ones a calm one). On a

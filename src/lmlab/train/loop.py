@@ -1,4 +1,4 @@
-"""One training loop for every study that trains (S0, S2, S4), on HF accelerate.
+"""One training loop for every study that trains (latent, quantize, sparse-circuits), on HF accelerate.
 
 The same call runs on CPU, one GPU, or several processes (`accelerate launch --num_processes N`, or
 `torchrun`). Data order is a function of (seed, epoch) only, and each process takes its slice of every
@@ -347,8 +347,8 @@ def _set_up(model, dataset: Sequence, config: TrainConfig, parameters, out_dir: 
 
 def _optimizer(model, params: list, config: TrainConfig, scaled: bool) -> torch.optim.Optimizer:
     """AdamW; with `config.lr_scale` (and the model's own parameters) one group per learning-rate scale."""
-    # the fused kernel: one pass over each tensor instead of a dozen ops (on MiniLM's 23M parameters a CPU
-    # step takes 10 ms instead of 66 ms); devices it does not cover keep the default implementation
+    # the fused kernel: one pass over each tensor instead of a dozen ops (on a CPU, a small model's step several
+    # times faster); devices it does not cover keep the default implementation
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params) or None
     groups: list = params
     if config.lr_scale and scaled:

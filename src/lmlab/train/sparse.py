@@ -65,8 +65,8 @@ class Rollback:
 
     A drift as well (`window` steps, 0: off): a replicate whose CE stayed over its bound by more than `tolerance` on
     average over its last `window` steps (since its last return) returns the same way. A drift under the spike's
-    threshold, held to the end, fails the gate that reads the last quarter's mean (the S4 toy at seed 3: +0.005 nats
-    over its bound, 0.003 allowed, its multiplier 0.75 and climbing too slowly under a decayed learning rate)."""
+    threshold, held to the end, fails the gate that reads the last quarter's mean (a small excess that the
+    multiplier, climbing too slowly under a decayed learning rate, does not remove in time)."""
 
     def __init__(self, k: int, threshold: float, every: int = 10, window: int = 0, tolerance: float = 0.0):
         self.k, self.threshold, self.every = k, float(threshold), max(int(every), 1)

@@ -1,1 +1,1 @@
-"""Datasets generated offline from templates and real facts (filled in by the study issues)."""
+"""Datasets generated offline from templates and real facts."""

@@ -1,4 +1,4 @@
-"""Clean/corrupted prompt pairs for circuit discovery (S4), generated from templates, seeded.
+"""Clean/corrupted prompt pairs for circuit discovery (sparse-circuits), generated from templates, seeded.
 
 Every pair has the same length in tokens (the corruption swaps single tokens), so activations of the
 two runs line up position by position for patching.

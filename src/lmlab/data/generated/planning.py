@@ -1,4 +1,4 @@
-"""Generated planning tasks with long, verbose step-by-step traces (S0's default offline data).
+"""Generated planning tasks with long, verbose step-by-step traces (the latent study's default offline data).
 
 Two tasks, each a stand-in for the paper's from-scratch settings (Su et al. 2502.03275: a Keys-Finding
 Maze and ProsQA, traces of hundreds of tokens whose early words "support textual coherence rather than
@@ -37,9 +37,8 @@ text to continue, which one code of a 64-entry codebook can hold.
 `classes`, ProsQA-style class chains: "A is B ." facts (every A is a B) of three chains of 8-10 links plus a
 few side classes, shuffled; Tom belongs to the bottom class of one chain; the answer is the class at its
 top, and the trace walks up one link per step ("every kelpus is a bompus , so tom is a bompus ."). Every
-step is a lookup among about 30 shuffled facts; measured on 2 cores, a 3-layer d = 128 model trained from
-scratch for 600 steps (6 minutes) answered 1 of 100 test problems, so it needs a GPU budget and is not the
-default.
+step is a lookup among about 30 shuffled facts; a small model trained from scratch for a few minutes on a CPU
+answers almost none of the test problems, so it needs a GPU budget and is not the default.
 
 Both mark the words a step computes (`computed`: indices into the chain's words); the rest are copied.
 Unlike the maze, neither task backtracks: the trace is long, but the search is a chain of steps a small

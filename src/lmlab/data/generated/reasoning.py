@@ -1,4 +1,4 @@
-"""Multi-step arithmetic word problems with a step-by-step chain of thought (S0's offline data).
+"""Multi-step arithmetic word problems with a step-by-step chain of thought (the latent study's offline data).
 
     Question: Emma has 23 apples. She buys 14 more. Then she gives away 9. How many apples does she have now?
     Chain:    23 + 14 = 37 . 37 - 9 = 28 .
@@ -99,8 +99,8 @@ def generate_disjoint(make, n_train: int, n_dev: int, n_test: int, seed: int, tr
 
 def read_gsm8k_problems(path: str | Path | None) -> list[Problem]:
     """GSM8K jsonl (or saved dataset folder) -> Problems with their reasoning chains (`lmlab.data.math.read_gsm8k`
-    parses the file). `path` None: the hub's GSM8K train split (S0 trains on it; `split_problems` then makes
-    its disjoint train/dev/test)."""
+    parses the file). `path` None: the hub's GSM8K train split (the latent study trains on it; `split_problems` then
+    makes its disjoint train/dev/test)."""
     if path is None:
         from lmlab.data.math import hub_gsm8k
 

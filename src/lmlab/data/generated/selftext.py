@@ -1,10 +1,9 @@
 """Training text without a hub: what the model itself writes, plus docstrings from Python's stdlib.
 
-S4's constraint is "cross-entropy no worse than the dense model's", so the natural data is the dense
-model's own distribution: sequences it samples (temperature 1, no top-k/top-p) from short, varied
-openers. The Docstring task benefits from real docstrings, and Python's standard library (always
-installed) has thousands: `stdlib_docstrings` renders `def name(args):` plus the docstring, read with
-`ast` (no import, no execution).
+The sparse-circuits study's constraint is "cross-entropy no worse than the dense model's", so the natural data is
+the dense model's own distribution: sequences it samples (temperature 1, no top-k/top-p) from short, varied openers.
+The Docstring task benefits from real docstrings, and Python's standard library (always installed) has thousands:
+`stdlib_docstrings` renders `def name(args):` plus the docstring, read with `ast` (no import, no execution).
 """
 
 from __future__ import annotations

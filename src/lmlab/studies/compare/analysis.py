@@ -57,7 +57,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Declared, Resampler, declared, evidence, judge
+from lmlab.claims import Declared, declared, evidence, judge
+from lmlab.resampling import Resampler
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab.studies.compare.config import circuit_k as config_circuit_k
 
@@ -247,10 +248,16 @@ def circuit_k(model_row, min_k: int) -> int:
 
 # --- derived tables -----------------------------------------------------------------------------------------------
 
+# the tables `derive` makes from the measurements (made again, never kept, when a run is re-judged)
+DERIVED = ("curve", "reference", "overlap", "replicate_overlap", "heads", "comparison", "pathway_comparison")
+
+
 def derive(table: pd.DataFrame, config) -> pd.DataFrame:
-    """Add curve rows (explained effect per model and task), the overlap curves over k (each variant replicate with the
-    original; the original's split-half reference; replicate against replicate within a cell), the heads kept, lost
-    and new at the claim's k, and the comparison tables (claims_of)."""
+    """The measurements (the recipe's rows) with the tables derived from them: curve rows (explained effect per model
+    and task), the overlap curves over k (each variant replicate with the original; the original's split-half
+    reference; replicate against replicate within a cell), the heads kept, lost and new at the claim's k, and the
+    comparison tables (claims_of). Rows of a derived kind already in `table` are replaced (`lmlab verdict`)."""
+    table = table[~table["kind"].isin(DERIVED)].reset_index(drop=True)
     seed = int(_setting(config, "seed", 0))
     min_k = int(_setting(config, "min_k", 5))
     models = table[table["kind"] == "model"]
@@ -632,7 +639,7 @@ def _stacked(result) -> pd.DataFrame:
     return pd.concat([p for p in parts if len(p)], ignore_index=True)
 
 
-def summary(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     """One row per variant cell and task: the answer, the overlap with its interval and bar, the circuit sizes."""
     table = result.table("comparison")
     if table.empty:

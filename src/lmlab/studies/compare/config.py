@@ -124,6 +124,7 @@ def check_variant(spec: str) -> None:
 
     from lmlab.errors import LmlabError
     from lmlab.models.catalog import check_model_available
+    from lmlab.runs import holds_packed_students, holds_sparse_models
 
     if spec == SAME:
         return
@@ -141,6 +142,6 @@ def check_variant(spec: str) -> None:
         if not path.is_file():
             raise LmlabError(f"--variant {spec}: no such file")
         return
-    if path.is_dir() and ((path / "packed").is_dir() or (path / "post_training").is_dir()):
+    if path.is_dir() and (holds_packed_students(path) or holds_sparse_models(path)):
         return  # a quantize or sparse-circuits run folder
     check_model_available(spec)

@@ -1,8 +1,9 @@
 """Compare's second half: does a variant keep the question-anchored pathway where its original has it?
 
-S1's knockout (`lmlab knockout`, Luo et al.) runs on the original and on each variant, composed through the registry:
-its own recipe, probes trained per model, its own run folder under this run's pathways/ folder (reused and resumed like
-any run). What compare reads back is each model's S1 claim "E_Q ΔP - control ΔP" per dataset (blocking attention from
+The knockout study (`lmlab knockout`, Luo et al.) runs on the original and on each variant, composed through the
+registry: its own recipe, probes trained per model, its own run folder under this run's pathways/ folder (reused and
+resumed like any run). What compare reads back is each model's knockout claim "E_Q ΔP - control ΔP" (looked up in
+the knockout study's declared claims, so a rename there fails here by name) per dataset (blocking attention from
 the question's exact tokens moves the truthfulness probe more than blocking as many random question tokens): its
 estimate, its interval over S1's replicates (probe splits and control draws) and questions, and its decision.
 
@@ -19,10 +20,15 @@ import math
 
 import numpy as np
 
-from lmlab.claims import Claim
+from lmlab.claims import Claim, declared
 from lmlab.runs import RunDir
 
-S1_CLAIM = "E_Q ΔP - control ΔP"
+PATHWAY_CLAIM = "E_Q ΔP - control ΔP"  # the knockout study's claim compare reads back (knockout_claim checks it)
+
+
+def knockout_claim(spec) -> str:
+    """The name of the knockout claim compare reads, as the knockout study (`spec`, from the registry) declares it."""
+    return declared(spec.claims(), PATHWAY_CLAIM).name
 
 
 def measure_pathway(lm, model_key: str, cell: str, replicate: int, config, run_dir: RunDir) -> list[dict]:
@@ -40,7 +46,8 @@ def measure_pathway(lm, model_key: str, cell: str, replicate: int, config, run_d
     if config.pathway_datasets:
         settings["datasets"] = list(config.pathway_datasets)
     result = run_study(spec, spec.config(**settings), run_dir.path / "pathways", lm=lm)
-    claims = [c for c in result.verdict.evidence.get("claims", []) if c["name"] == S1_CLAIM]
+    name = knockout_claim(spec)
+    claims = [c for c in result.verdict.evidence.get("claims", []) if c["name"] == name]
     rows = [{"kind": "pathway", "model_key": model_key, "cell": cell, "replicate": replicate, "dataset": c["group"],
              "estimate": c["estimate"], "se": c["se"], "df": c["df"], "lo": c["low"], "hi": c["high"],
              "decision": c["decision"], "s1_replicates": c["replicates"], "questions": c["n"],

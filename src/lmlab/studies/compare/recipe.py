@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import re
 from pathlib import Path
 
@@ -44,7 +43,8 @@ from lmlab.interventions import AblateHeads, install
 from lmlab.interventions.permute import permute_heads
 from lmlab.interventions.quant import load_packed
 from lmlab.models import LoadedModel, layout_of
-from lmlab.runs import RunDir
+from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
+                        sparse_model_folders)
 from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
 from lmlab.studies.compare.measure import measure, select, top_heads
 from lmlab.studies.compare.pathways import measure_pathway
@@ -82,17 +82,17 @@ def expand(spec: str) -> list[Variant]:
     if path.suffix == ".safetensors":
         cell, rep = _rep_of(path.stem)
         return [Variant(cell, rep, str(path), "packed")]
-    if path.is_dir() and (path / "packed").is_dir():
-        files = sorted((path / "packed").glob("*.safetensors"))
+    if path.is_dir() and holds_packed_students(path):
+        files = packed_students(path)
         if not files:
             raise LmlabError(f"--variant {spec}: its packed/ folder holds no student yet (an unfinished run?)")
         return [v for f in files for v in expand(str(f))]
-    if path.is_dir() and (path / "post_training").is_dir():
-        folders = sorted((path / "post_training").glob("rep*/sparse_model"))
+    if path.is_dir() and holds_sparse_models(path):
+        folders = sparse_model_folders(path)
         if not folders:
             raise LmlabError(f"--variant {spec}: no post-trained sparse model in it (an unfinished run, or one "
                              "without --circuits?)")
-        return [Variant("sparse", int(f.parent.name[3:]), str(f), "sparse") for f in folders]
+        return [Variant("sparse", rep, str(f), "sparse") for rep, f in folders]
     return [Variant(spec, 0, spec, "model")]
 
 
@@ -220,9 +220,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made)} for v in variants]
     rows += [r for rs in chosen.values() for r in rs] + placebo_rows
-    from lmlab.studies.compare.analysis import derive
-
-    return derive(pd.DataFrame(rows), config)
+    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
 
 
 def _order(key: str, variants: list[Variant], tasks: list[str]) -> tuple:

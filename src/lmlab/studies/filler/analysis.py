@@ -32,7 +32,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Z_80, Claim, Declared, Gate, Resampler, declared, evidence, judge
+from lmlab.claims import Z_80, Claim, Declared, Gate, declared, evidence, judge
+from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, duration, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
@@ -304,7 +305,7 @@ def _profile_panels(result, axes) -> None:
         ax.legend(fontsize=8)
 
 
-def key_rows(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     """Accuracy per condition (test split), for the report (the renormalised peak attention when no answers were
     made)."""
     a = result.table("answer")

@@ -43,7 +43,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Declared, Gate, Resampler, declared, evidence, judge, replicates_gate
+from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
+from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, wilson
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.knockout.config import MIN_GROUP
@@ -547,7 +548,7 @@ def _add_side_evidence(result, evidence: dict, split: pd.DataFrame, detection: p
                          "high": getattr(row, "high", None), "note": getattr(row, "note", None)}
 
 
-def key_rows(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     """Mean ΔP (pp) per set and per-layer group, and the flip rates (%), at the sweep layers, for the report."""
     ko = grouped(matched_control(result.table("knockout")))
     if ko.empty:

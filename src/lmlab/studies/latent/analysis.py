@@ -44,7 +44,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Declared, Gate, Resampler, at_bound, blocks_gain, declared, evidence, judge, replicates_gate, still_falling
+from lmlab.claims import Declared, Gate, at_bound, blocks_gain, declared, evidence, judge, replicates_gate
+from lmlab.resampling import Resampler
+from lmlab.train.convergence import still_falling
 from lmlab.studies.base import Verdict, canvas, caption, finish
 
 CLAIM = ("Token count falls steadily as r rises, while accuracy stays within about one point of CoT; mixing latent "
@@ -311,7 +313,7 @@ def _pct(x) -> str:
     return "" if x is None or pd.isna(x) else f"{100 * float(x):.1f}%"
 
 
-def summary(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     v = _variants(result)
     rows = []
     for name, part in v.groupby("variant", sort=False):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from lmlab.studies.latent import codes as L
+from lmlab.studies.latent import sequences
 from lmlab.studies.latent.config import Config
 from lmlab.studies.latent.measure import chunk_codes, train_vq
 from lmlab.studies.latent.recipe import final_weights, prepare
@@ -51,21 +51,21 @@ def main() -> None:
     for k in (1, 2, 3):
         prefixes, kept = [], []
         for ex in test:
-            segs = L.segments(ex, config.chunk)
+            segs = sequences.segments(ex, config.chunk)
             k_here = min(k, len(segs) - 1)
             m = segs[k_here - 1][1] if k_here > 0 else 0
-            n_codes = L.codes_needed(ex, m, config.chunk, rate)
+            n_codes = sequences.codes_needed(ex, m, config.chunk, rate)
             codes = chunk_codes(vq, vocab, ex, config.chunk) if m else []
-            codes = L.carry_nothing(codes) if config.placebo else codes  # a placebo run's model knows one code
-            prefixes.append(L.replace_with_latents(vocab, ex.chain[:m], codes, m, n_codes))
+            codes = sequences.carry_nothing(codes) if config.placebo else codes  # a placebo run's model knows one code
+            prefixes.append(sequences.replace_with_latents(vocab, ex.chain[:m], codes, m, n_codes))
             kept.append(m)
-        ids, mask = L.pad_left([ex.prompt + p for ex, p in zip(test, prefixes)], vocab.pad)
+        ids, mask = sequences.pad_left([ex.prompt + p for ex, p in zip(test, prefixes)], vocab.pad)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=prep.max_new,
                                  do_sample=False, eos_token_id=vocab.eos, pad_token_id=vocab.pad)
         kinds, steps, right = collections.Counter(), collections.Counter(), 0
         for ex, m, row in zip(test, kept, out[:, ids.shape[1]:].tolist()):
-            right += L.is_correct(vocab, row, ex.value)
+            right += sequences.is_correct(vocab, row, ex.value)
             gold = ex.chain[m:] + ex.answer
             for i, (a, b) in enumerate(zip(row, gold)):
                 if a != b:

@@ -10,7 +10,7 @@ import torch
 from lmlab import parallel
 from lmlab.models import module_device, pad_sequences
 from lmlab.runs import RunDir
-from lmlab.studies.latent import codes as L
+from lmlab.studies.latent import sequences, vqvae
 from lmlab.studies.latent.config import Config
 from lmlab.train import TrainConfig, train
 from lmlab.parallel import all_sum, group_size
@@ -50,7 +50,7 @@ def padded(ids: list[int], chunk: int, pad: int) -> list[int]:
     return list(ids) + [pad] * (chunk - len(ids))
 
 
-def vq_chunks(examples: list[L.Example], chunk: int, pad: int) -> list[tuple[list[int], list[int], int]]:
+def vq_chunks(examples: list[sequences.Example], chunk: int, pad: int) -> list[tuple[list[int], list[int], int]]:
     """(prompt, chunk, offset) over the whole sequence, as the paper trains its VQ-VAE: the question in
     L-token pieces, the chain in its word-aligned segments, the answer; every chunk padded to L; offset is
     the chunk's first position in prompt + chain + answer."""
@@ -59,26 +59,26 @@ def vq_chunks(examples: list[L.Example], chunk: int, pad: int) -> list[tuple[lis
         n = len(ex.prompt)
         out += [(ex.prompt, padded(ex.prompt[1:-1][k:k + chunk], chunk, pad), 1 + k)
                 for k in range(0, n - 2, chunk)]
-        out += [(ex.prompt, padded(ex.chain[a:b], chunk, pad), n + a) for a, b in L.segments(ex, chunk)]
+        out += [(ex.prompt, padded(ex.chain[a:b], chunk, pad), n + a) for a, b in sequences.segments(ex, chunk)]
         out += [(ex.prompt, padded(ex.answer[1:][k:k + chunk], chunk, pad), n + len(ex.chain) + 1 + k)
                 for k in range(0, len(ex.answer) - 1, chunk)]
     return out
 
 
-def max_offset(examples: list[L.Example]) -> int:
+def max_offset(examples: list[sequences.Example]) -> int:
     return max(len(ex.prompt) + len(ex.chain) + len(ex.answer) for ex in examples)
 
 
-def build_vq(vocab, examples: list[L.Example], config: Config, rate: int, device: str | None = None):
+def build_vq(vocab, examples: list[sequences.Example], config: Config, rate: int, device: str | None = None):
     """An untrained VQ-VAE for `rate`, sized to hold `examples`' prompts and positions, built on `device` (default:
     the config's, where it trains and runs); its initial weights come from torch's current seed."""
     with torch.device(device or config.torch_device()):
-        return L.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
+        return vqvae.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
                             max_prompt=max(len(ex.prompt) for ex in examples) + 8, pad_id=vocab.pad,
                             max_offset=max_offset(examples) + 64)
 
 
-def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_dir: RunDir, seed: int | None = None,
+def train_vq(vocab, examples: list[sequences.Example], config: Config, rate: int, run_dir: RunDir, seed: int | None = None,
              replicate: int = 0):
     """Train replicate `replicate`'s VQ-VAE for `rate` (initial weights, batches and code restarts from `seed`) on
     chunks of the training sequences (resumable)."""
@@ -89,7 +89,7 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
     pad = vocab.pad
 
     def collate(items):
-        prompt, mask = L.pad_left([p for p, _, _ in items], pad)
+        prompt, mask = sequences.pad_left([p for p, _, _ in items], pad)
         return {"prompt": prompt, "mask": mask, "chunk": torch.tensor([c for _, c, _ in items], device="cpu"),
                 "offset": torch.tensor([o for _, _, o in items], device="cpu")}  # the loop moves batches
 
@@ -112,22 +112,22 @@ def train_vq(vocab, examples: list[L.Example], config: Config, rate: int, run_di
     return vq, chunks, collate
 
 
-def chunk_codes(vq, vocab, ex: L.Example, chunk: int) -> list[int]:
+def chunk_codes(vq, vocab, ex: sequences.Example, chunk: int) -> list[int]:
     """The codes of every segment of the chain, in order (chunk / rate per segment)."""
     return chunk_codes_many(vq, vocab, [ex], chunk)[0]
 
 
-def chunk_codes_many(vq, vocab, examples: list[L.Example], chunk: int, batch_size: int = 1024) -> list[list[int]]:
+def chunk_codes_many(vq, vocab, examples: list[sequences.Example], chunk: int, batch_size: int = 1024) -> list[list[int]]:
     """`chunk_codes` of each example, the segments of all of them encoded in batches of `batch_size` (each
     segment's prompt left-padded and masked, as in training: a segment's codes do not depend on its batch)."""
     device = module_device(vq)
-    segs = [L.segments(ex, chunk) for ex in examples]
+    segs = [sequences.segments(ex, chunk) for ex in examples]
     flat = [(ex.prompt, padded(ex.chain[a:b], chunk, vocab.pad), len(ex.prompt) + a)
             for ex, ex_segs in zip(examples, segs) for a, b in ex_segs]
     codes: list[int] = []
     for start in range(0, len(flat), batch_size):
         part = flat[start:start + batch_size]
-        prompt, mask = L.pad_left([p for p, _, _ in part], vocab.pad, device)
+        prompt, mask = sequences.pad_left([p for p, _, _ in part], vocab.pad, device)
         ids = torch.tensor([c for _, c, _ in part], device=device)
         offset = torch.tensor([o for _, _, o in part], device=device)
         codes += vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
@@ -139,27 +139,27 @@ def chunk_codes_many(vq, vocab, examples: list[L.Example], chunk: int, batch_siz
     return out
 
 
-def forced_prefixes(vq, vocab, examples: list[L.Example], config: Config, rate: int) -> list[tuple[list[int], int]]:
+def forced_prefixes(vq, vocab, examples: list[sequences.Example], config: Config, rate: int) -> list[tuple[list[int], int]]:
     """<boLatent> true codes <eoLatent> for the largest m training allows each example, and that m (the "forced
     codes" evaluation; an example that allows none gets no prefix), their codes encoded in batches. Under the placebo
     the codes are the constant code its model was trained on (`codes.carry_nothing`), in the same layout."""
-    options = [L.replacement_options(ex, config.chunk) for ex in examples]
+    options = [sequences.replacement_options(ex, config.chunk) for ex in examples]
     need = [ex for ex, opts in zip(examples, options) if opts]
     encoded = chunk_codes_many(vq, vocab, need, config.chunk)
-    codes = iter([L.carry_nothing(c) for c in encoded] if config.placebo else encoded)
+    codes = iter([sequences.carry_nothing(c) for c in encoded] if config.placebo else encoded)
     out = []
     for ex, opts in zip(examples, options):
         if not opts:
             out.append(([], 0))
             continue
         m = opts[-1]
-        n = L.codes_needed(ex, m, config.chunk, rate)
-        out.append((L.replace_with_latents(vocab, ex.chain[:m], next(codes), m, n), m))
+        n = sequences.codes_needed(ex, m, config.chunk, rate)
+        out.append((sequences.replace_with_latents(vocab, ex.chain[:m], next(codes), m, n), m))
     return out
 
 
 @torch.no_grad()
-def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_size: int = 250,
+def evaluate(model, vocab, examples: list[sequences.Example], max_new: int = 96, batch_size: int = 250,
              prefixes: list[list[list[int]]] | None = None) -> list[dict]:
     """Greedy generation, one dict per replicate of a stacked model (one for an ordinary model); per problem:
     correct, generated tokens (latent + text, to <eos>; a forced prefix counts as generated), latents used.
@@ -183,7 +183,7 @@ def evaluate(model, vocab, examples: list[L.Example], max_new: int = 96, batch_s
     return out
 
 
-def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[list[int]]], max_new: int,
+def _generate(model, vocab, examples: list[sequences.Example], prefixes: list[list[list[int]]], max_new: int,
               batch_size: int) -> list[list[tuple[bool, int, int]]]:
     """Per example, per replicate: (correct, generated tokens, latents), generated in batches (a stacked model's
     rows are each replicate's prompts in turn)."""
@@ -193,7 +193,7 @@ def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[list[
     for start in range(0, len(examples), batch_size):
         part = examples[start:start + batch_size]
         forced = [p[start:start + batch_size] for p in prefixes]
-        ids, mask = L.pad_left([ex.prompt + f for r in range(k) for ex, f in zip(part, forced[r])], vocab.pad, device)
+        ids, mask = sequences.pad_left([ex.prompt + f for r in range(k) for ex, f in zip(part, forced[r])], vocab.pad, device)
         out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=max_new, do_sample=False,
                              eos_token_id=vocab.eos, pad_token_id=vocab.pad)
         gen = out[:, ids.shape[1]:].tolist()
@@ -202,27 +202,27 @@ def _generate(model, vocab, examples: list[L.Example], prefixes: list[list[list[
             for r in range(k):
                 row = gen[r * len(part) + i]
                 g = forced[r][i] + (row[:row.index(vocab.eos) + 1] if vocab.eos in row else row)
-                per.append((L.is_correct(vocab, g, ex.value), len(g), sum(1 for t in g if vocab.is_code(t))))
+                per.append((sequences.is_correct(vocab, g, ex.value), len(g), sum(1 for t in g if vocab.is_code(t))))
             out_rows.append(per)
     return out_rows
 
 
 @torch.no_grad()
-def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks) -> dict:
+def vq_quality(vq, vocab, dev_ex: list[sequences.Example], config: Config, train_chunks) -> dict:
     """Reconstruction of chain segments on the dev problems (padding left out): token accuracy, split into
     the tokens a step computes and the copied ones, and whole-chunk exact match; codes used on training
     chunks."""
     out = {}
     prompts, ids, hot, offsets = [], [], [], []
     for ex in dev_ex:
-        for a, b in L.segments(ex, config.chunk):
+        for a, b in sequences.segments(ex, config.chunk):
             prompts.append(ex.prompt)
             offsets.append(len(ex.prompt) + a)
             ids.append(padded(ex.chain[a:b], config.chunk, vocab.pad))
             hot.append(padded([int(x) for x in ex.computed[a:b]], config.chunk, -1))
     device = module_device(vq)
     if ids:
-        prompt, mask = L.pad_left(prompts, vocab.pad, device)
+        prompt, mask = sequences.pad_left(prompts, vocab.pad, device)
         ids_t = torch.tensor(ids, device=device)
         rec = vq.reconstruct(prompt, mask, ids_t, torch.tensor(offsets, device=device))
         real = ids_t != vocab.pad
@@ -235,7 +235,7 @@ def vq_quality(vq, vocab, dev_ex: list[L.Example], config: Config, train_chunks)
         out["vq_dev_chunk_exact"] = float((same | ~real).all(1).float().mean())
     sample = train_chunks[:2000]
     if sample:
-        prompt, mask = L.pad_left([p for p, _, _ in sample], vocab.pad, device)
+        prompt, mask = sequences.pad_left([p for p, _, _ in sample], vocab.pad, device)
         used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample], device=device),
                         torch.tensor([o for _, _, o in sample], device=device))
         out["codebook_used"] = int(used.unique().numel())

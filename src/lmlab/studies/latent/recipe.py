@@ -16,7 +16,7 @@
    instead: its tokenizer gets <cot>, <ans>, the markers and the K codes as new special tokens and its
    embeddings are resized. (An earlier version trained a CoT base and fine-tuned every variant from it; the
    from-scratch setting of the paper has no such base.)
-3. Per rate r: a VQ-VAE over chunks of at most L tokens (L/r codes each, codebook K; codes.py), trained on
+3. Per rate r: a VQ-VAE over chunks of at most L tokens (L/r codes each, codebook K; vqvae.py), trained on
    chunks of the whole training sequences (question, chain, answer) and applied to the chain; then the
    model is trained on mixed sequences where the leftmost m chain tokens are replaced by <boLatent> codes
    <eoLatent>. As in the paper, m is drawn per example from a chunk-aligned set: 0 for about 1/7 of
@@ -69,7 +69,7 @@ from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, ScratchSpec, load_model, resize_vocabulary
 from lmlab.runs import RunDir
 from lmlab.stats import wilson
-from lmlab.studies.latent import codes as L
+from lmlab.studies.latent import sequences
 from lmlab.studies.latent.config import PRETRAINED, Config, check_config
 from lmlab.studies.latent.measure import (chunk_codes_many, collate_for, evaluate, forced_prefixes, lm_loss,
                                          train_cfg, train_vq, vq_quality)
@@ -127,10 +127,10 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
             initial.append(model)
     else:
         texts = [p.question + " " + p.chain for split in problems.values() for p in split]
-        vocab = L.Vocab.from_texts(texts, config.codebook)
-    train_ex = [L.make_example(vocab, p) for p in problems["train"]]
-    test_ex = [L.make_example(vocab, p) for p in problems["test"]]
-    dev_ex = [L.make_example(vocab, p) for p in problems["dev"]]
+        vocab = sequences.Vocab.from_texts(texts, config.codebook)
+    train_ex = [sequences.make_example(vocab, p) for p in problems["train"]]
+    test_ex = [sequences.make_example(vocab, p) for p in problems["test"]]
+    dev_ex = [sequences.make_example(vocab, p) for p in problems["dev"]]
     max_new = config.max_new or max(len(ex.chain) + len(ex.answer) for ex in train_ex) + 16
     longest = max(len(ex.prompt) for ex in train_ex + test_ex + dev_ex) + max_new
     if config.model not in PRETRAINED:
@@ -144,7 +144,7 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
     if longest > context:
         raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
                          f"{context}")
-    n_chunks = sum(len(L.segments(ex, config.chunk)) for ex in train_ex)
+    n_chunks = sum(len(sequences.segments(ex, config.chunk)) for ex in train_ex)
     if n_chunks < config.codebook:
         raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
                          "or generate more problems")
@@ -156,7 +156,7 @@ def _pretrained(config: Config, lm: LoadedModel | None = None):
     embeddings resized to match (models.resize_vocabulary)."""
     # the vocabulary grows: a model passed in is copied, never resized in place
     lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
-    vocab = L.TokenizerVocab(lm.tokenizer, config.codebook)
+    vocab = sequences.TokenizerVocab(lm.tokenizer, config.codebook)
     resize_vocabulary(lm.model, len(vocab))
     return lm.model, vocab
 
@@ -183,14 +183,14 @@ def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
     vq, chunks, _ = train_vq(vocab, train_ex, config, rate, run_dir, seed=seed, replicate=replicate)
     extra = vq_quality(vq, vocab, prep.dev, config, chunks)
     rng = random.Random(f"{seed}|{rate}")
-    ms = [L.draw_m(rng, ex, config.chunk) for ex in train_ex]
+    ms = [sequences.draw_m(rng, ex, config.chunk) for ex in train_ex]
     codes = parallel.share_out(len(train_ex), lambda idx: _codes_where(vq, vocab, train_ex, ms, idx, config.chunk))
     if config.placebo:  # the same m and number of codes, every code the one constant code
-        codes = [L.carry_nothing(c) for c in codes]
+        codes = [sequences.carry_nothing(c) for c in codes]
     items, shares, ratio = [], [], []
     for ex, m, ex_codes in zip(train_ex, ms, codes):
-        n = L.codes_needed(ex, m, config.chunk, rate) if m else 0
-        items.append((ex.prompt, L.replace_with_latents(vocab, ex.chain, ex_codes, m, n) + ex.answer))
+        n = sequences.codes_needed(ex, m, config.chunk, rate) if m else 0
+        items.append((ex.prompt, sequences.replace_with_latents(vocab, ex.chain, ex_codes, m, n) + ex.answer))
         shares.append(m / len(ex.chain))
         if m:
             ratio.append(m / n)

@@ -26,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Declared, Gate, Resampler, declared, evidence, judge, replicates_gate, still_falling
+from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
+from lmlab.resampling import Resampler
+from lmlab.train.convergence import still_falling
 from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
@@ -400,7 +402,7 @@ def figure(result, fig=None):
     return finish(fig)
 
 
-def key_rows(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     """Score per task and configuration, for the report."""
     s = result.table("score").assign(config=lambda d: d.bits.astype(int).astype(str) + "-bit " + d.budget)
     return s.pivot_table(index="task", columns="config", values="score").round(1).reset_index()

@@ -36,7 +36,7 @@ def placebo_seed(seed: int, budget: str, replicate: int, n_seeds: int) -> int:
     """The placebo's seed for a Budget-B or Budget-C student, trained as Budget-A: a replicate seed past the run's own
     ones (B: replicates n..2n-1, C: 2n..3n-1 of `seed`), so that the cell is another independent draw of Budget-A's
     training, not Budget-A's students again."""
-    from lmlab.claims import replicate_seed
+    from lmlab.resampling import replicate_seed
 
     return replicate_seed(seed, n_seeds * (1 + "BC".index(budget)) + replicate)
 

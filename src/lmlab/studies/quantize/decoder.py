@@ -37,7 +37,7 @@ from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.files import atomic_write
-from lmlab.runs import RunDir
+from lmlab.runs import RunDir, packed_student
 from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, placebo_seed, student_arm, student_warmup
 from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
@@ -164,7 +164,7 @@ def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: i
     info = {"weight_bits": width}
     if parallel.is_main():
         shutil.rmtree(work, ignore_errors=True)
-        info.update(save_packed(model, run_dir.path / "packed" / f"{key}.safetensors"))
+        info.update(save_packed(model, packed_student(run_dir.path, key)))
         if config.export:  # beside the packed file
             export_compressed(model, run_dir.path / "export" / config.export / key, lm.tokenizer)
     return model, steps, info

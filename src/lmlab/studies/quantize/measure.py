@@ -19,6 +19,7 @@ from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.models.layout import layout_of
+from lmlab.runs import packed_student
 from lmlab.studies.quantize.config import Config, claims_budget, student_arm, student_warmup
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
@@ -215,7 +216,7 @@ def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, c
         info["best_dev_step"], info["best_dev"] = best.restore()
     if parallel.is_main():  # the other processes trained their slices; rank 0 holds the same weights
         shutil.rmtree(work, ignore_errors=True)
-        info.update(save_packed(model, run_dir.path / "packed" / f"{task.name}-{key}.safetensors"))
+        info.update(save_packed(model, packed_student(run_dir.path, f"{task.name}-{key}")))
     return model, tc.steps, info
 
 

@@ -1,5 +1,7 @@
-"""S4 figures, verdict and the report's key rows, read from the result's tables alone; `derive` turns the
-per-prompt curves into explained effect with intervals, heads needed and the multiplier.
+"""sparse-circuits' derived tables, figures, verdict and the report's key rows, read from the result's tables (and
+the toy's edge usage the run saved beside them); `derive` turns the per-prompt curves into explained effect with
+intervals, heads needed and the multiplier, when a run finishes and again when it is re-judged; `figures` draws the
+toy's edges and the post-training trajectories beside the main figure.
 
 Whose verdict: the paper's claims are on the model (GPT-2 and OLMo-7B in the paper; here the given model), so a run
 with the model's circuits is judged by that half (circuit_analysis.py); the addition toy (the paper's Figure 1
@@ -20,9 +22,40 @@ import pandas as pd
 
 from lmlab.studies.base import Verdict
 from lmlab.studies.sparse_circuits.declared import CLAIMS, COLUMNS  # noqa: F401  (the claims, whose each is and why; the tables' columns)
+from lmlab.studies.sparse_circuits import circuit_analysis
 from lmlab.studies.sparse_circuits.circuit_analysis import model_figure, model_verdict
 from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
 from lmlab.studies.sparse_circuits.toy_analysis import toy_seed_figure, toy_verdict
+
+# the tables `derive` makes from the measurements (made again, never kept, when a run is re-judged)
+DERIVED = ("curve", "heads_needed", "multiplier")
+
+
+def derive(frame: pd.DataFrame, config) -> pd.DataFrame:
+    """The measurements with the circuit tables derived from them (circuit_analysis.derive at the config's threshold
+    and seed); rows of a derived kind already in `frame` are replaced. The toy alone derives nothing."""
+    if frame.empty:
+        return frame
+    frame = frame[~frame["kind"].isin(DERIVED)].reset_index(drop=True)
+    if not (frame["kind"] == "per_prompt").any():
+        return frame
+    setting = config.get if isinstance(config, dict) else (lambda name: getattr(config, name))
+    return circuit_analysis.derive(frame, float(setting("threshold")), int(setting("seed") or 0))
+
+
+def figures(result) -> dict:
+    """Beside the main figure: the toy's attention edges (where the run saved their usage) and the post-training
+    trajectories."""
+    out = {}
+    usage = result.path / "toy_edges.safetensors" if result.path is not None else None
+    if usage is not None and usage.is_file():
+        from safetensors.torch import load_file
+
+        edges = load_file(str(usage))
+        out["toy_figure"] = toy_figure(edges["dense"].numpy(), edges["sparse"].numpy())
+    out["geco_figure"] = geco_figure(result.tables)
+    return out
+
 
 def figure(result, fig=None):
     if result.table("curve").empty and len(result.table("toy")):
@@ -127,7 +160,7 @@ def geco_figure(tables: dict[str, pd.DataFrame]):
     return fig
 
 
-def summary(result) -> pd.DataFrame:
+def report_rows(result) -> pd.DataFrame:
     rows = []
     tasks = result.table("task")
     needed = result.table("heads_needed")

@@ -35,7 +35,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Gate, Resampler, declared, evidence, judge, replicates_gate
+from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
+from lmlab.resampling import Resampler
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS

@@ -97,8 +97,8 @@ class Config(StudyConfig):
 
     def toy_replicate_seeds(self) -> list[int]:
         """The toy's replicate seeds: --toy-seeds, else --seeds, else the profile's toy_seeds, else its seeds;
-        replicate r draws the same seed at any count (lmlab.claims.replicate_seed)."""
-        from lmlab.claims import replicate_seed
+        replicate r draws the same seed at any count (lmlab.resampling.replicate_seed)."""
+        from lmlab.resampling import replicate_seed
 
         n = self.toy_seeds or self.seeds or self.size("toy_seeds") or self.n_seeds
         return [replicate_seed(self.seed, r) for r in range(int(n))]

@@ -71,7 +71,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from safetensors.torch import load_file
 
 from lmlab import parallel
 from lmlab.data.generated.circuits import TASKS, make_task
@@ -80,11 +79,8 @@ from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce_edges
 from lmlab.files import atomic_write
 from lmlab.models import LoadedModel, save_model
-from lmlab.runs import RunDir
+from lmlab.runs import RunDir, sparse_model_folder
 from lmlab.stats import bootstrap
-from lmlab.studies.result import split_tables
-from lmlab.studies.sparse_circuits.analysis import geco_figure, toy_figure
-from lmlab.studies.sparse_circuits.circuit_analysis import derive
 from lmlab.studies.sparse_circuits.toy_study import run_toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.measure import (discover, reference_batch, text_batches, verify,
@@ -124,8 +120,8 @@ def _post_train(lm, config: Config, run_dir: RunDir, replicate: int = 0, seed: i
     """Sample text, measure tau, sparse-post-train replicate `replicate` (its gate noise and batch order from
     `seed`), save; returns the folder of its sparse model and its training record (beside the folder)."""
     seed = config.seed if seed is None else seed
-    where = run_dir.path / "post_training" / f"rep{replicate}"
-    folder = where / "sparse_model"
+    folder = sparse_model_folder(run_dir.path, replicate)
+    where = folder.parent
     if (folder / "lmlab.json").is_file() and (where / "sparse_training.json").is_file():  # (lmlab.json is written last)
         return folder, json.loads((where / "sparse_training.json").read_text())
     data = _text(lm, config, run_dir)
@@ -212,9 +208,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     if not config.size("circuits"):  # the toy alone: no model to load
         run_toy(config, run_dir)
         parallel.main_only()
-        table = pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
-        _toy_figures(config, run_dir, table)
-        return table
+        return pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
     if config.sparse_model:  # measured, not post-trained here: the model only runs (a device map may spread it)
         lm = lm if lm is not None else config.load()
     else:  # post-training changes the weights: a model passed in is copied, never trained in place
@@ -251,34 +245,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     parallel.main_only()
     rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
             for _, rs in sorted(run_dir.done(part).items(), key=lambda kv: _unit_order(kv[0], config)) for r in rs]
-    table = derive(pd.DataFrame(rows), config.threshold, config.seed)
-    _toy_figures(config, run_dir, table)
-    return table
+    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, heads needed and multipliers
 
 
 def _unit_order(key: str, config: Config) -> tuple:
     """A recorded unit's place, whichever process recorded it: replicate, then the task's place in the config."""
     task, _, rep = key.partition("|rep")
     return (int(rep) if rep else -1, config.tasks.index(task) if task in config.tasks else len(config.tasks), key)
-
-
-def _toy_figures(config: Config, run_dir: RunDir, table: pd.DataFrame) -> None:
-    """The toy's edge drawing and the post-training trajectories, as extra figures of the run."""
-    import matplotlib.pyplot as plt
-
-    usage = _load_usage(run_dir)
-    if usage is not None:
-        fig = toy_figure(*usage)
-        run_dir.write_figure(fig, name="toy_figure")
-        plt.close(fig)
-    fig = geco_figure(split_tables(table, config.model)[0])
-    run_dir.write_figure(fig, name="geco_figure")
-    plt.close(fig)
-
-
-def _load_usage(run_dir: RunDir):
-    path = run_dir.path / "toy_edges.safetensors"
-    if not path.is_file():
-        return None
-    t = load_file(str(path))
-    return t["dense"].numpy(), t["sparse"].numpy()

@@ -160,7 +160,7 @@ def reranked_claim(name: str, per: np.ndarray, draws: np.ndarray, n_items: int, 
     """A claim from a statistic per replicate on every item (`per`, (k,)) and per replicate on each re-ranked draw
     (`draws`, (n_draws, k), NaN where a draw has none): the same two-level interval as `Resampler.claim`, its item
     resamples the draws the recipe measured (each draw's statistic is the mean over replicates of the finite ones)."""
-    from lmlab.claims import Resampler
+    from lmlab.resampling import Resampler
 
     draws = np.asarray(draws, dtype=float)
     finite = np.isfinite(draws)

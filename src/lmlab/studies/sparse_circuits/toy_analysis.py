@@ -36,17 +36,17 @@ import textwrap
 import numpy as np
 import pandas as pd
 
-from lmlab.claims import Gate, Resampler, declared, evidence, judge, replicates_gate
+from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
+from lmlab.resampling import Resampler
 from lmlab.studies.base import Verdict, canvas, finish
 from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import TOY_TASKS, Config
-from lmlab.studies.sparse_circuits.declared import CLAIMS, EDGES_LIMIT, TOY_MATCH_DROP  # noqa: F401
+from lmlab.studies.sparse_circuits.declared import (CLAIMS, CONSTRAINT_TOLERANCE, EDGES_LIMIT,  # noqa: F401
+                                                    THRESHOLD, TOY_MATCH_DROP)
 from lmlab.studies.sparse_circuits.resample import needed_per_unit, paired, reranked_claim, reranked_gate
 
 TOY_LEARNED = 0.90  # the dense toy must have learned addition before its sparse version can say anything
-CONSTRAINT_TOLERANCE = 0.1  # of the slack: the last quarter's mean CE may exceed its bound by this much
 STILL_FALLING = 0.10  # edges kept fell by more than this (relative) over the last quarter of the steps
-THRESHOLD = 0.9  # explained effect the circuit must reach
 FULL_SPARSE_STEPS = 2000  # the full profile's post-training of the model (profiles.yaml)
 
 

@@ -40,7 +40,7 @@ from lmlab import circuits
 from lmlab.studies.sparse_circuits import toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.resample import draw_rows, measure_draws, prompt_draws
-from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE, THRESHOLD
+from lmlab.studies.sparse_circuits.declared import CONSTRAINT_TOLERANCE, THRESHOLD
 from lmlab.train import TrainConfig, train
 from lmlab.train.ensemble import stack, unstack
 from lmlab.train.geco import sized_rate

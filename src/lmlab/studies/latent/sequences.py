@@ -1,4 +1,4 @@
-"""Token Assorted (S0) machinery: vocabulary, VQ-VAE over chunks, latent replacement.
+"""latent's sequences: the vocabulary, the example layout and the latent replacement (Token Assorted).
 
 Sequence layout (ids):  <bos> question <cot> chain <ans> answer <eos>;  the loss skips the prompt
 (<bos> question <cot>). With latents, the leftmost m chain tokens become <boLatent> c_1 .. c_n <eoLatent>,
@@ -8,20 +8,6 @@ Chunks of the chain are segments of at most L tokens that end where a word start
 or a multi-token word is never cut between latent and text, and a shorter segment is padded to L. m is a
 whole number of segments, drawn per example (`draw_m`): 0 for about 1/7 of examples, otherwise up to 40%
 of the chain and never into its final step.
-
-VQ-VAE (our own, about 30 lines of quantizer: the paper's codebook and commitment losses
-exactly, which vector-quantize-pytorch replaces by default with EMA codebook updates, and it would add
-einops/einx as dependencies for a nearest-neighbour lookup): as in the paper, it is trained on chunks of
-the whole sequence (question, chain and answer), each conditioned on the prompt, and applied to the chain
-only. The encoder reads the prompt and the chunk, mean-pools each group of r chunk positions into one
-vector and quantizes it against K codes; the decoder reconstructs the L tokens from L position queries
-that attend to the prompt embeddings and the codes. DECISION: the paper's decoder is conditioned on one
-prompt embedding vector g(prompt); ours attends to the prompt's token embeddings, a richer condition that
-lets a code point at what the prompt already says instead of spelling it out. Loss = reconstruction CE
-(padding left out) + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are restarted at
-random encoder outputs (a standard fix for codebook collapse). Under a launch every process holds one
-process's codebook: code usage is counted over every process, and a code is set from the whole batch's
-encoder outputs, drawn on rank 0 (`Quantizer._draw`).
 """
 
 from __future__ import annotations
@@ -31,12 +17,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
-from lmlab import parallel
 from lmlab.errors import LmlabError
 from lmlab.models.batch import pad_sequences
-from lmlab.train.precision import full_precision
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<cot>", "<ans>"]
 LATENT_MARKS = ["<boLatent>", "<eoLatent>"]
@@ -289,135 +272,6 @@ def replace_with_latents(vocab, chain: list[int], codes: list[int], m: int, n_co
     if n_codes < 1 or len(codes) < n_codes:
         raise LmlabError(f"{n_codes} codes are needed for m = {m}, got {len(codes)}")
     return [vocab.bo_latent] + [vocab.code(c) for c in codes[:n_codes]] + [vocab.eo_latent] + list(chain[m:])
-
-
-# --- VQ-VAE -----------------------------------------------------------------------------------------------
-
-class Quantizer(nn.Module):
-    def __init__(self, n_codes: int, dim: int, beta: float = 0.25):
-        super().__init__()
-        self.codebook = nn.Embedding(n_codes, dim)
-        nn.init.uniform_(self.codebook.weight, -1 / n_codes, 1 / n_codes)
-        self.beta = beta
-        self.register_buffer("usage", torch.zeros(n_codes))
-        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
-
-    def forward(self, z: torch.Tensor):
-        """Nearest codes in float32 whatever the autocast: under bf16 the squared distances of nearby codes tie
-        and the codebook (a float32 parameter) would be written from bf16 values."""
-        with full_precision(z.device):
-            return self._quantize(z.float())
-
-    def _quantize(self, z: torch.Tensor):
-        flat = z.reshape(-1, z.shape[-1])
-        if self.training and not bool(self.initialized):  # codes start at encoder outputs, not near 0 where
-            self._draw(z, torch.arange(len(self.usage), device=z.device))  # one code would win every chunk
-            self.initialized.fill_(True)
-        dist = (flat.pow(2).sum(1, keepdim=True) - 2 * flat @ self.codebook.weight.T
-                + self.codebook.weight.pow(2).sum(1)[None])
-        idx = dist.argmin(1)
-        e = self.codebook(idx).view_as(z)
-        codebook_loss = (z.detach() - e).pow(2).mean()
-        commitment = (z - e.detach()).pow(2).mean()
-        if self.training:
-            counts = torch.bincount(idx, minlength=len(self.usage)).to(self.usage.dtype)
-            self.usage.mul_(0.99).add_(parallel.sum_(counts))  # the codes every process's slice used
-        quantized = z + (e - z).detach()  # straight-through
-        return quantized, idx.view(z.shape[:-1]), codebook_loss + self.beta * commitment
-
-    @torch.no_grad()
-    def restart_dead(self, z: torch.Tensor, threshold: float = 0.05) -> int:
-        dead = (self.usage < threshold).nonzero()[:, 0]
-        if len(dead) == 0:
-            return 0
-        self._draw(z, dead)
-        self.usage[dead] = 1.0
-        return len(dead)
-
-    @torch.no_grad()
-    def _draw(self, z: torch.Tensor, codes: torch.Tensor) -> None:
-        """Codes `codes` set to random encoder outputs of the batch (a little noise added). Under a launch z is
-        this process's slice: the outputs are gathered in the global batch's order and rank 0 draws (its random
-        stream is one process's), so every process holds one process's codebook."""
-        flat = parallel.gather_batch(z.detach()).reshape(-1, z.shape[-1])
-        if parallel.is_main():
-            pick = flat[torch.randint(len(flat), (len(codes),), device=flat.device)]
-            weight = self.codebook.weight  # written in its own dtype (z may come from a bf16 autocast region)
-            weight[codes] = (pick + 0.01 * torch.randn_like(pick)).to(weight.dtype)
-        parallel.from_main(self.codebook.weight.data)
-
-
-class ChunkVQVAE(nn.Module):
-    def __init__(self, vocab_size: int, chunk: int, rate: int, n_codes: int, dim: int = 64, layers: int = 2,
-                 heads: int = 4, max_prompt: int = 96, pad_id: int = -100, max_offset: int = 0):
-        super().__init__()
-        # where the chunk sits in the sequence (its first token's position), added to the chunk's tokens and to
-        # the decoder's queries: a chunk's words depend on how far the trace has got
-        self.where = nn.Embedding(max_offset + 1, dim) if max_offset else None
-        self.pad_id = pad_id  # padding inside a chunk (a segment shorter than the chunk) is not reconstructed
-        if chunk % rate:
-            raise LmlabError(f"rate {rate} does not divide the chunk length {chunk}")
-        self.chunk, self.rate, self.n_codes = chunk, rate, n_codes
-        self.embed = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Embedding(max_prompt + chunk, dim)
-        self.kind = nn.Embedding(3, dim)  # prompt / chunk / code
-        enc = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(enc, layers, enable_nested_tensor=False)
-        self.to_code = nn.Linear(dim, dim)
-        self.quantizer = Quantizer(n_codes, dim)
-        self.queries = nn.Parameter(torch.randn(chunk, dim) * 0.02)
-        dec = nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
-        self.decoder = nn.TransformerDecoder(dec, layers)
-        self.out = nn.Linear(dim, vocab_size)
-        self.max_prompt = max_prompt
-
-    def _prompt(self, prompt: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
-        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # counted from the first real token (left-padded)
-        return self.embed(prompt) + self.pos(positions) + self.kind.weight[0]
-
-    def _where(self, offset, like: torch.Tensor):
-        if self.where is None or offset is None:
-            return 0
-        return self.where(offset.clamp(max=self.where.num_embeddings - 1).to(like.device))[:, None]
-
-    def encode(self, prompt, prompt_mask, chunk_ids, offset=None):
-        """-> (B, chunk/rate) code indices, the quantized vectors and the VQ loss."""
-        if prompt.shape[1] > self.max_prompt:
-            raise LmlabError(f"a prompt of {prompt.shape[1]} tokens exceeds the VQ-VAE's {self.max_prompt}")
-        p = self._prompt(prompt, prompt_mask)
-        positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=prompt.device)
-        c = self.embed(chunk_ids) + self.pos(positions)[None] + self.kind.weight[1] + self._where(offset, chunk_ids)
-        pad = torch.cat([~prompt_mask, torch.zeros_like(chunk_ids, dtype=torch.bool)], 1)
-        h = self.encoder(torch.cat([p, c], 1), src_key_padding_mask=pad)[:, prompt.shape[1]:]
-        pooled = h.view(h.shape[0], self.chunk // self.rate, self.rate, -1).mean(2)
-        z = self.to_code(pooled)
-        quantized, idx, vq_loss = self.quantizer(z)
-        return idx, quantized, vq_loss, z
-
-    def decode(self, prompt, prompt_mask, quantized, offset=None):
-        memory = torch.cat([self._prompt(prompt, prompt_mask), quantized + self.kind.weight[2]], 1)
-        mem_pad = torch.cat([~prompt_mask, torch.zeros(quantized.shape[:2], dtype=torch.bool,
-                                                        device=quantized.device)], 1)
-        q = self.queries[None].expand(prompt.shape[0], -1, -1) + self._where(offset, quantized)
-        return self.out(self.decoder(q, memory, memory_key_padding_mask=mem_pad))
-
-    def forward(self, prompt, prompt_mask, chunk_ids, offset=None):
-        idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids, offset)
-        logits = self.decode(prompt, prompt_mask, quantized, offset)
-        rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1),
-                                          ignore_index=self.pad_id)
-        return rec + vq_loss, rec, vq_loss, logits, idx, z
-
-    @torch.no_grad()
-    def codes(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
-        self.eval()
-        return self.encode(prompt, prompt_mask, chunk_ids, offset)[0]
-
-    @torch.no_grad()
-    def reconstruct(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
-        self.eval()
-        _, quantized, _, _ = self.encode(prompt, prompt_mask, chunk_ids, offset)
-        return self.decode(prompt, prompt_mask, quantized, offset).argmax(-1)
 
 
 def pad_left(seqs: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
