@@ -14,6 +14,7 @@ import pytest
 
 from helpers import check_declared_columns
 from lmlab.errors import LmlabError
+from lmlab import circuit_overlap
 from lmlab.studies.compare import analysis
 from lmlab.studies.compare.config import Config
 from lmlab.studies.compare.recipe import expand
@@ -30,12 +31,12 @@ def test_top_k_overlap_matches_plain_sets():
     for k in (1, 3, 7, 20):
         want_a, want_b = _top(a.mean(0), k), _top(b.mean(0), k)
         want = len(want_a & want_b) / len(want_a | want_b)
-        got = analysis.jaccard(analysis.top_masks(a, ones, k), analysis.top_masks(b, ones, k))[0]
+        got = circuit_overlap.jaccard(circuit_overlap.top_masks(a, ones, k), circuit_overlap.top_masks(b, ones, k))[0]
         assert got == pytest.approx(want)
     # a resample's weights are item counts: the same as the mean over the drawn items
     idx = rng.integers(0, 10, 10)
     weights = np.bincount(idx, minlength=10)[None].astype(float)
-    assert set(np.flatnonzero(analysis.top_masks(a, weights, 5)[0])) == _top(a[idx].mean(0), 5)
+    assert set(np.flatnonzero(circuit_overlap.top_masks(a, weights, 5)[0])) == _top(a[idx].mean(0), 5)
 
 
 def test_the_overlap_is_read_at_the_circuits_size_within_bounds():
@@ -53,7 +54,7 @@ def test_chance_level_is_the_expected_jaccard_of_random_sets():
     draws = [len(set(rng.choice(total, k, replace=False)) & set(rng.choice(total, k, replace=False))) for _ in
              range(4000)]
     simulated = np.mean([d / (2 * k - d) for d in draws])
-    assert analysis.chance(k, total) == pytest.approx(simulated, abs=0.01)
+    assert circuit_overlap.chance(k, total) == pytest.approx(simulated, abs=0.01)
 
 
 def _table(original: np.ndarray, variants: dict[str, list[np.ndarray]], needed: int = 6,
@@ -125,9 +126,9 @@ def test_like_for_like_a_half_replaced_circuit_the_old_bar_kept_is_not_kept():
     copy = [original.copy()]
     # the old rule: the full-prompt Jaccard's interval against (R on halves + C) / 2
     k = 6
-    old_bar = (analysis.self_overlap(original, k, 0).mean() + analysis.chance(k, 64)) / 2
+    old_bar = (circuit_overlap.self_overlap(original, k, 0).mean() + circuit_overlap.chance(k, 64)) / 2
     old = Resampler(32, 1, n_boot=1000, seed=0).weighted_claim(
-        "old", lambda r, w: analysis.jaccard(analysis.top_masks(original, w, k), analysis.top_masks(variant, w, k)),
+        "old", lambda r, w: circuit_overlap.jaccard(circuit_overlap.top_masks(original, w, k), circuit_overlap.top_masks(variant, w, k)),
         Bar(">=", old_bar))
     assert old.decide(0.975) == "yes"  # the defect: half the circuit replaced, "keeps"
     claims, _ = analysis.claims_of(_table(original, {"half": [variant], "copy": copy}), {"seed": 0, "min_k": 5})
@@ -180,9 +181,9 @@ def test_a_ranking_activation_patching_does_not_confirm_holds_the_claim_open():
 def test_the_self_overlap_of_identical_prompts_is_one_and_falls_with_noise():
     rng = np.random.default_rng(4)
     clean = np.tile(np.linspace(5, 0, 30), (20, 1))
-    assert analysis.self_overlap(clean, 5, 0).min() == 1.0
+    assert circuit_overlap.self_overlap(clean, 5, 0).min() == 1.0
     noisy = clean[:, rng.permutation(30)] * 0 + rng.normal(size=(20, 30))
-    assert analysis.self_overlap(noisy, 5, 0).mean() < 0.5
+    assert circuit_overlap.self_overlap(noisy, 5, 0).mean() < 0.5
 
 
 def test_variants_expand_from_files_and_run_folders(tmp_path):
