@@ -42,7 +42,7 @@ def test_a_study_makes_no_tensor_off_the_models_device(study, tmp_path, stray_te
 
 def test_the_toy_trains_and_evaluates_with_no_stray_tensor(tmp_path, stray_tensors_go_to_meta):
     from lmlab.interventions import SparseAttention
-    from lmlab.studies.sparse_circuits import toy
+    from lmlab.studies.sparse_circuits.toy import model as toy
     from lmlab.train import TrainConfig, train
 
     model = toy.build_toy(seed=0, d_model=16, n_layers=1, n_heads=2).model

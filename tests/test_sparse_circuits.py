@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmlab import circuits
-from lmlab.studies.sparse_circuits import toy
+from lmlab.studies.sparse_circuits.toy import model as toy
 from lmlab.data.generated.circuits import TASKS, CircuitPrompt, CircuitTask, make_task, task_metric
 from lmlab.errors import LmlabError
 from lmlab.interventions import Capture, SparseAttention, installed, intervene
@@ -711,19 +711,19 @@ def test_the_toys_placebo_never_reproduces(tmp_path, monkeypatch):
     not "reproduced", no decisive claim "yes", and its edges are those the gate keeps with nothing pushing them
     down."""
     from lmlab.studies import run_study
-    from lmlab.studies.sparse_circuits import toy_study
+    from lmlab.studies.sparse_circuits.toy import run as toy_run
 
     from functools import partial
 
-    monkeypatch.setattr(toy_study, "TOY_PROMPTS", 16)  # the toy's circuits and test set at test size
+    monkeypatch.setattr(toy_run, "TOY_PROMPTS", 16)  # the toy's circuits and test set at test size
     monkeypatch.setattr(toy, "addition_data", partial(toy.addition_data, n_test=300, repeats=1))
-    seen, original = {}, toy_study.sparse_post_train
+    seen, original = {}, toy_run.sparse_post_train
 
     def spy(*args, **kwargs):
         seen["edge_weight"] = kwargs.get("edge_weight", 1.0)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(toy_study, "sparse_post_train", spy)
+    monkeypatch.setattr(toy_run, "sparse_post_train", spy)
     config = study.Config(model="tiny-llama", profile="demo", placebo=True, toy_steps=3, toy_sparse_steps=2,
                           toy_width=32, toy_batch=8, toy_sparse_batch=8, seeds=2, toy_rank_draws=5, device="cpu",
                           toy_tasks=["tens"])
@@ -908,7 +908,8 @@ def test_the_constraint_is_read_over_the_last_quarter_not_at_the_last_step():
     from counting); a record without the per-step trace falls back on it."""
     from lmlab.studies.result import from_rows
     from lmlab.studies.sparse_circuits.analysis import verdict as s4_verdict
-    from lmlab.studies.sparse_circuits.toy_analysis import CONSTRAINT_TOLERANCE, constraint_held
+    from lmlab.studies.sparse_circuits.declared import CONSTRAINT_TOLERANCE
+    from lmlab.studies.sparse_circuits.gates import constraint_held
 
     rng = np.random.default_rng(1)
     tau, slack, n = 0.04, 0.03, 400
@@ -1021,7 +1022,7 @@ def test_the_toys_sparse_post_training_takes_its_profiles_rate_and_schedule(tmp_
     """The quick profile's sparse post-training decays its rate to 0 (cosine) from a lower peak; the demo keeps the
     constant rate it was measured with. Read from the TrainConfig the toy hands the post-training."""
     from lmlab.runs import RunDir
-    from lmlab.studies.sparse_circuits import toy_study
+    from lmlab.studies.sparse_circuits.toy import run as toy_run
     from lmlab.train.loop import lr_factor
 
     seen = {}
@@ -1030,12 +1031,12 @@ def test_the_toys_sparse_post_training_takes_its_profiles_rate_and_schedule(tmp_
         seen["tc"] = tc
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(toy_study, "sparse_post_train", stop)
+    monkeypatch.setattr(toy_run, "sparse_post_train", stop)
     config = study.Config(model="smollm2-135m", profile=profile, toy_steps=2, toy_sparse_steps=8, toy_width=16,
                           toy_batch=4, seeds=2, device="cpu")
     run_dir = RunDir(tmp_path, "sparse-circuits", {})
     with pytest.raises(KeyboardInterrupt):
-        toy_study._train_toys(config, run_dir, config.replicate_seeds(), toy.addition_data(seed=0))
+        toy_run._train_toys(config, run_dir, config.replicate_seeds(), toy.addition_data(seed=0))
     tc = seen["tc"]
     assert tc.lr == pytest.approx(lr) and tc.schedule == schedule and tc.steps == 8
     factors = [lr_factor(s, tc) for s in range(tc.steps)]
@@ -1048,7 +1049,7 @@ def test_the_toy_replicates_apart_from_the_models(tmp_path, monkeypatch):
     the toy's count."""
     from lmlab.resampling import replicate_seed
     from lmlab.runs import RunDir
-    from lmlab.studies.sparse_circuits import toy_study
+    from lmlab.studies.sparse_circuits.toy import run as toy_run
 
     def config(**kw):
         return study.Config(model="smollm2-135m", device="cpu", seed=7, **kw)
@@ -1067,9 +1068,9 @@ def test_the_toy_replicates_apart_from_the_models(tmp_path, monkeypatch):
         seen["seeds"] = seeds
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(toy_study, "_train_toys", stop)
+    monkeypatch.setattr(toy_run, "_train_toys", stop)
     with pytest.raises(KeyboardInterrupt):
-        toy_study.run_toy(quick, RunDir(tmp_path, "sparse-circuits", {}))
+        toy_run.run_toy(quick, RunDir(tmp_path, "sparse-circuits", {}))
     assert seen["seeds"] == quick.toy_replicate_seeds()
 
 
@@ -1151,7 +1152,7 @@ def test_the_toys_rollback_is_the_profiles_number_of_slacks(tmp_path, monkeypatc
     from types import SimpleNamespace
 
     from lmlab.runs import RunDir
-    from lmlab.studies.sparse_circuits import toy_study
+    from lmlab.studies.sparse_circuits.toy import run as toy_run
 
     seen = {}
 
@@ -1159,12 +1160,12 @@ def test_the_toys_rollback_is_the_profiles_number_of_slacks(tmp_path, monkeypatc
         seen.update(kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(toy_study, "train", lambda *a, **k: SimpleNamespace(replicate_losses=[], losses=[0.0]))
-    monkeypatch.setattr(toy_study, "sparse_post_train", stop)
+    monkeypatch.setattr(toy_run, "train", lambda *a, **k: SimpleNamespace(replicate_losses=[], losses=[0.0]))
+    monkeypatch.setattr(toy_run, "sparse_post_train", stop)
     config = study.Config(model="smollm2-135m", device="cpu", profile=profile, toy_seeds=1, toy_width=16,
                           toy_rollback=given)
     with pytest.raises(KeyboardInterrupt):
-        toy_study._train_toys(config, RunDir(tmp_path, "sparse-circuits", {}), [0], toy.addition_data(n_test=10))
+        toy_run._train_toys(config, RunDir(tmp_path, "sparse-circuits", {}), [0], toy.addition_data(n_test=10))
     assert seen["rollback"] == (pytest.approx(expected) if expected else None)
     window, tolerance = seen["drift"]  # no profile reads a drift; its tolerance is the gate's (0.1 x 0.03 nats)
     assert window == 0 and tolerance == pytest.approx(0.003)

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from lmlab.studies.sparse_circuits import toy
+from lmlab.studies.sparse_circuits.toy import model as toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.train import TrainConfig, train
 

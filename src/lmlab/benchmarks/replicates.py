@@ -77,7 +77,7 @@ def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
     from lmlab.studies.latent.config import Config
     from lmlab.studies.latent.measure import collate_for, lm_loss
     from lmlab.studies.latent.recipe import prepare
-    from lmlab.studies.sparse_circuits import toy
+    from lmlab.studies.sparse_circuits.toy import model as toy
 
     k = 3
     rows = []

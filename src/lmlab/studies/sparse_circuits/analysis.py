@@ -5,7 +5,7 @@ toy's edges and the post-training trajectories beside the main figure.
 
 Whose verdict: the paper's claims are on the model (GPT-2 and OLMo-7B in the paper; here the given model), so a run
 with the model's circuits is judged by that half (circuit_analysis.py); the addition toy (the paper's Figure 1
-setting, toy_analysis.py) carries claims of ours only, shown beside the model's and never deciding (`with_toy`).
+setting, toy/analysis.py) carries claims of ours only, shown beside the model's and never deciding (`with_toy`).
 A run of the toy alone (the demo) is judged by the toy's claims, which being ours can hold the verdict at
 inconclusive but never make it "reproduced" or "not reproduced". Where the paper and our reading differ, the
 paper wins: the paper reports the multiplier as a point per task; its interval here, with the heads re-ranked on
@@ -24,8 +24,8 @@ from lmlab.studies.base import Verdict
 from lmlab.studies.sparse_circuits.declared import CLAIMS, COLUMNS  # noqa: F401  (the claims, whose each is and why; the tables' columns)
 from lmlab.studies.sparse_circuits import circuit_analysis
 from lmlab.studies.sparse_circuits.circuit_analysis import model_figure, model_verdict
-from lmlab.studies.sparse_circuits.toy import POSITION_NAMES
-from lmlab.studies.sparse_circuits.toy_analysis import toy_seed_figure, toy_verdict
+from lmlab.studies.sparse_circuits.toy.model import POSITION_NAMES
+from lmlab.studies.sparse_circuits.toy.analysis import toy_seed_figure, toy_verdict
 
 # the tables `derive` makes from the measurements (made again, never kept, when a run is re-judged)
 DERIVED = ("curve", "heads_needed", "multiplier")

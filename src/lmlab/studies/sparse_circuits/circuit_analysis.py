@@ -21,7 +21,7 @@ still falling by more than 10% there; each blocks "not reproduced"), the multipl
 task; blocks "reproduced"), the heads re-ranked on each resample (a run recorded without the re-ranked draws, or
 with rank_draws 0, blocks "reproduced"), more than one replicate.
 
-DECISION: as on the toy (toy_analysis' docstring has the measurements), the constraint is read on the measured model:
+DECISION: as on the toy (toy/analysis.py's docstring has the measurements), the constraint is read on the measured model:
 the training trace's reading (the sampled gate's CE about its bound) blocks "not reproduced" only, and the held-out
 CE of the model whose edges and circuits are counted blocks every decision, per replicate. So the held-out CE change
 never counts against the paper: a sparse model that lost loss is an unfinished post-training (inconclusive, with the
@@ -42,8 +42,8 @@ from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
 from lmlab.studies.sparse_circuits.declared import CLAIMS
 from lmlab.studies.sparse_circuits.resample import needed_per_unit, paired, reranked_claim, reranked_gate
-from lmlab.studies.sparse_circuits.toy_analysis import (EDGES_LIMIT, NO_EFFECT, band, held_out_loss_gate,
-                                                       no_effect_gate, post_training_gates)
+from lmlab.studies.sparse_circuits.gates import (NO_EFFECT, band, held_out_loss_gate, no_effect_gate,
+                                                 post_training_gates)
 
 PANEL_TITLES = {"greater-than": "Greater Than", "ioi": "IOI", "docstring": "Docstring", "ioi-long": "IOI Long"}
 PAPER_FRACTION = 0.004  # "reducing attention connectivity to about 0.4% of its edges" (arXiv 2512.05865 v2-v5)

@@ -27,7 +27,7 @@
    draws ranks the heads on its own pairs, and the circuit that ranking keeps is patched again, from the grid's
    top down to the first point under the threshold (its mean metric over the draw's pairs recorded); the heads'
    choice, made on the pairs, is resampled with them. Cost: about a quarter of a curve's forward passes per draw.
-4. The toy of the paper's Figure 1 (toy.py, toy_study.py): 4 layers trained from scratch on 2-digit addition,
+4. The toy of the paper's Figure 1 (toy/model.py, toy/run.py): 4 layers trained from scratch on 2-digit addition,
    five problems to a sequence (so one edge per query is 4.3% of the edges), then sparse-post-trained, k times
    (`--seeds`), the replicates trained together as one stacked module; each replicate's circuit for the ones
    digit is found dense and sparse, which draws the paper's figure at toy scale (explained effect vs heads kept,
@@ -81,7 +81,7 @@ from lmlab.files import atomic_write
 from lmlab.models import LoadedModel, save_model
 from lmlab.runs import RunDir, sparse_model_folder
 from lmlab.stats import bootstrap
-from lmlab.studies.sparse_circuits.toy_study import run_toy
+from lmlab.studies.sparse_circuits.toy.run import run_toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.measure import (discover, reference_batch, text_batches, verify,
                                                     with_dense_reference)

@@ -1,7 +1,7 @@
 """S4 on the addition toy of the paper's Figure 1, replicated: k toys trained from their own seeds, each
 sparse-post-trained, each dissected dense and sparse.
 
-1. k toys (toy.py) are trained together as one stacked module (lmlab.train.ensemble), each drawing its batches
+1. k toys (model.py) are trained together as one stacked module (lmlab.train.ensemble), each drawing its batches
    from its own seed (Config.toy_replicate_seeds: k is --toy-seeds, else --seeds, else the profile's toy_seeds,
    else its seeds; the quick profile trains 5 toys beside the model's 3 replicates); the same for the sparse
    post-training, with one GECO multiplier per replicate held to that replicate's own bound (its dense answer CE +
@@ -37,7 +37,7 @@ from lmlab import parallel
 from lmlab.interventions import SparseAttention, install, intervene
 from lmlab.runs import RunDir
 from lmlab import circuits
-from lmlab.studies.sparse_circuits import toy
+from lmlab.studies.sparse_circuits.toy import model as toy
 from lmlab.studies.sparse_circuits.config import Config
 from lmlab.studies.sparse_circuits.resample import draw_rows, measure_draws, prompt_draws
 from lmlab.studies.sparse_circuits.declared import CONSTRAINT_TOLERANCE, THRESHOLD
