@@ -321,7 +321,7 @@ def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmlab.studies.quantize import decoder as dec
+    from lmlab.studies.quantize.decoder import run as dec
 
     def tiny_smol(spec, **kwargs):
         torch.manual_seed(0)

@@ -33,6 +33,7 @@ from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.quantize.config import UNDISTILLED, claims_budget
+from lmlab.studies.quantize.decoder.analysis import perplexities
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
 NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (a margin of ours: see CLAIMS)
@@ -347,12 +348,10 @@ def verdict(result) -> Verdict:
                                                                                   "fp32_bytes": r.fp32_bytes,
                                                                                   "file_bytes": r.file_bytes}
                     for r in scores.itertuples() if r.bits < 32 and not pd.isna(getattr(r, "packed_bytes", np.nan))}}
-    lm = result.table("lm")
-    if len(lm):  # the decoder option: perplexity on held-out self-sampled text
-        mean = lm.groupby(["bits", "budget"], sort=False).perplexity.mean()
-        ev["perplexity"] = {f"{int(b)}-bit {g}" if b < 32 else "teacher": round(float(v), 3)
-                            for (b, g), v in mean.items()}
-        summary += "; perplexity " + ", ".join(f"{k_} {v:.2f}" for k_, v in ev["perplexity"].items())
+    perplexity = perplexities(result)
+    if perplexity:  # the decoder option: perplexity on held-out self-sampled text
+        ev["perplexity"] = perplexity
+        summary += "; perplexity " + ", ".join(f"{k_} {v:.2f}" for k_, v in perplexity.items())
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
 
 

@@ -73,7 +73,7 @@ from lmlab.interventions.quant import check_bits
 from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
 from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, Config, placebo_seed
-from lmlab.studies.quantize.decoder import run_decoder
+from lmlab.studies.quantize.decoder.run import run_decoder
 from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, run_unit, seed_unit,
                                             steps_per_epoch, teacher_cache, train_config)
 from lmlab.train import train

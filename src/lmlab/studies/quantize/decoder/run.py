@@ -1,25 +1,12 @@
-"""S2's decoder option: the XTC recipe on a causal LM (`lmlab quantize --model smollm2-135m`).
-
-What 2- and 1-bit weights do to an LLM, with the same quantizers, the same one-stage KD (logits KL at
-every position + attention-score MSE + hidden-state MSE, weights 1, no label loss) and the same
-budgets as the encoder study. Differences, all forced by having no hub:
-- KD data: text the full-precision teacher samples itself (data.generated.selftext, temperature 1,
-  varied openers), cropped to one common length so no position is padding; a held-out slice of the
-  same sampling gives the perplexity.
-- Tasks: S4's generated IOI / Greater-Than / Docstring / IOI-Long prompts, scored as accuracy (answer
-  above distractor, or more probability above than below for Greater-Than). The rows have the encoder
-  study's shape (kind = score / pred), so the figure, the intervals and the verdict are the same code;
-  perplexity is an extra row kind ("lm") drawn as its own panel.
-- The undistilled reference cell and the placebo (`--placebo`) are the encoder study's (recipe.py's docstring).
-- Sizes: an LLM step costs ~100x a MiniLM step on CPU, so the quick profile runs Budget-A only with
-  one short epoch; its verdict is about that budget (the Budget-C checks are then absent, not passed).
-"""
+"""The decoder option's measurements: the teacher scored, then each student (bits x budget x replicate) copied from
+it, quantized, distilled on the teacher's own text (data-parallel under a launch), packed by rank 0 and scored
+(perplexity on held-out text, accuracy and per-prompt predictions on the circuit tasks), each a unit a resumed run
+skips."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import shutil
 
@@ -28,46 +15,17 @@ import pandas as pd
 import torch
 
 from lmlab import parallel
-from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
 from lmlab.data.generated.circuits import make_task
-from lmlab.data.generated.selftext import sample_text
-from lmlab.errors import LmlabError
 from lmlab.evaluation import causal_lm_ce, metric_values
 from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models.batch import module_device
-from lmlab.files import atomic_write
 from lmlab.runs import RunDir, packed_student
-from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, placebo_seed, student_arm, student_warmup
+from lmlab.studies.quantize.config import UNDISTILLED, placebo_seed, student_arm, student_warmup
+from lmlab.studies.quantize.decoder.data import batch, size, tasks_and_budgets, texts
 from lmlab.studies.quantize.measure import seed_unit
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import kd_loss
-
-def _size(config, name: str):
-    """A size for the decoder option: the field, else profiles.yaml's `decoder` variant, else the profile."""
-    return config.size(name, "decoder")
-
-
-def _texts(lm, config, run_dir: RunDir) -> dict:
-    """Sampled once and stored, so a resumed run trains on the same text."""
-    path = run_dir.path / "kd_text.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    length = _size(config, "text_tokens")
-    n_train, n_eval = _size(config, "n_text"), _size(config, "n_eval_text")
-    seqs = sample_text(lm, 2 * (n_train + n_eval), new_tokens=length, seed=config.seed)
-    full = [s[:length] for s in seqs if len(s) >= length]  # early-stopped samples are dropped, the rest cropped
-    if len(full) < n_train + n_eval:
-        raise LmlabError(f"the teacher sampled only {len(full)} sequences of {length} tokens; lower --n-text")
-    data = {"eval": full[:n_eval], "train": full[n_eval:n_eval + n_train]}
-    atomic_write(path, json.dumps(data))
-    return data
-
-
-def _batch(seqs, device="cpu") -> dict:
-    """Equal-length sequences as a batch on `device` (cpu for the training loop, which moves batches itself)."""
-    ids = torch.tensor(seqs, dtype=torch.long, device=device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
 def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[dict]]:
@@ -75,8 +33,8 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
     view = dataclasses.replace(lm, model=model)
     with torch.no_grad():
         device = module_device(model)
-        per_seq, _ = causal_lm_ce(model, (_batch(eval_text[i:i + batch_size], device)
-                                          for i in range(0, len(eval_text), batch_size)))
+        per_seq, _ = causal_lm_ce(model, (batch(eval_text[i:i + batch_size], device)
+                                         for i in range(0, len(eval_text), batch_size)))
         correct = {t.name: metric_values(view, t, batch_size=16) > 0 for t in tasks}
     return {"ce": float(np.mean(per_seq)), "perplexity": float(math.exp(np.mean(per_seq)))}, \
         [dict(task=name, correct=c) for name, c in correct.items()]
@@ -85,13 +43,13 @@ def _evaluate(lm, model, tasks, eval_text, batch_size: int) -> tuple[dict, list[
 def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     """XTC on a decoder: the teacher scored, then each student (bits x budget x replicate) distilled on
     self-sampled text, packed and scored (perplexity on held-out text, accuracy on the circuit tasks)."""
-    names, budgets = _tasks_and_budgets(config)
+    names, budgets = tasks_and_budgets(config)
     quant_targets(lm.model)  # a model whose weights XTC cannot reach is refused, by name, before any work
-    tasks = [make_task(n, lm.tokenizer, _size(config, "n_prompts"), config.seed) for n in names]
+    tasks = [make_task(n, lm.tokenizer, size(config, "n_prompts"), config.seed) for n in names]
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    data = parallel.main_first(lambda: _texts(lm, config, run_dir))  # sampled once, by rank 0; the rest read it
+    data = parallel.main_first(lambda: texts(lm, config, run_dir))  # sampled once, by rank 0; the rest read it
     done = run_dir.done("results")
     parallel.sync()  # every process has read the same units as done before rank 0 records one
     rows: list[dict] = []
@@ -113,37 +71,21 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
             if not parallel.is_main():  # it trained its slices; rank 0 scores, packs and records the unit
                 continue
             done[key] = _score_unit(run_dir, lm, model, tasks, data, key, bits, budget, replicate, steps, info,
-                                    _size(config, "batch_size"))
+                                    size(config, "batch_size"))
             if bits != 32:
                 del model  # free this student before the next one is copied (one student in memory at a time)
         rows += done[key]
     parallel.main_only()
     rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
-                     n_eval=len(data["eval"]), epochs_a=_size(config, "epochs_a")))
+                     n_eval=len(data["eval"]), epochs_a=size(config, "epochs_a")))
     return pd.DataFrame(rows)
-
-
-def _tasks_and_budgets(config) -> tuple[list[str], list[str]]:
-    """The circuit tasks a decoder is scored on (all, or those named) and the budgets, each checked."""
-    if "tasks" in config.model_fields_set:
-        bad = [t for t in config.tasks if t not in CIRCUIT_TASKS]
-        if bad:
-            raise LmlabError(f"a decoder is scored on the circuit tasks ({', '.join(CIRCUIT_TASKS)}), not '{bad[0]}'")
-        names = list(config.tasks)
-    else:
-        names = list(CIRCUIT_TASKS)
-    budgets = _size(config, "budgets")
-    bad = [b for b in budgets if b not in MULTIPLIER]
-    if bad:
-        raise LmlabError(f"unknown budget '{bad[0]}'; use A, B or C")
-    return names, budgets
 
 
 def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: int, budget: str, replicate: int,
              seed: int):
     """One student: the teacher copied, quantized to `bits`, distilled for its budget's steps (data-parallel under a
     launch), then packed (and exported) by rank 0. (model, steps, the packed sizes)."""
-    batch_size = _size(config, "batch_size")
+    batch_size = size(config, "batch_size")
     per_epoch = max(1, len(data["train"]) // batch_size)
     seed_unit(seed, "decoder", key)
     model = copy.deepcopy(teacher)
@@ -151,16 +93,16 @@ def _student(config, run_dir: RunDir, lm, teacher, data: dict, key: str, bits: i
         p.requires_grad_(True)
     width, epochs = student_arm(bits, budget, config.placebo)  # the placebo's arms: see the encoder's recipe
     quantize_model(model, width)
-    steps = _size(config, "epochs_a") * epochs * per_epoch
-    tc = TrainConfig(steps=steps, batch_size=batch_size, lr=_size(config, "student_lr"), schedule="linear",
-                     warmup_steps=student_warmup(per_epoch, _size(config, "epochs_a")), seed=seed,
+    steps = size(config, "epochs_a") * epochs * per_epoch
+    tc = TrainConfig(steps=steps, batch_size=batch_size, lr=size(config, "student_lr"), schedule="linear",
+                     warmup_steps=student_warmup(per_epoch, size(config, "epochs_a")), seed=seed,
                      description=f"{bits}-bit Budget-{budget} KD, replicate {replicate}",
                      **config.train_settings())
     weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden)
     work = run_dir.path / "work" / key
     if not steps:  # the undistilled reference: the teacher quantized, scored, not packed (the encoder's recipe)
         return model, 0, {"weight_bits": width}
-    train(model, data["train"], _batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
+    train(model, data["train"], batch, lambda m, b: kd_loss(m, teacher, b, **weights)[0], tc, work)
     info = {"weight_bits": width}
     if parallel.is_main():
         shutil.rmtree(work, ignore_errors=True)
@@ -185,5 +127,3 @@ def _score_unit(run_dir: RunDir, lm, model, tasks, data: dict, key: str, bits: i
     run_dir.log(f"{key}: perplexity {lm_metrics['perplexity']:.2f}, accuracy "
                 + ", ".join(f"{r['task']} {r['score']:.0f}%" for r in unit_rows if r["kind"] == "score"))
     return unit_rows
-
-
