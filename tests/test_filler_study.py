@@ -223,7 +223,7 @@ def _filler_rows(gain: dict, n=100, base=0.5, noise=0.1, seed=0):
     from lmlab.studies.result import from_rows
 
     rng = np.random.default_rng(seed)
-    rows = [dict(kind="counts", model="m", max_new_tokens=512)]
+    rows = []
     wo = rng.random(n) < base
     for cond in ("w/o", "Mless", "Mful", "ARM"):
         g = gain.get(cond, 0.0)
@@ -238,7 +238,7 @@ def _filler_rows(gain: dict, n=100, base=0.5, noise=0.1, seed=0):
             rows.append(dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
                              hit_budget=0, level=1))
     rows += [dict(kind="mlp", condition=c, near_zero_share=0.1) for c in ("None", "Mless", "Mful")]
-    return from_rows("filler", rows)
+    return from_rows("filler", rows, meta=dict(model="m", max_new_tokens=512))
 
 
 def test_power_rule_no_gain_is_inconclusive_and_a_clear_loss_is_not_reproduced():
@@ -320,12 +320,12 @@ def test_a_model_that_cannot_do_the_task_never_says_no_and_identical_answers_nev
     from lmlab.studies.result import from_rows
 
     rng = np.random.default_rng(1)
-    rows = [dict(kind="counts", model="m", max_new_tokens=256)]
+    rows = []
     right = rng.random(200) < 0.5
     for cond in ("w/o", "Mless", "Mful", "ARM"):
         rows += [dict(kind="answer", id=f"p{i}", condition=cond, split="test", sweep="", correct=int(right[i]),
                       hit_budget=0, level=1) for i in range(200)]
-    null = verdict(from_rows("filler", rows))
+    null = verdict(from_rows("filler", rows, meta=dict(model="m", max_new_tokens=256)))
     assert not any(c["decision"] == "yes" for c in null.evidence["claims"] if not c["reported"]), null.summary
     assert null.status != "reproduced" and {c["source"] for c in null.evidence["claims"]} == {"paper"}
     weak = verdict(_filler_rows({"Mless": -0.04}, n=400, base=0.05, noise=0.0))

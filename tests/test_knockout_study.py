@@ -368,6 +368,13 @@ def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control
 BEST = 6  # the planted tables' best probe layer (every replicate's)
 
 
+META = dict(n_layers=8, model="m")  # what the recipe would describe of these made-up runs
+
+
+def _result(rows):
+    return from_rows("knockout", rows, meta=META)
+
+
 def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=("d",), replicates=3,
              ctrl_drop=None, patch=(0.7, 0.1, 0.1), control=True):
     """Tables with a planted effect, for each replicate (its own probes and control draw): at each layer a sample's
@@ -376,7 +383,7 @@ def _planted(n=40, q_drop=-40.0, eq_flip=0.6, ctrl_flip=0.05, seed=0, datasets=(
     patching flips a sample whose E_Q knockout flips that layer's probe (the analysis's Q-Anchored) with probability
     patch[0], any other with patch[1]; random-token patching flips any sample with patch[2]. Each sample's clean
     margin is drawn apart from all of it. `control` False: no question has tokens outside E_Q to draw a control from."""
-    rows = [dict(kind="counts", n_layers=8, model="m")]
+    rows = []
     rng = np.random.default_rng(seed)
     for d in datasets:
         rows += [dict(kind="answer", id=f"{d}{i}", dataset=d, correct=1, eq_tokens=2,
@@ -421,7 +428,7 @@ def test_the_decisive_claims_are_the_four_against_the_papers_controls():
 
 def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert late_layers([0, 3, 15, 18, 29], 30) == [15, 18, 29]
-    good = verdict(from_rows("knockout", _planted(datasets=("a", "b"))))
+    good = verdict(_result(_planted(datasets=("a", "b"))))
     assert good.status == "reproduced", good.summary
     assert good.evidence["layers_compared"] == [4, 6, 7]
     assert {c["replicates"] for c in good.evidence["claims"]} == {3}
@@ -429,17 +436,17 @@ def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert {n for (_, n), d in _decisions(good).items() if d == "yes"} >= set(DECISIVE)
     assert good.evidence["deciding"]["source"] == "paper" and "Scope: this run" in good.summary
     # too few samples to split: inconclusive, naming the counts, never "reproduced"
-    thin = verdict(from_rows("knockout", _planted(n=6)))
+    thin = verdict(_result(_planted(n=6)))
     assert thin.status == "inconclusive" and "Q- and A-Anchored samples: FAILED" in thin.summary
     # one set without probes leaves the verdict inconclusive, with its counts
     rows = _planted() + [dict(kind="probe_skipped", probe_set="e", correct_train=3, incorrect_train=40, needed=10)]
-    skipped = verdict(from_rows("knockout", rows))
+    skipped = verdict(_result(rows))
     assert skipped.status == "inconclusive" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
     # a mixture of probes left untrained in two of three replicates: one clause for the set, not one a replicate
     notes = [dict(kind="detection", replicate=r, probe_set="d", method=method, layer=4, n_test=20,
                   note=f"not trained: each pathway group needs 10 ({r} correct)" if r and method != "probe" else None)
              for r in range(3) for method in ("probe", "mixture of probes")]
-    mixed = verdict(from_rows("knockout", _planted() + notes))
+    mixed = verdict(_result(_planted() + notes))
     assert mixed.summary.count("mixture of probes for d") == 1, mixed.summary
     assert "needs 10 (1 correct) (replicate 1; not trained in 2 of 3 replicates)" in mixed.summary
 
@@ -456,7 +463,7 @@ def test_detection_auroc_and_its_interval_are_computed_from_the_recorded_scores(
     rows = _planted() + [dict(kind="detection", replicate=0, probe_set="d", method="probe", layer=BEST, n_test=60)]
     rows += [dict(kind="detection_score", replicate=0, probe_set="d", method="probe", layer=BEST, id=f"t{i}",
                   correct=int(y[i]), score=float(score[i])) for i in range(60)]
-    det = detection_table(from_rows("knockout", rows))
+    det = detection_table(_result(rows))
     (row,) = det.itertuples()
     assert row.auroc == pytest.approx(roc_auc_score(y, score)) and row.low < row.auroc < row.high
 
@@ -464,21 +471,21 @@ def test_detection_auroc_and_its_interval_are_computed_from_the_recorded_scores(
 def test_the_knockout_claims_say_no_or_open_where_e_q_is_no_different_from_the_control():
     """E_Q's knockout no different from random tokens' (ΔP and flips alike): neither E_Q claim says "yes"; the Q-A
     gap still does (the split builds it in), which is why it is reported and never decides."""
-    null = verdict(from_rows("knockout", _planted(n=300, eq_flip=0.3, ctrl_flip=0.3, patch=(0.2, 0.2, 0.2))))
+    null = verdict(_result(_planted(n=300, eq_flip=0.3, ctrl_flip=0.3, patch=(0.2, 0.2, 0.2))))
     got = _decisions(null)
     for name in ("E_Q ΔP - control ΔP", "E_Q flips - control flips"):
         assert got[("d", name)] in ("no", "open"), (name, null.summary)
     assert got[("d", "Q-A gap")] == "yes" and null.status != "reproduced"
     # the control moves the probe more than E_Q: the paper's claim fails, "not reproduced"
-    worse = verdict(from_rows("knockout", _planted(n=300, eq_flip=0.1, ctrl_flip=0.5)))
+    worse = verdict(_result(_planted(n=300, eq_flip=0.1, ctrl_flip=0.5)))
     assert _decisions(worse)[("d", "E_Q flips - control flips")] == "no" and worse.status == "not reproduced"
     assert worse.evidence["deciding"]["source"] == "paper"
     # patching flips A-Anchored samples more than Q-Anchored ones: "no"
-    swapped = verdict(from_rows("knockout", _planted(n=300, patch=(0.1, 0.6, 0.1))))
+    swapped = verdict(_result(_planted(n=300, patch=(0.1, 0.6, 0.1))))
     assert _decisions(swapped)[("d", "patching flips beyond random, Q - A")] == "no"
     assert swapped.status == "not reproduced"
     # a far smaller E_Q effect than the old +10-point margin, but clear of 0: the paper's direction holds
-    small = verdict(from_rows("knockout", _planted(n=400, eq_flip=0.12, ctrl_flip=0.07)))
+    small = verdict(_result(_planted(n=400, eq_flip=0.12, ctrl_flip=0.07)))
     assert _decisions(small)[("d", "E_Q flips - control flips")] == "yes", small.summary
 
 
@@ -490,7 +497,7 @@ def _near_margin(n=300, replicates=3, seed=0, anchored=0.0, eq_patch=1.0, random
     `anchored` > 0 that share of the questions (drawn apart from the margin) is anchored on E_Q: its knockout flips
     the probe (chance 0.8) and so does its E_Q patching (0.6), never its random patching beyond the margin's chance."""
     rng = np.random.default_rng(seed)
-    rows = [dict(kind="counts", n_layers=8, model="m")]
+    rows = []
     rows += [dict(kind="answer", id=f"q{i}", dataset="d", correct=1, eq_tokens=2, pool_tokens=5) for i in range(n)]
     for r in range(replicates):
         rows += [dict(kind="probe", replicate=r, probe_set="d", layer=layer, best=int(layer == BEST), cv_auroc=0.8,
@@ -522,15 +529,15 @@ def test_patching_q_minus_a_holds_no_anchoring_by_construction_yet_the_claim_tha
     "yes" there too; the like-margin check reported beside it does not, and so shows the two disagree."""
     like = "patching beyond random, Q - A, like margins"
     for seed in range(3):
-        null = verdict(from_rows("knockout", _near_margin(seed=seed)))
+        null = verdict(_result(_near_margin(seed=seed)))
         got = _decisions(null)
         assert got[("d", "patching flips, Q - A")] == "yes", null.summary  # the old claim: yes by construction
         assert got[("d", "patching flips beyond random, Q - A")] in ("open", "no"), null.summary
         assert got[("d", "patching flips, E_Q - random")] in ("open", "no"), null.summary
         assert got[("d", like)] in ("open", "no") and null.status != "reproduced"
-    planted = _decisions(verdict(from_rows("knockout", _near_margin(anchored=0.4, seed=5))))
+    planted = _decisions(verdict(_result(_near_margin(anchored=0.4, seed=5))))
     assert planted[("d", "patching flips beyond random, Q - A")] == "yes" and planted[("d", like)] == "yes"
-    bigger = _decisions(verdict(from_rows("knockout", _near_margin(eq_patch=1.0, random_patch=0.35, seed=4))))
+    bigger = _decisions(verdict(_result(_near_margin(eq_patch=1.0, random_patch=0.35, seed=4))))
     assert bigger[("d", "patching flips beyond random, Q - A")] == "yes" and bigger[("d", like)] != "yes"
 
 
@@ -540,7 +547,7 @@ def test_the_patching_difference_of_differences_equals_a_plain_computation_per_r
     like-margin check against the same within tercile strata of the clean margin."""
     from lmlab.studies.knockout.analysis import patching_claims, split_at_best
 
-    result = from_rows("knockout", _near_margin(n=120, anchored=0.3, seed=2))
+    result = _result(_near_margin(n=120, anchored=0.3, seed=2))
     ko, patch = result.table("knockout"), result.table("patching")
     claims, thin = patching_claims(patch, split_at_best(ko, result.table("probe")), "d")
     got = {c.name: c.replicate_estimates for c in claims}
@@ -569,18 +576,18 @@ def test_a_replicate_whose_patched_questions_sit_on_one_side_fails_a_gate_not_a_
     for row in rows:
         if row["kind"] == "knockout" and row["replicate"] == 1 and row["condition"] == "eq" and row["layer"] == BEST:
             row["flipped"] = 1
-    thin = verdict(from_rows("knockout", rows))
+    thin = verdict(_result(rows))
     assert thin.status == "inconclusive", thin.summary
     assert ("d: patched Q- and A-Anchored samples in every replicate: FAILED (in 1 of 3 replicates the questions "
             "patched both ways hold no Q- or no A-Anchored sample") in thin.summary
-    gates = {g["name"]: g["passed"] for g in verdict(from_rows("knockout", _planted())).evidence["gates"]}
+    gates = {g["name"]: g["passed"] for g in verdict(_result(_planted())).evidence["gates"]}
     assert gates["d: patched Q- and A-Anchored samples in every replicate"] is True
 
 
 def test_no_control_draw_is_never_the_clean_row_and_leaves_the_verdict_open():
     """A set whose questions have no token outside E_Q has no control rows: its claims against the control cannot be
     computed, and a failed gate says why (never E_Q's flip rate read as 'E_Q minus control')."""
-    bare = verdict(from_rows("knockout", _planted(control=False)))
+    bare = verdict(_result(_planted(control=False)))
     assert bare.status == "inconclusive", bare.summary
     assert "random-token control drawn: FAILED (0 of 40 questions" in bare.summary
     assert bare.evidence["deciding"]["kind"] == "gate"
@@ -602,7 +609,7 @@ def test_a_control_smaller_than_e_q_is_left_out_and_named_never_compared():
                 row["control_tokens"] = 1 if row["condition"] == "control" else 0
                 if row["condition"] == "control":
                     row["flipped"], row["delta_p"] = 1, -80.0  # a smaller control: were it compared, it would show
-    result = from_rows("knockout", rows)
+    result = _result(rows)
     ko = matched_control(result.table("knockout"))
     assert not set(ko[ko.condition == "control"].id) & small and set(ko[ko.condition == "eq"].id) >= small
     v = verdict(result)
@@ -618,10 +625,10 @@ def test_a_control_smaller_than_e_q_is_left_out_and_named_never_compared():
     for r in fewer:
         if r["kind"] == "answer" and int(r["id"][1:]) >= 12:
             r["pool_tokens"] = 1
-    v = verdict(from_rows("knockout", fewer))
+    v = verdict(_result(fewer))
     assert "d: random-token control drawn: FAILED (4 of 40 questions have a control" in v.summary
     old = [{k: x for k, x in r.items() if k != "control_tokens"} for r in rows]
-    gate = next(g for g in verdict(from_rows("knockout", old)).evidence["gates"]
+    gate = next(g for g in verdict(_result(old)).evidence["gates"]
                 if g["name"] == "d: random-token control drawn")
     assert not gate["passed"] and "no token counts" in gate["why"]
 
@@ -632,7 +639,7 @@ def test_replicates_that_disagree_leave_the_knockout_verdict_open():
     rows = _planted(replicates=2, n=60) + [
         dict(r, replicate=2) for r in _planted(replicates=1, n=60, q_drop=-2.0, eq_flip=0.06, seed=5)
         if r["kind"] == "knockout"]
-    split = verdict(from_rows("knockout", rows))
+    split = verdict(_result(rows))
     assert split.status == "inconclusive", split.summary
     assert "the replicates disagree" in split.summary and "seeds" in split.summary
 

@@ -259,9 +259,8 @@ def test_students_whose_replicates_disagree_or_did_not_learn_decide_nothing():
 
 
 def test_a_profile_that_runs_only_some_cells_prices_the_rest():
-    result = from_rows("quantize", pd.concat([_table({(32, "teacher"): 0.9, (2, "C"): 0.895, (2, "undistilled"): 0.6},
-                                                     n=2000),
-                                              pd.DataFrame([dict(kind="counts", epochs_a=1, steps_per_epoch=12)])]))
+    result = from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.895, (2, "undistilled"): 0.6}, n=2000),
+                       meta=dict(epochs_a=1, steps_per_epoch=12))
     result.seconds = 120.0
     demo = verdict(result)
     assert _decisions(demo) == {"teacher - 2-bit Budget-C": "yes", "teacher - 2-bit undistilled (the reference)": "yes"}

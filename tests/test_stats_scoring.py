@@ -99,8 +99,7 @@ def test_s3_verdict_prints_the_problems_and_time_that_would_decide_the_papers_ga
         rows += [dict(kind="profile", view="aligned", condition=cond, problem=p, position=j, head=0, layer=0,
                       attention=(0.5 if cond == "None" else 0.3) * (j == 0) + 0.01) for p in range(6) for j in range(3)]
     rows += [dict(kind="mlp", condition=c, near_zero_share=0.1) for c in ("None", "Mless", "Mful")]
-    rows.append(dict(kind="counts", max_new_tokens=64, benchmark="arithmetic"))
-    result = from_rows("filler", pd.DataFrame(rows), "m")
+    result = from_rows("filler", pd.DataFrame(rows), "m", meta=dict(max_new_tokens=64, benchmark="arithmetic"))
     result.seconds = 120.0
     v = filler.SPEC.verdict(result)
     assert v.status == "inconclusive"

@@ -93,6 +93,7 @@ class RunDir:
     def __init__(self, path: Path, study: str, config: dict):
         self.path, self.study, self.config = Path(path), study, config
         self._t0 = time.perf_counter()
+        self.meta: dict = {}  # what the run counted and chose (describe), written as meta.json with its tables
 
     @classmethod
     def open(cls, root: str | Path, study: str, model: str, config: dict, tag: str | None = None) -> "RunDir":
@@ -114,6 +115,12 @@ class RunDir:
         else:
             atomic_write(cfg_file, yaml.safe_dump(json.loads(json.dumps(config, default=str)), sort_keys=False))
         return run
+
+    def describe(self, **facts) -> None:
+        """What the run counted and chose (the questions it asked, the examples a task kept, the sizes it took), kept
+        apart from its measured tables: the result's metadata (`StudyResult.info`, meta.json). A resumed run
+        describes itself again, from the same inputs."""
+        self.meta.update({k: v.item() if hasattr(v, "item") else v for k, v in facts.items()})
 
     # --- progress of a long run
     def _partial(self, part: str) -> Path:

@@ -3,7 +3,7 @@ metadata dict per model, the verdict per model and overall, and the figure.
 
 On disk, in the run folder:
     tables/NAME.csv and tables/NAME.parquet   one file pair per named table
-    meta.json                                  {model: {...}} what the run counted and chose
+    meta.json                                  {model: {...}} what the run counted and chose (RunDir.describe)
     verdict.json                               {"overall": Verdict, "models": {model: Verdict}}
     figure.png / figure.svg                    the paper's figure (a row of panels per model)
 `load_result(folder)` reads them back; `result.figure` is redrawn from the tables when not in memory.
@@ -24,28 +24,18 @@ from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.studies.base import STUDIES, StudySpec, Verdict
 
-META_KIND = "counts"  # the recipe rows that hold metadata rather than measurements
-
-
-def split_tables(frame: pd.DataFrame, model: str) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """A recipe's rows (each with a `kind`) -> named tables with a leading `model` column, and the metadata."""
+def split_tables(frame: pd.DataFrame, model: str) -> dict[str, pd.DataFrame]:
+    """A recipe's rows (each with a `kind`) -> named tables with a leading `model` column. (What a run counted and
+    chose is not a row: the recipe gives it to `RunDir.describe`.)"""
     tables: dict[str, pd.DataFrame] = {}
-    meta: dict[str, Any] = {}
     if frame.empty:
-        return tables, meta
+        return tables
     for kind, rows in frame.groupby("kind", sort=False):
         rows = rows.drop(columns="kind").dropna(axis=1, how="all").reset_index(drop=True)
-        if kind == META_KIND:
-            meta = {k: _plain(v) for k, v in rows.iloc[0].items()}
-            continue
         rows = rows.drop(columns="model", errors="ignore")
         rows.insert(0, "model", model)
         tables[str(kind)] = rows
-    return tables, meta
-
-
-def _plain(value):
-    return value.item() if hasattr(value, "item") else value
+    return tables
 
 
 @dataclass
@@ -186,13 +176,14 @@ def overall_verdict(verdicts: dict[str, Verdict]) -> Verdict:
                    evidence={m: {"status": v.status, "summary": v.summary} for m, v in verdicts.items()})
 
 
-def from_rows(study: str, rows: pd.DataFrame | list[dict], model: str = "model") -> StudyResult:
-    """A one-model result from recipe-shaped rows (each with a `kind`; a "counts" row holds the metadata),
+def from_rows(study: str, rows: pd.DataFrame | list[dict], model: str = "model",
+              meta: dict[str, Any] | None = None) -> StudyResult:
+    """A one-model result from recipe-shaped rows (each with a `kind`) and the metadata a recipe would describe,
     without a verdict yet: for checking a verdict rule on rows made by hand."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    tables, meta = split_tables(frame, model)
     pending = Verdict(status="inconclusive", claim="", summary="not judged yet")
-    return StudyResult(study, [model], tables, {model: meta}, {model: pending}, pending)
+    return StudyResult(study, [model], split_tables(frame, model), {model: dict(meta or {})}, {model: pending},
+                       pending)
 
 
 def load_result(folder: str | Path) -> StudyResult:

@@ -117,7 +117,7 @@ def _stop_on_storage(run: RunDir, exc: BaseException) -> None:
 def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: float, tag) -> StudyResult:
     if spec.derive is not None:  # the tables the analysis derives from the measurements (made again by rejudge)
         frame = spec.derive(frame, config)
-    tables, meta = split_tables(frame, config.model)
+    tables, meta = split_tables(frame, config.model), dict(run.meta)
     if config._placed:
         meta["device_map"] = dict(config._placed)
     result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
@@ -220,7 +220,7 @@ def _derive_again(spec: StudySpec, result: StudyResult) -> None:
     tables: dict[str, pd.DataFrame] = {}
     for model in result.models:
         frame = result.for_model(model).long().drop(columns="model")
-        made, _ = split_tables(spec.derive(frame, result.config), model)
+        made = split_tables(spec.derive(frame, result.config), model)
         for name, table in made.items():
             tables[name] = pd.concat([tables[name], table], ignore_index=True) if name in tables else table
     for stale in set(result.tables) - set(tables):

@@ -77,10 +77,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         raise LmlabError(f"--head {config.head} does not exist; {lm.name} has heads 0..{lm.layout.n_heads - 1}")
     n = config.insert_count
     if not config.size("accuracy"):  # the demo: attention and mechanism only, the gains priced
-        return pd.DataFrame(_profiles(lm, config, test) + [_pace(lm, config, test)] + [dict(
-            kind="counts", model=lm.name, dev=0, test=0, benchmark=config.benchmark.split(":")[0],
-            samples=config.size("samples"), scoring=config.size("scoring"),
-            max_new_tokens=config.size("max_new_tokens"), insert_count=n, accuracy_run=False)])
+        run_dir.describe(model=lm.name, dev=0, test=0, benchmark=config.benchmark.split(":")[0],
+                         samples=config.size("samples"), scoring=config.size("scoring"),
+                         max_new_tokens=config.size("max_new_tokens"), insert_count=n, accuracy_run=False)
+        return pd.DataFrame(_profiles(lm, config, test) + [_pace(lm, config, test)])
     rows: list[dict] = []
 
     # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
@@ -119,11 +119,11 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
 
     parallel.main_only()  # under a launch the generation was shared out; the rest is rank 0's
     rows += _profiles(lm, config, test)
-    rows.append(dict(kind="counts", model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
+    run_dir.describe(model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
                      samples=config.size("samples"), scoring=config.size("scoring"),
-                     max_new_tokens=config.size("max_new_tokens"), insert_count=n,
-                     arm_c=best["c"], arm_p1=best["p1"], accuracy_run=True,
-                     arm="nothing redistributed (placebo): the plain model" if config.placebo else "redistributed"))
+                     max_new_tokens=config.size("max_new_tokens"), insert_count=n, arm_c=best["c"],
+                     arm_p1=best["p1"], accuracy_run=True,
+                     arm="nothing redistributed (placebo): the plain model" if config.placebo else "redistributed")
     return pd.DataFrame(rows)
 
 

@@ -204,13 +204,13 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
     seeds = config.replicate_seeds()
     fits, probe_rows = _probes(config, run_dir, answered, correct, feats, lm.layout.n_layers, seeds, base)
-    counts_row = [dict(kind="counts", **counts, seeds=len(seeds))]
+    run_dir.describe(**counts, seeds=len(seeds))
     if not any(fits):
-        return pd.DataFrame(base + probe_rows + counts_row)
+        return pd.DataFrame(base + probe_rows)
     probe_set_of = {n: name for fitted in fits for name, f in fitted.items() for n in f["idx"]}
     ko_rows, groups = _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, seeds)
     extra = _patching_and_detection(config, lm, answered, answers, correct, feats, fits, groups, seeds)
-    return pd.DataFrame(base + probe_rows + ko_rows + extra + counts_row)
+    return pd.DataFrame(base + probe_rows + ko_rows + extra)
 
 
 def _encode(lm, items: list[QAItem], run_dir: RunDir):

@@ -186,9 +186,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             rows += done[unit_key]
         del teacher, cache
     parallel.main_only()
-    rows.append(dict(kind="counts", model=base.name, tasks=",".join(t.name for t in tasks),
-                     n_train=config.size("n_train"), n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a"),
-                     seeds=config.n_seeds, bits=",".join(map(str, config.size("bits"))),
-                     budgets=",".join(_budgets(config)),
-                     steps_per_epoch=steps_per_epoch(config, config.size("n_train"))))
+    run_dir.describe(model=base.name, tasks=",".join(t.name for t in tasks), n_train=config.size("n_train"),
+                     n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a"), seeds=config.n_seeds,
+                     bits=",".join(map(str, config.size("bits"))), budgets=",".join(_budgets(config)),
+                     steps_per_epoch=steps_per_epoch(config, config.size("n_train")))
     return pd.DataFrame(rows)

@@ -76,8 +76,8 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
                 del model  # free this student before the next one is copied (one student in memory at a time)
         rows += done[key]
     parallel.main_only()
-    rows.append(dict(kind="counts", model=lm.name, tasks=",".join(names), n_train=len(data["train"]),
-                     n_eval=len(data["eval"]), epochs_a=size(config, "epochs_a")))
+    run_dir.describe(model=lm.name, tasks=",".join(names), n_train=len(data["train"]), n_eval=len(data["eval"]),
+                     epochs_a=size(config, "epochs_a"))
     return pd.DataFrame(rows)
 
 
