@@ -48,7 +48,8 @@ TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 # time limit in seconds). The latent study's demo gives the verdict the CPU gave at seed 0 (docs/studies); the
 # sparse-circuits toy's quick profile is the one that decides it; each limit leaves room over what the step took on a
 # GPU beside the suite. The latent study's quick profile runs 3 replicates of 800 steps (the profile's 10 of 1200
-# train 10 VQ-VAEs a rate one after another, past a device call's 10 minutes). --small: the tests' tiny sizes.
+# train 10 VQ-VAEs a rate one after another, past a device call's 10 minutes). The toy's full sizes run beside their
+# placebo (the sparsity weight at zero), in a lane of its own. --small: the tests' tiny sizes.
 # `--model-file` adds a fourth lane: the filler study's quick profile on that model (SmolLM2's GGUF, brought over)
 LANES = [
     [("S0 latent, demo", ["latent", "--profile", "demo"], 300),
@@ -58,6 +59,8 @@ LANES = [
     [("S0 latent, quick", ["latent", "--profile", "quick", "--seeds", "3", "--steps", "800"], 420)],
     [("S4 toy, quick", ["sparse-circuits", "--model", "tiny-llama", "--profile", "quick", "--no-circuits"], 300),
      ("S4 toy, full sizes", ["sparse-circuits", "--model", "tiny-llama", "--profile", "full", "--no-circuits"], 400)],
+    [("S4 toy, full sizes, placebo", ["sparse-circuits", "--model", "tiny-llama", "--profile", "full", "--no-circuits",
+                                      "--placebo"], 400)],
 ]
 
 
@@ -72,6 +75,7 @@ _S0 = ["--n-train", "96", "--n-test", "4", "--steps", "3", "--vq-steps", "21", "
 _S4 = ["--toy-steps", "3", "--toy-sparse-steps", "2", "--toy-width", "32", "--seeds", "2"]
 SMALL = {
     "S0 latent, demo": _S0, "S0 latent, quick": _S0, "S4 toy, quick": _S4, "S4 toy, full sizes": _S4,
+    "S4 toy, full sizes, placebo": _S4,
     "S1 knockout, tiny-llama": ["--per-dataset", "12", "--sweep-every", "2"],
     "S3 filler, tiny-llama": ["--n-test-per-level", "2", "--n-dev-per-level", "1", "--sweep-problems", "2",
                               "--profile-problems", "2", "--max-new-tokens", "4", "--sweep-lengths", "5"],
