@@ -111,7 +111,7 @@ def test_the_decoder_studies_make_no_tensor_off_the_models_device(tiny_smol, tmp
                    n_prompts=4, batch_size=4)
     c4 = s4.config(model="tiny-smol", n_prompts=2, sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2,
                    text_tokens=6, n_eval_text=2, eval_tokens=8, toy_steps=3, toy_sparse_steps=2, toy_width=32,
-                   verify_heads=4, batch_size=4, fine_grid=False)
+                   verify_heads=4, batch_size=4, fine_grid=False, seeds=2, rank_draws=5, toy_rank_draws=5)
     torch.set_default_device("meta")
     try:
         for spec, config in ((s2, c2), (s4, c4)):

@@ -193,7 +193,7 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
     sizes = dict(model=str(folder), tasks=["ioi", "greater-than"], n_prompts=2, sparse_steps=2, sparse_batch=2,
                  n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2, eval_tokens=8, toy_steps=3,
                  toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4, fine_grid=False, circuits=True,
-                 seeds=1)  # --sparse-model measures one post-trained model: compare with one replicate
+                 seeds=1, rank_draws=5, toy_rank_draws=5)  # --sparse-model measures one post-trained model: compare with one replicate
     plain = run_study(s4.SPEC, s4.Config(**sizes), tmp_path / "plain")
     earlier = plain.path / "post_training" / "rep0" / "sparse_model"
     # (the tied embeddings are most of the weights: the map names a block on disk itself)

@@ -31,7 +31,8 @@ STUDIES = {
                      bits=[2], seeds=2),
     "filler": dict(model="tiny-llama", n_test_per_level=2, n_dev_per_level=1, sweep_problems=2, profile_problems=2,
                    max_new_tokens=4, sweep_lengths=[5], arm_c=[0.13], arm_p1=[90.0]),
-    "sparse-circuits": dict(model="tiny-llama", toy_steps=3, toy_sparse_steps=2, toy_width=32, seeds=2),
+    "sparse-circuits": dict(model="tiny-llama", toy_steps=3, toy_sparse_steps=2, toy_width=32, seeds=2,
+                            rank_draws=5, toy_rank_draws=5),
     "latent": dict(model="scratch", rates=[4], n_train=96, n_test=4, steps=3, vq_steps=21, seeds=2, d_model=32,
                    n_layers=2, batch_size=16),  # 21 VQ steps: one dead-code restart (every 20) under autocast
 }

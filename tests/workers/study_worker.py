@@ -71,11 +71,14 @@ def build(study: str, out: str):
         if study == "quantize_decoder":
             spec, config = s2.SPEC, s2.Config(model="tiny-smol", tasks=["ioi"], bits=[2], budgets=["A"], n_text=8,
                                               n_eval_text=4, text_tokens=12, n_prompts=4, batch_size=4, device="cpu")
-        else:  # circuits on two tasks (one per process), post-training, sparsity, the toy
+        else:  # circuits on two tasks (one per process), post-training, sparsity, the toy (at the toy-alone
+            # case's size below: two replicates, one circuit task; every phase of the toy over two processes is
+            # that case's check, this one's is the model's half)
             spec, config = s4.SPEC, s4.Config(model="tiny-smol", tasks=["ioi", "greater-than"], n_prompts=2,
                                               sparse_steps=2, sparse_batch=2, n_text=6, n_docstrings=2, text_tokens=6,
                                               n_eval_text=2, eval_tokens=8, toy_steps=3, toy_sparse_steps=2,
-                                              toy_width=32, verify_heads=4, batch_size=4, fine_grid=False,
+                                              toy_width=16, toy_seeds=2, toy_tasks=["carry"], verify_heads=4,
+                                              batch_size=4, fine_grid=False, rank_draws=5, toy_rank_draws=5,
                                               device="cpu")
     elif study == "latent":  # the scratch model, one rate: base, CoT, answer-only, the VQ-VAE and r8's fine-tune
         from lmlab.studies import latent as s0
@@ -88,7 +91,8 @@ def build(study: str, out: str):
         from lmlab.studies import sparse_circuits as s4
 
         spec, config = s4.SPEC, s4.Config(model="tiny-llama", circuits=False, toy_steps=6, toy_sparse_steps=4,
-                                          toy_width=16, toy_seeds=2, toy_tasks=["carry"], device="cpu")
+                                          toy_width=16, toy_seeds=2, toy_tasks=["carry"], toy_rank_draws=5,
+                                          device="cpu")
     return spec, config, lm
 
 
