@@ -6,15 +6,15 @@
    against activation patching on a subset of heads (top heads plus random ones) on IOI.
 2. Sparse post-training (train/sparse.py): edge gates on every layer, GECO holding the CE within tau =
    dense CE + slack, on text the dense model samples itself (its own distribution: the constraint is
-   about it), mixed with docstrings from Python's stdlib for the Docstring task (DECISION, the issue's
-   suggestion). Sampled text plus docstrings number steps x batch: post-training is one pass and the
-   constraint is always estimated on sequences the model has not trained on (DECISION, issue 18: with 128
-   sequences seen 2.5 times the training constraint held while held-out CE rose 0.45 nats; the paper
-   post-trains on pretraining text without repeats). Each batch is held to its own bound: the dense
+   about it), mixed with docstrings from Python's stdlib for the Docstring task (DECISION: the task's
+   prompts are docstrings). Sampled text plus docstrings number steps x batch: post-training is one pass and the
+   constraint is always estimated on sequences the model has not trained on (DECISION: on text seen again,
+   the training constraint can hold while the held-out CE rises; the paper post-trains on pretraining text
+   without repeats). Each batch is held to its own bound: the dense
    model's CE on the same batch (token-weighted, as the training CE) plus the slack (DECISION, `paired_tau`;
    the same bound in expectation as the paper's fixed tau, without the spread between batches that mix
-   sampled text and docstrings: that spread, 3.14-3.72 nats over the first five batches, exceeded the
-   0.1-nat slack and drove the multiplier down before the gates had moved). The multiplier starts at 1
+   sampled text and docstrings: that spread can exceed a slack of
+   a tenth of a nat and drive the multiplier down before the gates have moved). The multiplier starts at 1
    and its rate is sized to the step budget (train/geco.sized_rate); its trajectory (CE, the constraint's moving average, lambda, edges kept) is a table and geco_figure.
    The sparse model is saved as an HF folder (safetensors) and loaded back through `load_model`, which
    re-installs the deterministic gate, so step 3 treats it like any model.
@@ -57,7 +57,7 @@ a model of its own, still trains on one device).
 
 DECISIONS for CPU minutes: quick post-trains 20 steps of 16 sequences x 128 tokens (a step of SmolLM2-135M
 takes seconds on a CPU), 12 prompt pairs per task (underpowered, said so) and a coarse N grid; the
-toy is 64 wide. The q/k projections train at 10x the learning rate (the gates read only them; issue 18).
+toy is 64 wide. The q/k projections train at 10x the learning rate (the gates read only them).
 The full profile (GPU) uses 64 prompts, 2000 steps of 16 sequences, held-out text at the model's context.
 """
 

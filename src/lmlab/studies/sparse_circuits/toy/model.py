@@ -3,7 +3,7 @@
 A sequence is `<bos>` followed by PROBLEMS problems `a b + c d = e f g` (digits as tokens, the sum
 written with three digits), 46 tokens; the loss covers the answer digits only. Exact match is per
 problem: teacher-forced argmax on its three answer digits, which equals greedy generation of the
-fixed-length answer. DECISION (issue 18): several problems per sequence so that the floor of one edge
+fixed-length answer. DECISION: several problems per sequence so that the floor of one edge
 per query is 2/47 = 4.3% of the causal edges, under the few per cent the paper reports; with a single
 10-token problem the floor was 18%, and no sparse model could show the paper's sparsity. The model is a Llama block stack
 (from a config, no download) so every lmlab intervention applies to it unchanged, including the
