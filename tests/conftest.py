@@ -21,6 +21,12 @@ if not torch.cuda.is_available():
 # shared out between the workers instead of between torch's threads, which keeps both busy through the suite's
 # single-threaded stretches (imports, tokenizers, Python-level loops, file writes).
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # and so does every process a test starts (a notebook's kernel, a command line, a loading process, a fork
+    # server): a child computing on two threads beside the other worker's busy core spins for a core it does not
+    # get, many times slower than on one. A test that sets its children's threads itself keeps its own.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 PROMPTS = ["When Mary and John went to the store, John gave a drink to",
            "The war lasted from the year 1732 to the year 17",

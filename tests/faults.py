@@ -29,7 +29,7 @@ def _context():
     ctx.set_forkserver_preload(["torch", "lmlab.studies", "lmlab.train", "lmlab.models.load", "matplotlib.pyplot",
                                 "lmlab.studies.knockout.recipe", "lmlab.studies.quantize.recipe",
                                 "lmlab.studies.filler.recipe", "lmlab.studies.sparse_circuits.recipe",
-                                "lmlab.studies.latent.recipe", "study_worker"])
+                                "lmlab.studies.latent.recipe", "study_worker", "fault_preload"])
     return ctx
 
 
