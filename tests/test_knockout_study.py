@@ -251,8 +251,30 @@ def test_pipeline_runs_end_to_end_and_resumes_to_the_same_table(tiny_runs, tmp_p
     with pytest.raises(Interrupt):
         run_study(s1.SPEC, s1.Config(**TINY), tmp_path / "cut")
     monkeypatch.setattr(s1.recipe, "sweep", real)
+    # the probes were fit before the cut: the resumed run reads them back (their weights, their rows), never fits
+    assert sorted(p.name for p in (tmp_path / "cut").glob("*/probes/*.safetensors")) == \
+        [f"rep{r}.safetensors" for r in range(len(s1.Config(**TINY).replicate_seeds()))]
+    monkeypatch.setattr(s1.recipe, "fit_layer_probes", lambda *a, **k: pytest.fail("a stored probe was fit again"))
     resumed = run_study(s1.SPEC, s1.Config(**TINY), tmp_path / "cut")
     pd.testing.assert_frame_equal(resumed.long().reset_index(drop=True), table.reset_index(drop=True))
+
+
+def test_a_probe_read_back_from_its_weights_scores_as_the_fitted_one():
+    """What a resumed run restores: the scaler's and the regression's fitted values set on a fresh pipeline give the
+    fitted probe's probabilities bit for bit, through the safetensors file they are stored in."""
+    from safetensors.numpy import load, save
+
+    from lmlab.studies.knockout.probes import fit_layer_probes, probe_weights, restored_probe
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(80, 2, 16)) * rng.uniform(0.1, 5.0, size=16)
+    y = (x[:, 0, 0] + rng.normal(size=80) > 0).astype(int)
+    fitted = fit_layer_probes(x, y, np.arange(60), np.arange(60, 80), [0, 1], seed=3)
+    new = rng.normal(size=(25, 16))
+    for probe in fitted:
+        back = restored_probe(probe.layer, load(save(probe_weights(probe))), 3, probe.cv_auroc, probe.test_auroc)
+        assert np.array_equal(back.p_true(new), probe.p_true(new))
+        assert (back.layer, back.cv_auroc, back.test_auroc) == (probe.layer, probe.cv_auroc, probe.test_auroc)
 
 
 def test_every_control_knocks_out_exactly_as_many_tokens_as_e_q(tiny_runs):

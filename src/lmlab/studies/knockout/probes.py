@@ -62,6 +62,27 @@ class LayerProbe:
         return self.model.predict_proba(np.atleast_2d(features))[:, 1]
 
 
+def probe_weights(probe: LayerProbe) -> dict[str, np.ndarray]:
+    """What a fitted probe computes with: its scaler's mean, scale and variance, and its logistic regression's
+    coefficients and intercept (arrays, for a safetensors file)."""
+    scaler, lr = probe.model.steps[0][1], probe.model.steps[1][1]
+    return {"mean": scaler.mean_, "scale": scaler.scale_, "var": scaler.var_, "coef": lr.coef_,
+            "intercept": lr.intercept_, "samples": np.atleast_1d(scaler.n_samples_seen_)}
+
+
+def restored_probe(layer: int, weights: dict[str, np.ndarray], seed: int, cv_auroc: float,
+                   test_auroc: float) -> LayerProbe:
+    """A probe from `probe_weights`: the same pipeline with the fitted values set, so it scores as the fitted
+    one did, to the last bit (a resumed run's probes are read back, not fit again)."""
+    model = make_probe(seed)
+    scaler, lr = model.steps[0][1], model.steps[1][1]
+    scaler.mean_, scaler.scale_, scaler.var_ = weights["mean"], weights["scale"], weights["var"]
+    scaler.n_samples_seen_ = weights["samples"].item()
+    lr.coef_, lr.intercept_, lr.classes_ = weights["coef"], weights["intercept"], np.array([0, 1])
+    scaler.n_features_in_ = lr.n_features_in_ = weights["coef"].shape[1]
+    return LayerProbe(layer, model, cv_auroc, test_auroc)
+
+
 def fit_layer_probes(features: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray, layers: list[int],
                      seed: int, folds: int = 5) -> list[LayerProbe]:
     """features: (n, n_layers_captured, d) in the order of `layers`; y: 0/1."""

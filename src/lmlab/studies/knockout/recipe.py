@@ -62,13 +62,15 @@ from lmlab.data.generated import geo_qa
 from lmlab.data.qa import QAItem
 from lmlab.data.scoring import alias_match
 from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
 from lmlab.generation import greedy_answers, last_token_features, prefix_cache
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
 from lmlab.studies.knockout.measure import (control_draws, encode_item, knockout_rows, patching_features,
                                             patching_rows, placebo_eq, pool, sweep, sweep_layers, sweep_prefix)
-from lmlab.studies.knockout.probes import detection_rows, fit_layer_probes, group_split
+from lmlab.studies.knockout.probes import (detection_rows, fit_layer_probes, group_split, probe_weights,
+                                           restored_probe)
 
 
 def load_items(config: Config) -> list[QAItem]:
@@ -117,10 +119,12 @@ def _probe_groups(config, answered) -> dict[str, np.ndarray]:
     return {d: np.array([n for n, s in enumerate(sets) if s == d]) for d in dict.fromkeys(sets)}
 
 
-def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate: int = 0):
+def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate: int = 0,
+                stored: tuple[dict, list[dict]] | None = None):
     """Phase 2, one replicate: per probe group, a subject-grouped train/test split drawn from `seed` and one probe
     per layer; the best layer by cross-validated AUROC on the training split. A group with too few answers of a
-    class gets none."""
+    class gets none. `stored`: the replicate's probes as an earlier fit stored them (their weights, their rows),
+    read back instead of fit again."""
     split = np.array(["train"] * len(answered), dtype=object)
     fitted, rows = {}, []
     for name, idx in _probe_groups(config, answered).items():
@@ -132,8 +136,15 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
             rows.append(dict(kind="probe_skipped", replicate=replicate, probe_set=name, correct_train=int(per_class[1]),
                              incorrect_train=int(per_class[0]), needed=config.min_per_class))
             continue
-        probes = fit_layer_probes(feats[idx], correct[idx], np.searchsorted(idx, train), np.searchsorted(idx, test),
-                                  list(range(n_layers)), seed)
+        if stored is None:
+            probes = fit_layer_probes(feats[idx], correct[idx], np.searchsorted(idx, train),
+                                      np.searchsorted(idx, test), list(range(n_layers)), seed)
+        else:
+            weights, saved = stored
+            probes = [restored_probe(r["layer"], {k[len(f"{name}/{r['layer']}/"):]: v for k, v in weights.items()
+                                                  if k.startswith(f"{name}/{r['layer']}/")}, seed, r["cv_auroc"],
+                                     r["test_auroc"])
+                      for r in saved if r["kind"] == "probe" and r["probe_set"] == name]
         best = max(probes, key=lambda p: p.cv_auroc).layer
         fitted[name] = dict(probes=probes, best=best, idx=idx, train=train, test=test)
         rows += [dict(kind="probe", replicate=replicate, probe_set=name, layer=p.layer, cv_auroc=p.cv_auroc,
@@ -249,7 +260,8 @@ def _probes(config, run_dir, answered, correct, feats, n_layers: int, seeds: lis
     answer row learns which side of every replicate's split it fell on. (fits per replicate, probe rows)."""
     fits, splits, probe_rows = [], [], []
     for r, seed in enumerate(seeds):
-        fitted, split, rows = _fit_probes(config, answered, correct, feats, n_layers, seed, r) \
+        fitted, split, rows = parallel.main_first(
+            lambda r=r, seed=seed: _stored_probes(config, run_dir, answered, correct, feats, n_layers, seed, r)) \
             if answered else ({}, np.array([]), [])
         fits.append(fitted)
         splits.append(split)
@@ -261,6 +273,23 @@ def _probes(config, run_dir, answered, correct, feats, n_layers: int, seeds: lis
     for i, row in enumerate(base):  # each replicate's side of its split, in replicate order
         row["split"] = ",".join(str(split[i]) for split in splits)
     return fits, probe_rows
+
+
+def _stored_probes(config, run_dir: RunDir, answered, correct, feats, n_layers: int, seed: int, r: int):
+    """Replicate r's probes, fit once: their weights in probes/rep{r}.safetensors and their rows a unit of
+    `probes`, so a resumed run (and every process after rank 0) reads them back rather than fitting them again."""
+    from safetensors.numpy import load, save
+
+    file = run_dir.path / "probes" / f"rep{r}.safetensors"
+    saved = run_dir.done("probes").get(str(r))
+    if saved is not None and file.is_file():
+        return _fit_probes(config, answered, correct, feats, n_layers, seed, r, (load(file.read_bytes()), saved))
+    fitted, split, rows = _fit_probes(config, answered, correct, feats, n_layers, seed, r)
+    if parallel.is_main():  # the weights first, then the unit that says they are whole
+        atomic_write(file, save({f"{name}/{p.layer}/{k}": np.ascontiguousarray(v) for name, f in fitted.items()
+                                 for p in f["probes"] for k, v in probe_weights(p).items()}))
+        run_dir.record("probes", r, rows)
+    return fitted, split, rows
 
 
 def _patching_and_detection(config, lm, answered, answers, correct, feats, fits, groups, seeds) -> list[dict]:
