@@ -31,7 +31,7 @@ def _tasks(tmp_path):
         "task: lmlab_gen\n" + common + "output_type: generate_until\ndoc_to_target: \" {{answer}}\"\n"
         "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 4\n  do_sample: false\n"
         "metric_list:\n  - metric: exact_match\n")
-    return TaskManager(include_path=str(tmp_path))
+    return TaskManager(include_path=str(tmp_path), include_defaults=False)  # our two tasks, not the index of all
 
 
 def _evaluate(tmp_path, folder, model_args: str):
