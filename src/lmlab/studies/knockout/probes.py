@@ -62,6 +62,9 @@ class LayerProbe:
         return self.model.predict_proba(np.atleast_2d(features))[:, 1]
 
 
+PROBE_ARRAYS = ("mean", "scale", "var", "coef", "intercept", "samples")  # what probe_weights gives
+
+
 def probe_weights(probe: LayerProbe) -> dict[str, np.ndarray]:
     """What a fitted probe computes with: its scaler's mean, scale and variance, and its logistic regression's
     coefficients and intercept (arrays, for a safetensors file)."""

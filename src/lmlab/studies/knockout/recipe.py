@@ -69,8 +69,8 @@ from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
 from lmlab.studies.knockout.measure import (control_draws, encode_item, knockout_rows, patching_features,
                                             patching_rows, placebo_eq, pool, sweep, sweep_layers, sweep_prefix)
-from lmlab.studies.knockout.probes import (detection_rows, fit_layer_probes, group_split, probe_weights,
-                                           restored_probe)
+from lmlab.studies.knockout.probes import (PROBE_ARRAYS, detection_rows, fit_layer_probes, group_split,
+                                           probe_weights, restored_probe)
 
 
 def load_items(config: Config) -> list[QAItem]:
@@ -127,6 +127,11 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
     read back instead of fit again."""
     split = np.array(["train"] * len(answered), dtype=object)
     fitted, rows = {}, []
+    if stored is not None:  # the stored probes in the order of their rows: probe i's arrays are named "i.<array>"
+        weights, saved = stored
+        kept = [r for r in saved if r["kind"] == "probe"]
+        restored = [restored_probe(r["layer"], {k: weights[f"{i}.{k}"] for k in PROBE_ARRAYS}, seed, r["cv_auroc"],
+                                   r["test_auroc"]) for i, r in enumerate(kept)]
     for name, idx in _probe_groups(config, answered).items():
         tr, te = group_split([answered[n].subject or answered[n].question for n in idx], config.test_fraction, seed)
         train, test = idx[tr], idx[te]
@@ -140,11 +145,7 @@ def _fit_probes(config, answered, correct, feats, n_layers, seed: int, replicate
             probes = fit_layer_probes(feats[idx], correct[idx], np.searchsorted(idx, train),
                                       np.searchsorted(idx, test), list(range(n_layers)), seed)
         else:
-            weights, saved = stored
-            probes = [restored_probe(r["layer"], {k[len(f"{name}/{r['layer']}/"):]: v for k, v in weights.items()
-                                                  if k.startswith(f"{name}/{r['layer']}/")}, seed, r["cv_auroc"],
-                                     r["test_auroc"])
-                      for r in saved if r["kind"] == "probe" and r["probe_set"] == name]
+            probes = [p for p, r in zip(restored, kept) if r["probe_set"] == name]
         best = max(probes, key=lambda p: p.cv_auroc).layer
         fitted[name] = dict(probes=probes, best=best, idx=idx, train=train, test=test)
         rows += [dict(kind="probe", replicate=replicate, probe_set=name, layer=p.layer, cv_auroc=p.cv_auroc,
@@ -286,8 +287,9 @@ def _stored_probes(config, run_dir: RunDir, answered, correct, feats, n_layers: 
         return _fit_probes(config, answered, correct, feats, n_layers, seed, r, (load(file.read_bytes()), saved))
     fitted, split, rows = _fit_probes(config, answered, correct, feats, n_layers, seed, r)
     if parallel.is_main():  # the weights first, then the unit that says they are whole
-        atomic_write(file, save({f"{name}/{p.layer}/{k}": np.ascontiguousarray(v) for name, f in fitted.items()
-                                 for p in f["probes"] for k, v in probe_weights(p).items()}))
+        probes = [p for f in fitted.values() for p in f["probes"]]  # the order of their rows
+        atomic_write(file, save({f"{i}.{k}": np.ascontiguousarray(v) for i, p in enumerate(probes)
+                                 for k, v in probe_weights(p).items()}))
         run_dir.record("probes", r, rows)
     return fitted, split, rows
 
