@@ -39,6 +39,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "faults: kills a study at many points and resumes it (tests/faults.py)")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test that reaches the embedded SmolLM2 through a fixture (a folder with its tokenizer, the compare controls)
+    is an embedded test, marked or not, so `-m "not embedded"` (a machine without the embedded models) leaves it
+    out. Runs before pytest's own selection by marker."""
+    for item in items:
+        if "embedded_smollm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.embedded)
+
+
 def test_devices() -> list[str]:
     """Where the model tests run: the CPU always, CUDA as well where torch sees one. LMLAB_TEST_DEVICES names others
     (comma-separated): `cpu-bf16` (the CPU with bf16 weights, a GPU's numbers) and `fakegpu` (tests/emulated_gpu.py:

@@ -73,7 +73,10 @@ def test_attention_profile_equals_a_hand_computation(lm):
             expected = sum(att[h, i, keep[jj]].item() / sum(att[h, i, k].item() for k in keep) for i in later)
             expected = expected / len(later) if later else 0.0
             assert renormalised[h, jj - 1].item() == pytest.approx(expected, abs=4 * tol)
-    assert (renormalised > got + tol).any()  # the inserted tokens took a share, which renormalising gives back
+    # the inserted tokens took a share, which renormalising gives back: beyond the rounding of the pattern's dtype
+    # (bf16 on a GPU: 2 of its steps at the largest entry; the check above's tolerance is a sum's, far coarser)
+    rounding = 2 * torch.finfo(att.dtype).eps * got.abs().max().item()
+    assert (renormalised.float() - got.float()).max().item() > rounding
 
 
 def _arm_reference(a, c, p1, p_min=0.02):

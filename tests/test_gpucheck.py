@@ -34,3 +34,10 @@ def test_a_finished_suite_reports_pytests_own_line_and_time(tmp_path):
 def test_every_study_of_the_check_has_its_tiny_sizes():
     names = [name for lane in gpucheck.LANES + [gpucheck.model_lane('m.gguf')] for name, _, _ in lane]
     assert sorted(names) == sorted(gpucheck.SMALL) and len(set(names)) == len(names)
+
+
+def test_a_claim_reads_in_one_line_on_its_display_scale():
+    claim = {"name": "E_Q flips - control flips", "group": "geo", "source": "paper", "estimate": 0.0116,
+             "low": -0.0175, "high": 0.0407, "scale": 100.0, "unit": " pts", "replicates": 5, "decision": "open"}
+    assert gpucheck.claim_line(claim) == ("E_Q flips - control flips (geo) [paper]: +1.16 pts [-1.75, +4.07] "
+                                          "over 5 replicate(s): open")

@@ -195,9 +195,21 @@ def study(name: str, args: list[str], env: dict, out: Path, limit: float, device
         verdict = json.loads(verdict_file.read_text())
         verdict = verdict.get("overall", verdict)  # (one model's verdict, or the several-model file's overall one)
         row["verdict"], row["summary"] = verdict.get("status"), verdict.get("summary", "")[:400]
+        row["claims"] = [claim_line(c) for c in verdict.get("evidence", {}).get("claims", [])]
     if exit_code not in (0, None):
         row["error"] = text.strip().splitlines()[-1][:300] if text.strip() else "no output"
     return row
+
+
+def claim_line(claim: dict) -> str:
+    """One claim of a verdict.json in a line (its estimate and interval on its display scale, its decision): what
+    decided a run, which its summary, cut for the summary file, may not reach."""
+    scale, unit = claim.get("scale") or 1.0, claim.get("unit", "")
+    num = lambda x: "nan" if x is None else f"{scale * x:+.3g}"  # noqa: E731
+    group = f" ({claim['group']})" if claim.get("group") else ""
+    return (f"{claim.get('name')}{group} [{claim.get('source', '?')}]: {num(claim.get('estimate'))}{unit} "
+            f"[{num(claim.get('low'))}, {num(claim.get('high'))}] over {claim.get('replicates')} replicate(s): "
+            f"{claim.get('decision')}")
 
 
 def bench(env: dict, out: Path, limit: float, device: str) -> dict:
@@ -235,6 +247,8 @@ def summary(info: dict, rows: list[dict]) -> str:
             lines.append(f"  - error: {r['error']}")
         if r.get("summary"):
             lines.append(f"  - {r['summary']}")
+        for c in r.get("claims", []):
+            lines.append(f"  - claim: {c}")
         for b in r.get("rows", []):
             lines.append(f"  - {b['case']}: {b['value']} {b['unit']}" + (f", {b['ratio']}x" if b.get("ratio") else ""))
     return "\n".join(lines) + "\n"
