@@ -220,3 +220,38 @@ def test_the_catalog_describes_the_embedded_models_from_their_config_files(embed
     built = {k: v for k, v in embedded_smollm.layout.describe().items() if k in ("family", "layers", "heads", "kv_heads")}
     assert describe_folder(cached_model_dir("smollm2-135m")) == built == dict(family="llama", layers=30, heads=9,
                                                                                kv_heads=3)
+
+
+@pytest.mark.embedded
+def test_a_gguf_header_is_read_once_per_load_and_handed_out_as_copies():
+    """gguf_once: inside a load the reader is built once per file and the header's metadata parsed once; each caller
+    gets its own copy; outside, transformers' and gguf's own functions are back."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    from lmlab.models import gguf_once
+    from lmlab.models.embedded import EMBEDDED
+
+    path = str(EMBEDDED["smollm2-135m"].source_path())
+    built, original = [], gguf.GGUFReader
+
+    class Counting(original):
+        def __init__(self, *args, **kwargs):
+            built.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    gguf.GGUFReader = Counting
+    try:
+        plain = hf_gguf.load_gguf_checkpoint(path)
+        assert len(built) == 1
+        with gguf_once.read_once():
+            first = hf_gguf.load_gguf_checkpoint(path)
+            first["config"]["hidden_size"] = -1
+            second = hf_gguf.load_gguf_checkpoint(path, return_tensors=False)
+            assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+        assert len(built) == 2  # one reader inside, however many asked
+        assert second == plain and first["config"]["hidden_size"] == -1
+        assert gguf.GGUFReader is Counting
+    finally:
+        gguf.GGUFReader = original
+    assert hf_gguf.load_gguf_checkpoint.__module__ == "transformers.modeling_gguf_pytorch_utils"

@@ -8,6 +8,7 @@ its `Layout`. Remote code is never run unless `trust_remote_code=True` is asked 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -26,7 +27,7 @@ from transformers.utils import logging as hf_logging
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.hub import hub_reachable
-from lmlab.models import embedded, tiny
+from lmlab.models import embedded, gguf_once, tiny
 from lmlab.models.catalog import (check_hub_model, check_model_spec,  # noqa: F401  (lmlab.models exports
                                   known_names)  # known_names)
 from lmlab.models.batch import module_device, pad_sequences
@@ -127,8 +128,15 @@ def _auto_class(config, head: str | None):
     return AutoModelForCausalLM
 
 
-def _from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None,
-                     local_files_only=False, placement: Placement | None = None):
+def _from_pretrained(path_or_id: str, *, gguf_file=None, **options):
+    """The model and its tokenizer through transformers' auto classes; a GGUF file's header read once for all of
+    them (gguf_once)."""
+    with gguf_once.read_once() if gguf_file else contextlib.nullcontext():
+        return _auto_from_pretrained(path_or_id, gguf_file=gguf_file, **options)
+
+
+def _auto_from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_remote_code, gguf_file=None,
+                          local_files_only=False, placement: Placement | None = None):
     kwargs = dict(trust_remote_code=trust_remote_code, **({"local_files_only": True} if local_files_only else {}))
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
