@@ -249,7 +249,15 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         run_study(study.SPEC, study.Config(**TINY), tmp_path / "b")
     monkeypatch.undo()
+    trained, real_vq = [], latent_recipe.train_vq  # r4's codes were stored before the kill: read back, not encoded
+
+    def spy(vocab, examples, config, rate, *args, **kwargs):
+        trained.append(rate)
+        return real_vq(vocab, examples, config, rate, *args, **kwargs)
+
+    monkeypatch.setattr(latent_recipe, "train_vq", spy)
     again = run_study(study.SPEC, study.Config(**TINY), tmp_path / "b")
+    assert trained == [16, 16], trained  # r16's two replicates alone
     pd.testing.assert_frame_equal(_metrics(again), _metrics(whole), check_dtype=False)
     assert list(dict.fromkeys(whole.table("variant")["variant"])) == ["cot", "answer-only", "r4", "r16"]
     assert sorted(whole.table("variant").replicate.unique()) == [0, 1]

@@ -66,6 +66,7 @@ from lmlab.data.generated.planning import (generate_class_problems, generate_tur
                                            generate_walk_problems)
 from lmlab.data.generated.reasoning import generate_problems, read_gsm8k_problems, split_problems
 from lmlab.errors import LmlabError
+from lmlab.files import atomic_write
 from lmlab.models import LoadedModel, ScratchSpec, load_model, resize_vocabulary
 from lmlab.runs import RunDir
 from lmlab.stats import wilson
@@ -178,15 +179,11 @@ def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
     """One replicate's VQ-VAE for `rate`, its training items (the leftmost m chain tokens of each replaced by
     codes), the forced prefixes of the test problems, and the numbers that describe them. Under the placebo every
     code of the items and of the forced prefixes is the one constant code (the VQ-VAE is trained as in the study and
-    its reconstruction measured, but its codes are thrown away)."""
+    its reconstruction measured, but its codes are thrown away). The codes are encoded once (`_stored_codes`)."""
     vocab, train_ex = prep.vocab, prep.train
-    vq, chunks, _ = train_vq(vocab, train_ex, config, rate, run_dir, seed=seed, replicate=replicate)
-    extra = vq_quality(vq, vocab, prep.dev, config, chunks)
     rng = random.Random(f"{seed}|{rate}")
     ms = [sequences.draw_m(rng, ex, config.chunk) for ex in train_ex]
-    codes = parallel.share_out(len(train_ex), lambda idx: _codes_where(vq, vocab, train_ex, ms, idx, config.chunk))
-    if config.placebo:  # the same m and number of codes, every code the one constant code
-        codes = [sequences.carry_nothing(c) for c in codes]
+    codes, forced, extra = _stored_codes(prep, config, rate, run_dir, replicate, seed, ms)
     items, shares, ratio = [], [], []
     for ex, m, ex_codes in zip(train_ex, ms, codes):
         n = sequences.codes_needed(ex, m, config.chunk, rate) if m else 0
@@ -196,9 +193,55 @@ def _latent_items(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
             ratio.append(m / n)
     extra.update(train_m_share=float(np.mean(shares)), train_m0_share=float(np.mean([s == 0 for s in shares])),
                  tokens_per_code=float(np.mean(ratio)) if ratio else float("nan"))
+    return items, forced, extra
+
+
+def _encoded(prep: Prepared, config: Config, rate: int, run_dir: RunDir, replicate: int, seed: int, ms):
+    """(each training example's codes, each test problem's forced prefix and its m, the VQ-VAE's reconstruction
+    numbers): the VQ-VAE trained (or its checkpoint read back) and the problems encoded, every process its share."""
+    vocab, train_ex = prep.vocab, prep.train
+    vq, chunks, _ = train_vq(vocab, train_ex, config, rate, run_dir, seed=seed, replicate=replicate)
+    extra = vq_quality(vq, vocab, prep.dev, config, chunks)
+    codes = parallel.share_out(len(train_ex), lambda idx: _codes_where(vq, vocab, train_ex, ms, idx, config.chunk))
+    if config.placebo:  # the same m and number of codes, every code the one constant code
+        codes = [sequences.carry_nothing(c) for c in codes]
     forced = parallel.share_out(len(prep.test), lambda idx: forced_prefixes(vq, vocab, [prep.test[i] for i in idx],
                                                                             config, rate))
-    return items, forced, extra
+    return codes, forced, extra
+
+
+def _stored_codes(prep: Prepared, config: Config, rate: int, run_dir: RunDir, replicate: int, seed: int, ms):
+    """`_encoded`, once: the codes and forced prefixes in codes/r{rate}-rep{replicate}.safetensors (ragged lists as
+    their values end to end and each one's length) and the reconstruction numbers a unit of `codes`, so a resumed
+    run reads them back instead of loading the VQ-VAE and encoding every problem again. Every process decides
+    alike: rank 0 records the unit only after the encoding's gathers, which every process reaches after its own
+    look here."""
+    from safetensors.numpy import load, save
+
+    file = run_dir.path / "codes" / f"r{rate}-rep{replicate}.safetensors"
+    saved = run_dir.done("codes").get(f"{rate}|{replicate}")
+    if saved is not None and file.is_file():
+        arrays = load(file.read_bytes())
+        codes = _ragged(arrays["codes"], arrays["codes_lengths"])
+        prefixes = _ragged(arrays["forced"], arrays["forced_lengths"])
+        return codes, list(zip(prefixes, arrays["forced_m"].tolist())), dict(saved[0])
+    codes, forced, extra = _encoded(prep, config, rate, run_dir, replicate, seed, ms)
+    if parallel.is_main():  # the arrays first, then the unit that says they are whole
+        arrays = {**_flat("codes", codes), **_flat("forced", [f for f, _ in forced]),
+                  "forced_m": np.array([m for _, m in forced], dtype=np.int64)}
+        atomic_write(file, save(arrays))
+        run_dir.record("codes", f"{rate}|{replicate}", [extra])
+    return codes, forced, extra
+
+
+def _flat(name: str, lists: list[list[int]]) -> dict:
+    """Ragged lists of ints as two arrays: `name` (their values end to end) and `name_lengths`."""
+    return {name: np.array([v for x in lists for v in x], dtype=np.int64),
+            f"{name}_lengths": np.array([len(x) for x in lists], dtype=np.int64)}
+
+
+def _ragged(values: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    return [part.tolist() for part in np.split(values, np.cumsum(lengths)[:-1])] if len(lengths) else []
 
 
 def _codes_where(vq, vocab, examples, ms, idx, chunk) -> list[list[int]]:
