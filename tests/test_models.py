@@ -255,3 +255,27 @@ def test_a_gguf_header_is_read_once_per_load_and_handed_out_as_copies():
     finally:
         gguf.GGUFReader = original
     assert hf_gguf.load_gguf_checkpoint.__module__ == "transformers.modeling_gguf_pytorch_utils"
+
+
+def test_an_embedded_models_cache_is_shared_by_environments_with_the_same_package(tmp_path, monkeypatch):
+    """The cache's stamp names the package's file by name, size and time: the same package installed in another
+    environment (another folder) finds the cache made, a changed file does not."""
+    import os
+
+    from lmlab.models import embedded
+
+    first, second = tmp_path / "venv-a" / "m.gguf", tmp_path / "venv-b" / "m.gguf"
+    for f in (first, second):
+        f.parent.mkdir()
+        f.write_bytes(b"weights")
+        os.utime(f, (1_700_000_000, 1_700_000_000))
+    entry = embedded.EmbeddedModel("m", "org/m", "m_pkg", "m-pkg==1", gguf_file="m.gguf")
+    monkeypatch.setenv("LMLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded.EmbeddedModel, "source_path", lambda self: first)
+    marker = embedded.cached_model_dir("m") / "lmlab-source.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps(embedded._source_stamp(entry)))
+    monkeypatch.setattr(embedded.EmbeddedModel, "source_path", lambda self: second)
+    assert embedded.is_cached(entry)
+    second.write_bytes(b"other weights")
+    assert not embedded.is_cached(entry)

@@ -92,9 +92,13 @@ def cached_model_dir(name: str) -> Path:
 
 
 def _source_stamp(entry: EmbeddedModel) -> dict:
+    """What the cache was made from: the package's file by name, size and time (pip keeps a wheel's file times), not
+    by the folder it is installed in, so two environments with the same package share one cache rather than each
+    rewriting it for the other."""
     sources = entry.chunk_paths() if entry.parts else [entry.source_path()]
     stats = [p.stat() for p in sources]
-    return {"source": str(sources[0]), "size": sum(s.st_size for s in stats), "mtime": max(int(s.st_mtime) for s in stats)}
+    return {"source": sources[0].name, "size": sum(s.st_size for s in stats),
+            "mtime": max(int(s.st_mtime) for s in stats)}
 
 
 def assemble_chunks(entry: EmbeddedModel) -> Path:
