@@ -39,7 +39,10 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
              num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
              n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
              qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, qk_head_dim=8, n_group=1, topk_group=1,
-             image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64)
+             image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64, hidden_size_per_layer_input=8,
+             num_kv_shared_layers=0)
+# what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types)
+TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]])}
 # state-space and recurrent mixers: a config that names one of these has layers that are not attention
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config",
                   "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
@@ -78,6 +81,9 @@ def tiny_config(model_type: str, vocab_size: int):
     if "vocab_size" in kwargs or "vocab_size" in set(getattr(cls, "__dataclass_fields__", {})) | set(
             inspect.signature(cls.__init__).parameters):
         kwargs["vocab_size"] = vocab_size
+    if "vocab_size_per_layer_input" in set(getattr(cls, "__dataclass_fields__", {})):  # per-layer embeddings (Gemma 4)
+        kwargs["vocab_size_per_layer_input"] = vocab_size
+    kwargs.update(TYPE_SIZES.get(model_type, {}))
     for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
         try:
             kwargs[name] = sub(**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {})).to_dict()

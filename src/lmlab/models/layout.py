@@ -255,6 +255,11 @@ def discover(model: nn.Module) -> FamilySpec:
     if o_proj is None:
         raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
                          f"(looked for {', '.join(_O_NAMES)})")
+    widths = sorted({_in_features(get_submodule(b, o_proj)) for b in blocks})
+    if len(widths) > 1:  # per-layer head sizes (Gemma 4's full-attention layers): one head size cannot slice them
+        raise LmlabError(f"architecture '{model_type}': its attention layers differ in width "
+                         f"({' and '.join(map(str, widths))} features into the output projection: heads of "
+                         f"different sizes per layer), and lmlab reads every layer's heads at one size")
     mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
     linears = block_linears(block, config)
     return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp, mlp_act=mlp_act or "",
