@@ -43,8 +43,9 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
              num_kv_shared_layers=0)
 # what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types)
 TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]])}
-# state-space and recurrent mixers: a config that names one of these has layers that are not attention
-RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config",
+# state-space, recurrent and short-convolution mixers: a config that names one of these has layers that are not
+# attention
+RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
                   "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
 
 CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
@@ -467,8 +468,8 @@ def classify(model_type: str) -> dict:
                                              "language models (its decoder reads an encoder through cross-attention)")
     text = getattr(config_defaults, "text_config", None) or config_defaults
     if text is not None and any(getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS):
-        return dict(status="refused", reason="state-space or recurrent layers beside (or instead of) attention: "
-                                             "no attention to knock out in those layers")
+        return dict(status="refused", reason="state-space, recurrent or convolution layers beside (or instead of) "
+                                             "attention: no attention to knock out in those layers")
     try:
         with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -164,3 +164,16 @@ def test_attention_sinks_join_the_softmax_as_the_model_has_them():
         assert conf.run_checks(model, tokenizer)["forward"]
     finally:
         attention.register()
+
+
+@pytest.mark.parametrize("layer_types", [["conv", "full_attention"], ["full_attention", "conv"]])
+def test_a_hybrid_of_attention_and_convolution_is_refused_as_one(layer_types):
+    """LFM2's checkpoints put short-convolution blocks beside attention ones: discovery refuses the model as a hybrid,
+    whichever kind its first block is (a first convolution block once read as 'no attention interface')."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    config = Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, layer_types=layer_types)
+    model = Lfm2ForCausalLM(config).eval()
+    with pytest.raises(LmlabError, match="a hybrid of attention and other mixing layers"):
+        layout_module.discover(model)

@@ -238,6 +238,9 @@ def discover(model: nn.Module) -> FamilySpec:
                          f"calls transformers' attention interface was found")
     block = blocks[0]
     attns = [name for name, m in block.named_modules() if name and calls_attention_interface(m)]
+    if not attns and any(calls_attention_interface(m) for b in blocks[1:] for m in b.modules()):
+        raise LmlabError(f"architecture '{model_type}': its first block has no attention but later ones do (a hybrid "
+                         f"of attention and other mixing layers)")
     if not attns:
         raise LmlabError(f"architecture '{model_type}': its attention does not call transformers' attention "
                          f"interface, so lmlab cannot reach its heads")
