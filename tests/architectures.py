@@ -42,7 +42,10 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
              image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64, hidden_size_per_layer_input=8,
              num_kv_shared_layers=0)
 # what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types)
-TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]])}
+# and DBRX's attention sub-config, whose defaults lack the rope_theta and clip_qkv its attention reads (DBRX's
+# checkpoints carry both)
+TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+              "dbrx": dict(attn_config=dict(rope_theta=500_000.0, clip_qkv=8.0))}
 # state-space, recurrent and short-convolution mixers: a config that names one of these has layers that are not
 # attention
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
@@ -84,12 +87,13 @@ def tiny_config(model_type: str, vocab_size: int):
         kwargs["vocab_size"] = vocab_size
     if "vocab_size_per_layer_input" in set(getattr(cls, "__dataclass_fields__", {})):  # per-layer embeddings (Gemma 4)
         kwargs["vocab_size_per_layer_input"] = vocab_size
-    kwargs.update(TYPE_SIZES.get(model_type, {}))
     for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
         try:
             kwargs[name] = sub(**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {})).to_dict()
         except Exception:  # noqa: BLE001 - a sub-config that will not shrink keeps its defaults
             pass
+    for key, value in TYPE_SIZES.get(model_type, {}).items():  # a sub-config's entries merge into its shrunk dict
+        kwargs[key] = {**kwargs[key], **value} if isinstance(kwargs.get(key), dict) else value
     if "kv_lora_rank" in kwargs and "num_key_value_heads" in kwargs:  # latent attention shares no K/V heads
         kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     return cls(**kwargs)
