@@ -50,6 +50,10 @@ TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
 # attention
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
                   "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
+# the same, named in a config's layer_types (Kimi-Linear, Bailing's hybrid: linear-attention layers), and a recurrent
+# type whose config names neither (xLSTM: its blocks are all recurrent)
+RECURRENT_LAYER_KINDS = {"linear_attention", "conv", "mamba"}
+RECURRENT_TYPES = ("xlstm",)
 
 CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
           "sparse gate", "quantized weights", "generation")
@@ -471,9 +475,12 @@ def classify(model_type: str) -> dict:
         return dict(status="refused", reason="an encoder-decoder model: lmlab's decoder studies take decoder-only "
                                              "language models (its decoder reads an encoder through cross-attention)")
     text = getattr(config_defaults, "text_config", None) or config_defaults
-    if text is not None and any(getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS):
-        return dict(status="refused", reason="state-space, recurrent or convolution layers beside (or instead of) "
-                                             "attention: no attention to knock out in those layers")
+    kinds = set(map(str, getattr(text, "layer_types", None) or [])) if text is not None else set()
+    if model_type in RECURRENT_TYPES or kinds & RECURRENT_LAYER_KINDS or (
+            text is not None and any(getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS)):
+        return dict(status="refused", reason="linear-attention, state-space, recurrent or convolution layers beside "
+                                             "(or instead of) attention: no softmax attention to knock out in those "
+                                             "layers")
     try:
         with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")
