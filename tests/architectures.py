@@ -45,7 +45,8 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
 # and DBRX's attention sub-config, whose defaults lack the rope_theta and clip_qkv its attention reads (DBRX's
 # checkpoints carry both)
 TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
-              "dbrx": dict(attn_config=dict(rope_theta=500_000.0, clip_qkv=8.0))}
+              "dbrx": dict(attn_config=dict(rope_theta=500_000.0, clip_qkv=8.0)),
+              "xmod": dict(default_language="en_XX")}  # (X-MOD runs only where its config names a language)
 # state-space, recurrent and short-convolution mixers: a config that names one of these has layers that are not
 # attention
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
