@@ -1,7 +1,9 @@
 """Small helpers shared by the study tests."""
 
+import importlib.util
 from contextlib import contextmanager
 
+import pytest
 import torch
 
 # (atol, rtol) per dtype for a quantity of scale 1: float32 the atol most tests here use with torch.allclose's rtol;
@@ -107,3 +109,8 @@ def check_declared_columns(result) -> None:
     for name, table in tables.items():
         missing = [c for c in declared[name] if c not in table.columns]
         assert not missing, f"{result.study}: table {name!r} lacks the declared columns {missing}"
+
+
+# the export needs compressed-tensors (the export extra; `make setup` installs it, a GPU image may lack it)
+needs_export_extra = pytest.mark.skipif(importlib.util.find_spec("compressed_tensors") is None,
+                                        reason="the export extra (compressed-tensors) is not installed")

@@ -139,6 +139,21 @@ def test_bad_placements_are_one_sentence(tmp_path):
         load_model("tiny-llama", device_map={"model.embed_tokens": "cpu"})  # leaves the blocks without a device
 
 
+def test_a_model_placed_on_the_host_alone_loads_in_float32_where_a_gpu_would_take_bf16(tmp_path):
+    """A map or a memory budget that names only the CPU and disk computes on the CPU: float32 by default even when
+    the run's device is a GPU (a GPU machine ran such a map in bf16 on its CPU); one that names a GPU keeps bf16."""
+    from lmlab.models.placement import Placement
+
+    host = half_on_disk("tiny-llama")
+    assert Placement.parse(host, offload=tmp_path).host_only()
+    assert Placement.parse("auto", max_memory="cpu=1GiB", offload=tmp_path).host_only()
+    assert not Placement.parse({**host, "model.layers.0": 0}, offload=tmp_path).host_only()
+    assert not Placement.parse("auto").host_only() and not Placement.parse("auto", max_memory="0=1GiB").host_only()
+    lm = load_model("tiny-llama", device="cuda", device_map=host, offload=tmp_path)  # (no GPU needed: all on the host)
+    assert {p.dtype for p in lm.model.parameters()} == {torch.float32}
+    assert lm.model(torch.tensor([[1, 2, 3]])).logits.dtype == torch.float32
+
+
 def _s1_config(**kw):
     from lmlab.studies import knockout as s1
 
@@ -193,7 +208,8 @@ def test_sparse_circuits_measures_an_earlier_sparse_model_dispatched(tmp_path, t
     sizes = dict(model=str(folder), tasks=["ioi", "greater-than"], n_prompts=2, sparse_steps=2, sparse_batch=2,
                  n_text=6, n_docstrings=2, text_tokens=6, n_eval_text=2, eval_tokens=8, toy_steps=3,
                  toy_sparse_steps=2, toy_width=32, verify_heads=4, batch_size=4, fine_grid=False, circuits=True,
-                 seeds=1, rank_draws=5, toy_rank_draws=5)  # --sparse-model measures one post-trained model: compare with one replicate
+                 seeds=1, rank_draws=5, toy_rank_draws=5,  # --sparse-model measures one post-trained model: one replicate
+                 device="cpu")  # the map below places every module on the host: the undispatched run computes there too
     plain = run_study(s4.SPEC, s4.Config(**sizes), tmp_path / "plain")
     earlier = plain.path / "post_training" / "rep0" / "sparse_model"
     # (the tied embeddings are most of the weights: the map names a block on disk itself)

@@ -1,7 +1,6 @@
 """Students exported in the compressed-tensors format, loaded by transformers alone in a fresh process."""
 
 import copy
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,6 +20,8 @@ from lmlab.studies import quantize as s2
 from lmlab.studies import run_study
 from lmlab.studies.quantize.measure import collate_for
 from lmlab.studies.quantize.recipe import load_task
+
+from helpers import needs_export_extra
 
 # Run with no lmlab module importable or imported: the folder, transformers and compressed-tensors only.
 LOADER = r"""
@@ -50,9 +51,6 @@ print("ok", sorted(m for m in sys.modules if m.startswith("compressed_tensors"))
 """
 
 
-# the export itself needs compressed-tensors (the export extra; `make setup` installs it, a GPU image may lack it)
-needs_export_extra = pytest.mark.skipif(importlib.util.find_spec("compressed_tensors") is None,
-                                        reason="the export extra (compressed-tensors) is not installed")
 
 
 # The switches that choose the CPU's kernels: the loading process computes with the test process's kernels, as a

@@ -17,7 +17,7 @@ from lmlab.studies.quantize.analysis import verdict
 from lmlab.studies.result import from_rows
 from lmlab.train.kd import kd_loss
 
-from helpers import interrupt_on_call
+from helpers import interrupt_on_call, needs_export_extra
 
 
 def _assert_killed_run_resumes(monkeypatch, module, name: str, n: int, config, out, scores):
@@ -312,28 +312,16 @@ def test_study_with_layer_reduction_runs(tmp_path):
 
 
 @pytest.mark.embedded
-def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch, embedded_smollm):
+@needs_export_extra  # (it exports its students)
+def test_decoder_option_quantizes_a_tiny_llama_and_resumes(tmp_path, monkeypatch, tiny_smol_folder):
     """KD on self-sampled text, perplexity and circuit-task accuracy per unit; a killed run resumes.
     The model is a tiny random Llama that speaks SmolLM2's tokenizer (the circuit tasks need its
-    single-token names)."""
-    import dataclasses
-
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    single-token names), loaded from its folder as a user's model is (on the run's device, in its dtype)."""
     from lmlab.studies.quantize.decoder import run as dec
 
-    def tiny_smol(spec, **kwargs):
-        torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=256, tie_word_embeddings=True)
-        return dataclasses.replace(embedded_smollm, model=LlamaForCausalLM(cfg).eval(), name="tiny-smol")
-
-    import lmlab.models
-
-    monkeypatch.setattr(lmlab.models, "load_model", tiny_smol)  # what Config.load calls
-    config = s2.Config(model="tiny-smol", tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"], n_text=8,
-                       n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4, seeds=2, export="compressed-tensors")
+    config = s2.Config(model=str(tiny_smol_folder), tasks=["ioi", "docstring"], bits=[2, 1], budgets=["A", "C"],
+                       n_text=8, n_eval_text=8, text_tokens=12, n_prompts=6, batch_size=4, seeds=2,
+                       export="compressed-tensors")
     whole = run_study(s2.SPEC, config, tmp_path / "a")
     exported = sorted(p.name for p in (whole.path / "export" / "compressed-tensors").iterdir())
     assert len(exported) == 8 and all((whole.path / "export" / "compressed-tensors" / n / "model.safetensors").exists()

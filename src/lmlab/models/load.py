@@ -233,7 +233,7 @@ def _load_model(spec: str, *, dtype, device, head, num_labels, trust_remote_code
     t0 = time.perf_counter()
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available()
                                                                           else "cpu")
-    dtype = _default_dtype(device, dtype)
+    dtype = _default_dtype(torch.device("cpu") if placement is not None and placement.host_only() else device, dtype)
     kw = dict(head=head, num_labels=num_labels, dtype=dtype, trust_remote_code=trust_remote_code)
 
     kind = check_model_spec(spec, scratch_ok=scratch is not None)  # a path that is not a model: one sentence

@@ -56,6 +56,15 @@ class Placement:
         return cls(device_map=device_map, max_memory=parse_max_memory(max_memory),
                    offload=str(Path(offload).expanduser()) if offload else None)
 
+    def host_only(self) -> bool:
+        """Whether every module goes to the host or to disk: a map that names no accelerator, or a strategy whose
+        `max_memory` gives room on the CPU and disk alone. Such a model computes on the CPU, so it loads in the
+        CPU's precision (float32) where no dtype is asked for, even on a machine with a GPU."""
+        host = {"cpu", "disk"}
+        if isinstance(self.device_map, dict):
+            return {str(v) for v in self.device_map.values()} <= host
+        return bool(self.max_memory) and set(map(str, self.max_memory)) <= host
+
     def check_resolved(self, resolved: dict) -> None:
         """A resolved map {module: device} must leave something on a device, and a folder for what is on disk."""
         devices = {str(v) for v in resolved.values()}
