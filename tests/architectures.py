@@ -46,7 +46,11 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
 # checkpoints carry both)
 TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
               "dbrx": dict(attn_config=dict(rope_theta=500_000.0, clip_qkv=8.0)),
-              "xmod": dict(default_language="en_XX")}  # (X-MOD runs only where its config names a language)
+              "xmod": dict(default_language="en_XX"),  # (X-MOD runs only where its config names a language)
+              # Gemma 4's drafting assistants: every layer shares the keys and values of another (their target's)
+              **{t: dict(text_config=dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+                                          num_kv_shared_layers=SIZES["num_hidden_layers"]), backbone_hidden_size=32)
+                 for t in ("gemma4_assistant", "gemma4_unified_assistant")}}
 # state-space, recurrent and short-convolution mixers: a config that names one of these has layers that are not
 # attention
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
@@ -93,6 +97,9 @@ def tiny_config(model_type: str, vocab_size: int):
     if "vocab_size_per_layer_input" in set(getattr(cls, "__dataclass_fields__", {})):  # per-layer embeddings (Gemma 4)
         kwargs["vocab_size_per_layer_input"] = vocab_size
     for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        default = (getattr(cls, "sub_configs_defaults", None) or {}).get(name)
+        if sub.__name__ == "AutoConfig" and getattr(default, "model_type", None):  # (Gemma 4's assistants)
+            sub = CONFIG_MAPPING[default.model_type]
         try:
             kwargs[name] = sub(**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {})).to_dict()
         except Exception:  # noqa: BLE001 - a sub-config that will not shrink keeps its defaults
@@ -191,8 +198,10 @@ def _ternary(w: torch.Tensor) -> torch.Tensor:
 
 def _check_quantized(model, ids) -> str:
     """S2's weights on a copy of the model: exactly the linear layers of every block are quantized (a router, with
-    one output per expert, aside), each to the ternary values computed here; the word embeddings row by row; a
-    forward with 8-bit inputs runs. "unavailable: ..." where the blocks keep experts as 3-D tensors."""
+    one output per expert, aside), each to the ternary values computed here; experts stacked in 3-D tensors each
+    expert's matrix to its own ternary values, and lmlab's experts forward (where the 8-bit quantizers sit) computing
+    what the family's own does on those weights; the word embeddings row by row; a forward with 8-bit inputs runs.
+    "unavailable: ..." where lmlab refuses the blocks' experts."""
     import copy
 
     from torch import nn
@@ -200,15 +209,15 @@ def _check_quantized(model, ids) -> str:
     from transformers.pytorch_utils import Conv1D
 
     from lmlab.errors import LmlabError
-    from lmlab.interventions.quant import quantize_model
-    from lmlab.models.layout import layout_of
+    from lmlab.interventions.quant import quantize_model, xtc_experts_forward
+    from lmlab.models.layout import fused_experts, get_submodule, layout_of
 
     copied = copy.deepcopy(model)
     config = getattr(copied.config, "text_config", None) or copied.config
     experts = {getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts",
                                                   "moe_num_experts")} - {None}
     blocks = layout_of(copied).blocks
-    stacked = [n for b in blocks for n, p in b.named_parameters() if p.dim() == 3]
+    stacked = {(i, n): get_submodule(b, n).detach().clone() for i, b in enumerate(blocks) for n in fused_experts(b)}
 
     def router(m):
         return isinstance(m, nn.Linear) and m.weight.shape[0] in experts
@@ -229,11 +238,15 @@ def _check_quantized(model, ids) -> str:
     if got != set(expected):
         wrong = sorted(got ^ set(expected))[:3]
         return f"the quantized layers are not the blocks' linear layers (differ at {wrong})"
-    if stacked:
-        return f"left experts stacked in 3-D tensors unquantized ({stacked[0]})"
+    for i, name in stacked:
+        path, _, param = name.rpartition(".")
+        if not parametrize.is_parametrized(get_submodule(blocks[i], path), param):
+            return f"left experts stacked in 3-D tensors unquantized ({name} of layer {i})"
     with torch.no_grad():
-        worst = max(_close(dict(b.named_modules())[n].weight, _ternary(w)) for (i, n), w in expected.items()
-                    for b in [blocks[i]])
+        worst = max([_close(dict(b.named_modules())[n].weight, _ternary(w)) for (i, n), w in expected.items()
+                     for b in [blocks[i]]]
+                    + [_close(get_submodule(blocks[i], n)[e], _ternary(w[e]), scale=float(w[e].abs().max()))
+                       for (i, n), w in stacked.items() for e in range(w.shape[0])])
         looked_up = embedding(ids)
         rows_worst = _close(looked_up, torch.stack([torch.stack([_ternary(r) for r in row]) for row in rows]))
         out = copied(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
@@ -241,6 +254,23 @@ def _check_quantized(model, ids) -> str:
         return f"quantized weights differ from XTC's ternary values (max relative difference {max(worst, rows_worst):.1e})"
     if not torch.isfinite(out).all():
         return "the quantized model's forward gives non-finite logits"
+    if stacked:
+        i, name = next(iter(stacked))
+        module = get_submodule(blocks[i], name.rpartition(".")[0])
+        gen = torch.Generator().manual_seed(0)
+        tokens, hidden = 7, config.hidden_size  # (the experts read the block's hidden states)
+        h = torch.randn(tokens, hidden, generator=gen)
+        k = min(2, module.num_experts)
+        index = torch.stack([torch.randperm(module.num_experts, generator=gen)[:k] for _ in range(tokens)])
+        weights = torch.rand(tokens, k, generator=gen)
+        with torch.no_grad():
+            own = type(module).forward(module, h, index, weights)
+            bits, module._lmlab_act_bits = module._lmlab_act_bits, None
+            mine = xtc_experts_forward(module, h, index, weights)
+            module._lmlab_act_bits = bits
+        diff = _close(mine, own, scale=max(float(own.abs().max()), 1e-12))
+        if diff > TOL:
+            return f"lmlab's experts forward differs from the family's own (max relative difference {diff:.1e})"
     return ""
 
 
@@ -312,6 +342,12 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     base = model.config._attn_implementation
     if base not in ("sdpa", "eager"):  # a model lmlab's function already runs: its own default back
         base = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+    try:
+        with using(model, base):
+            pass
+    except ValueError:  # a tower of a unified model without sdpa (Gemma 4's audio encoder): eager throughout
+        base = "eager"
+        model.set_attn_implementation(base)
     with using(model, base):
         plain = logits()
     with intervene(lm, Capture("resid_pre", "z", "mlp_out")):
@@ -340,7 +376,7 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         clean = logits()
     record("knockout", _close(got, expected), changed=_close(expected, clean))
 
-    d = layout.head_dim
+    d = layout.head_dim_of(last)
 
     def by_hand(edit):
         handle = layout.o_proj(last).register_forward_pre_hook(lambda m, a: (edit(a[0].clone()),))
@@ -486,6 +522,12 @@ def classify(model_type: str) -> dict:
         with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, tokenizer = tiny_model(model_type)
+            built = getattr(model.config, "text_config", None) or model.config
+            if (getattr(built, "num_kv_shared_layers", 0) or 0) >= getattr(built, "num_hidden_layers", 1):
+                return dict(status="refused", reason="a drafting assistant: every layer reads the keys and values its "
+                                                     "target model computed (and its target's hidden states), so it "
+                                                     "runs only inside that model's generation, with no attention of "
+                                                     "its own to study")
             with torch.no_grad():
                 model(input_ids=torch.tensor([[5, 6, 7, 8]]))
     except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal with its reason

@@ -138,9 +138,9 @@ def test_attention_sinks_join_the_softmax_as_the_model_has_them():
     with torch.no_grad():
         model.model.layers[0].self_attn.sinks.fill_(2.0)  # a sink that takes a visible share of every row
     checks = conf.run_checks(model, tokenizer)
-    # its fused experts: no activation for ARM, no linear layers for XTC; its sinks: no sparse gate
-    assert not any(v for k, v in checks.items() if k not in ("mlp activation", "quantized weights", "sparse gate"))
-    assert all(checks[k].startswith("unavailable") for k in ("mlp activation", "quantized weights", "sparse gate"))
+    # its fused experts: no activation for ARM (XTC quantizes them expert by expert); its sinks: no sparse gate
+    assert not any(v for k, v in checks.items() if k not in ("mlp activation", "sparse gate"))
+    assert all(checks[k].startswith("unavailable") for k in ("mlp activation", "sparse gate"))
     with conf._ignoring_the_table():
         lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout_module.layout_of(model), name="gpt_oss",
                          source="tiny")
@@ -177,3 +177,18 @@ def test_a_hybrid_of_attention_and_convolution_is_refused_as_one(layer_types):
     model = Lfm2ForCausalLM(config).eval()
     with pytest.raises(LmlabError, match="a hybrid of attention and other mixing layers"):
         layout_module.discover(model)
+
+
+def test_heads_of_different_sizes_per_layer_are_read_layer_by_layer():
+    """Gemma 4's full-attention layers read wider heads than its sliding ones: the layout keeps each layer's head
+    size (the row's head ablation and patching act on the last layer, a full-attention one), and asking for one
+    size for the whole model is refused in one sentence."""
+    model, _ = conf.tiny_model("gemma4_text")
+    layout = layout_module.layout_of(model)
+    kinds = model.config.layer_types
+    wide = {layout.head_dim_of(i) for i, kind in enumerate(kinds) if kind == "full_attention"}
+    narrow = {layout.head_dim_of(i) for i, kind in enumerate(kinds) if kind != "full_attention"}
+    assert len(wide) == len(narrow) == 1 and wide != narrow and kinds[-1] == "full_attention"
+    assert layout.describe()["head_dim"] == sorted(wide | narrow)
+    with pytest.raises(LmlabError, match=r"^this gemma4_text model's heads differ in size per layer \(\d+ and \d+\)"):
+        layout.head_dim

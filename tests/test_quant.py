@@ -179,3 +179,144 @@ def test_packed_checkpoint_round_trips_bit_exactly(tmp_path, name, bits, device)
         assert torch.equal(quantized_weight(module), quant_targets(fresh)[target][0].weight), target
     with torch.no_grad():
         assert torch.equal(fresh(**enc).logits, before)
+
+
+# --- experts stacked in 3-D tensors (transformers' fused experts)
+
+def _tiny_moe(kind: str = "mixtral", seed: int = 0):
+    """A tiny random mixture of experts: Mixtral's layout (gate and up concatenated, no biases) or GPT-OSS's
+    (transposed tensors, biases, a gate of its own)."""
+    from transformers import GptOssConfig, GptOssForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(seed)
+    if kind == "gpt_oss":
+        return GptOssForCausalLM(GptOssConfig(**common, head_dim=8,
+                                              layer_types=["sliding_attention", "full_attention"])).eval()
+    return MixtralForCausalLM(MixtralConfig(**common)).eval()
+
+
+def _textbook_int8(x: torch.Tensor) -> torch.Tensor:
+    """8-bit per-token quantization written out (amax/127.5 on -128..127), with the straight-through gradient."""
+    v = x.detach()
+    scale = v.abs().amax(-1, keepdim=True) / 127.5
+    scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+    return torch.clamp(v / scale, -128, 127).round() * scale + (x - v)
+
+
+def _ternary_per_expert(w: torch.Tensor) -> torch.Tensor:
+    """XTC's 2-bit values with one group per expert's matrix: delta = 0.7 mean|w|, alpha = mean |w| above it."""
+    out = torch.empty_like(w)
+    for e in range(w.shape[0]):
+        a = w[e].abs()
+        keep = a > 0.7 * a.mean()
+        out[e] = a[keep].mean() * torch.where(w[e] < 0, -1.0, 1.0) * keep
+    return out
+
+
+def test_stacked_experts_quantize_per_expert_with_8bit_inputs_at_both_matrices():
+    """Mixtral's experts at 2 bits against a token-by-token computation written here: each expert's matrices
+    ternary with their own scale, each token's input and each expert's gated hidden state on the int8 grid, the
+    outputs summed with the router's weights; the same value and, through the straight-through estimator, the
+    gradient at the quantized weights on the latent ones."""
+    model = _tiny_moe()
+    experts = model.model.layers[0].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach().clone(), experts.down_proj.detach().clone()
+    names = quantize_model(model, 2)
+    assert {"layers.0.mlp.experts.gate_up_proj", "layers.1.mlp.experts.down_proj"} <= set(names)
+    assert parametrize.is_parametrized(experts, "gate_up_proj") and parametrize.is_parametrized(experts, "down_proj")
+    q_gate_up, q_down = _ternary_per_expert(gate_up), _ternary_per_expert(down)
+    assert near(experts.gate_up_proj, q_gate_up, rtol=1e-6, atol=0) and near(experts.down_proj, q_down, rtol=1e-6, atol=0)
+    assert torch.equal(experts.gate_up_proj == 0, q_gate_up == 0)  # the same entries dropped
+    assert len({float(experts.down_proj[e].detach().abs().max()) for e in range(4)}) == 4  # a scale per expert
+
+    torch.manual_seed(1)
+    h = torch.randn(6, 32, requires_grad=True)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(6)])
+    weights = torch.rand(6, 2)
+    got = experts(h, index, weights)
+    got.square().sum().backward()
+
+    ref_gate_up, ref_down = q_gate_up.clone().requires_grad_(), q_down.clone().requires_grad_()
+    rows = []
+    for t in range(6):
+        x = _textbook_int8(h[t])
+        y = torch.zeros(32)
+        for slot in range(2):
+            e = int(index[t, slot])
+            gate, up = (ref_gate_up[e] @ x).chunk(2)
+            y = y + weights[t, slot] * (ref_down[e] @ _textbook_int8(torch.nn.functional.silu(gate) * up))
+        rows.append(y)
+    expected = torch.stack(rows)
+    expected.square().sum().backward()
+    assert near(got.detach(), expected.detach(), rtol=1e-5, atol=1e-7)
+    latent = experts.parametrizations
+    assert near(latent.gate_up_proj.original.grad, ref_gate_up.grad, rtol=1e-4, atol=1e-7)
+    assert near(latent.down_proj.original.grad, ref_down.grad, rtol=1e-4, atol=1e-7)
+    assert latent.down_proj.original.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "gpt_oss"])
+def test_lmlab_experts_forward_is_the_familys_own_without_activation_quantizers(kind):
+    """lmlab's experts forward (which places the 8-bit quantizers) computes what the family's own computes, on its
+    layout: Mixtral's, and GPT-OSS's transposed tensors with biases and its clamped gate."""
+    from lmlab.interventions.quant import xtc_experts_forward
+
+    model = _tiny_moe(kind)
+    experts = model.model.layers[1].mlp.experts
+    torch.manual_seed(2)
+    h, index, weights = torch.randn(9, 32), torch.stack([torch.randperm(4)[:2] for _ in range(9)]), torch.rand(9, 2)
+    with torch.no_grad():
+        own = type(experts).forward(experts, h, index, weights)
+        assert near(xtc_experts_forward(experts, h, index, weights), own, rtol=1e-5, atol=1e-8)
+        quantize_model(model, 4, act_bits=None)
+        own = type(experts).forward(experts, h, index, weights)  # (quantized weights, read by the family's code)
+        assert near(experts(h, index, weights), own, rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_a_mixture_of_experts_student_round_trips_packed(tmp_path, bits):
+    model = _tiny_moe("gpt_oss")
+    quantize_model(model, bits)
+    with torch.no_grad():  # a training step moved the latent weights
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ids = torch.randint(0, 64, (2, 7))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    info = save_packed(model, tmp_path / "m.safetensors")
+    assert info["fp32_bytes"] / info["packed_bytes"] > {2: 14, 4: 7.5}[bits] * 0.8
+    fresh = _tiny_moe("gpt_oss", seed=5)
+    load_packed(fresh, tmp_path / "m.safetensors")
+    for layer in range(2):
+        for param in ("gate_up_proj", "down_proj"):
+            assert torch.equal(getattr(fresh.model.layers[layer].mlp.experts, param),
+                               getattr(model.model.layers[layer].mlp.experts, param))
+    with torch.no_grad():
+        assert torch.equal(fresh(input_ids=ids).logits, before)
+
+
+def test_experts_lmlab_cannot_reach_and_their_export_are_refused_in_one_sentence(tmp_path):
+    from lmlab.interventions.export import export_compressed
+
+    model = _tiny_moe()
+    quantize_model(model, 2)
+    with pytest.raises(LmlabError, match=r"^the compressed-tensors export writes linear layers and embeddings, and "
+                                         r"this model's experts are stacked in 3-D tensors .*nothing was written$"):
+        export_compressed(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+    class OwnExperts(torch.nn.Module):  # experts stacked in 3-D, computed in a forward of their own
+        def __init__(self):
+            super().__init__()
+            self.w_experts = torch.nn.Parameter(torch.randn(4, 32, 32))
+
+        def forward(self, x):
+            return x
+
+    model = _tiny_moe()
+    model.model.layers[1].mlp.experts = OwnExperts()
+    with pytest.raises(LmlabError, match=r"^cannot quantize the experts of layer 1: OwnExperts stacks them in 3-D "
+                                         r"tensors \(mlp\.experts\.w_experts\) and computes them in a forward of its own"):
+        quant_targets(model)

@@ -1,4 +1,5 @@
 import copy
+import importlib.util
 
 import numpy as np
 import pandas as pd
@@ -562,3 +563,36 @@ def test_budget_c_equal_to_budget_a_built_by_the_placebo_is_never_yes(placebo_ru
             estimates = [c["estimate"] for c in gaps]
     assert any(c["se"] > 0 for c in gaps)  # the draws differ: a null with a spread
     assert [-e for e in estimates] == pytest.approx([c["estimate"] for c in gaps])
+
+
+@pytest.mark.embedded
+def test_decoder_option_quantizes_a_mixture_of_experts_and_refuses_its_export_before_any_work(tmp_path,
+                                                                                             embedded_smollm):
+    """A tiny Mixtral (experts stacked in 3-D tensors) that speaks SmolLM2's tokenizer: its students are quantized
+    expert by expert, packed, and load back quantized (the round trip is exact: test_quant); `--export
+    compressed-tensors` (linear layers only) is refused before any run folder is made."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from lmlab.interventions.quant import expert_targets, load_packed
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=48,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=True)
+    folder = tmp_path / "tiny-mixtral"
+    MixtralForCausalLM(cfg).save_pretrained(folder)
+    embedded_smollm.tokenizer.save_pretrained(folder)
+    sizes = dict(model=str(folder), tasks=["ioi"], bits=[2], budgets=["A"], n_text=8, n_eval_text=8, text_tokens=12,
+                 n_prompts=6, batch_size=4, seeds=1, device="cpu")
+    result = run_study(s2.SPEC, s2.Config(**sizes), tmp_path / "run")
+    lm_rows = result.long()[result.long().kind == "lm"].set_index("budget")
+    assert lm_rows.loc["A", "steps"] > 0
+    packed = sorted((result.path / "packed").glob("*.safetensors"))
+    assert packed
+    student = load_packed(load_model(str(folder), device="cpu").model, packed[0])
+    assert len(expert_targets(student)) == 4 and student._lmlab_quant["bits"] == 2
+    if importlib.util.find_spec("compressed_tensors") is not None:
+        with pytest.raises(LmlabError, match=r"^--export compressed-tensors: the compressed-tensors export writes "
+                                             r"linear layers and embeddings, and this model's experts are stacked"):
+            run_study(s2.SPEC, s2.Config(**sizes, export="compressed-tensors"), tmp_path / "exported")
+        assert not any((tmp_path / "exported").glob("*/"))

@@ -31,7 +31,7 @@ from torch import nn
 
 from lmlab.errors import LmlabError
 from lmlab.extras import EXPORT, EXPORT_FORMATS
-from lmlab.interventions.quant import ACT_GRID, integer_weights, quant_targets, untie_config
+from lmlab.interventions.quant import ACT_GRID, expert_targets, integer_weights, quant_targets, untie_config
 
 FORMAT = EXPORT_FORMATS[0]
 
@@ -61,8 +61,20 @@ def export_compressed(model: nn.Module, folder: str | Path, tokenizer=None) -> d
     return _write_folder(Path(folder), tensors, config, tokenizer, info["bits"], sizes)
 
 
+def export_refusal(model: nn.Module) -> str | None:
+    """Why a model's XTC students cannot be written in the compressed-tensors format (None where they can)."""
+    stacked = expert_targets(model)
+    if stacked:
+        return (f"the compressed-tensors export writes linear layers and embeddings, and this model's experts are "
+                f"stacked in 3-D tensors ({next(iter(stacked))}); its students' packed files keep them")
+    return None
+
+
 def _exportable(model: nn.Module) -> dict:
     """The student's quantization record, refused in one sentence where the format cannot hold it."""
+    refusal = export_refusal(model)
+    if refusal:
+        raise LmlabError(refusal + ": nothing was written")
     info = getattr(model, "_lmlab_quant", None)
     if info is None or info["bits"] not in (1, 2, 4, 8):
         raise LmlabError("the compressed-tensors export takes a 1-, 2-, 4- or 8-bit XTC student (quantize_model or "

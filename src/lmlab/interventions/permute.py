@@ -99,7 +99,7 @@ def permute_heads(target, perms: Mapping[int, Sequence[int]]) -> None:
 
 def _layer_ops(layout: Layout, layer: int, perm: list[int], groups: list[int]) -> list[tuple]:
     """The slice moves of one layer's permutation (param, dim, index), each checked."""
-    n, n_kv, d = layout.n_heads, layout.n_kv_heads, layout.head_dim
+    n, n_kv, d = layout.n_heads, layout.n_kv_heads, layout.head_dim_of(layer)
     attn, o_proj = layout.attn(layer), layout.o_proj(layer)
     o_name = next((name for name, m in attn.named_children() if m is o_proj), None)
     if o_name is None:

@@ -24,9 +24,10 @@ compressed-tensors export writes too).
 
 from __future__ import annotations
 
-import math
 import json
+import math
 from pathlib import Path
+from types import MethodType
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -131,6 +132,16 @@ class WeightQuantizer(nn.Module):
         return straight_through(w, lambda v: quantize_weight(v, self.bits, self.rowwise))
 
 
+class ExpertWeightQuantizer(WeightQuantizer):
+    """A 3-D tensor of experts' matrices (experts first): each expert's matrix is one group, as a linear layer's is."""
+
+    def __init__(self, bits: int):
+        super().__init__(bits, rowwise=True)
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return straight_through(w, lambda v: quantize_weight(v.reshape(v.shape[0], -1), self.bits, True).view_as(v))
+
+
 class RowQuantizer:
     """Forward hook of an embedding quantized per row: the looked-up rows are quantized (straight-through)."""
 
@@ -149,24 +160,20 @@ def quantized_weight(module: nn.Module) -> torch.Tensor:
 
 
 def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
-    """name -> (module, rowwise) for every weight XTC quantizes in `model` (its own modules, resolved through
-    its layout); a module type it cannot handle is named.
+    """name -> (module, rowwise) for every linear layer and the word embeddings XTC quantizes in `model` (its own
+    modules, resolved through its layout); a module type it cannot handle is named. Experts stacked in 3-D tensors
+    are `expert_targets`' (checked here too, so that a model whose experts lmlab cannot reach is refused at once).
 
     A family spelled out in the layout table lists its linears once for every block; a discovered one has each
     block's linear layers found in that block (routers aside), so a model whose first blocks are dense and later
-    ones mixtures of experts quantizes what each block has. Experts stored as one 3-D tensor per matrix kind
-    (transformers' fused experts) are refused by name: their matrices are not linear layers, and the input of an
-    expert's second matrix is computed inside the experts' forward, where no 8-bit activation quantizer reaches."""
+    ones mixtures of experts quantizes what each block has."""
     layout = layout_of(model)
+    expert_targets(model)
     out = {}
     discovered = layout.family not in FAMILIES
     for layer in range(layout.n_layers):
-        block = layout.blocks[layer]
-        fused = fused_experts(block)
-        if fused:
-            raise LmlabError(f"cannot quantize the experts of layer {layer}: their matrices are stacked in 3-D "
-                             f"tensors ({', '.join(fused[:2])}), not linear layers, which XTC's quantizers need")
-        for path in block_linears(block, text_config(model.config)) if discovered else layout.spec.quant_linears:
+        for path in block_linears(layout.blocks[layer], text_config(model.config)) if discovered \
+                else layout.spec.quant_linears:
             module = get_submodule(layout.blocks[layer], path)
             if not isinstance(module, (nn.Linear, Conv1D)):
                 raise LmlabError(f"cannot quantize {path} of layer {layer}: {type(module).__name__} is not a linear layer")
@@ -183,6 +190,66 @@ def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     return out
 
 
+def expert_targets(model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """name -> (experts module, parameter) for every matrix kind of the blocks' experts stored as one 3-D tensor
+    (transformers' fused experts: `gate_up_proj` or `up_proj`, and `down_proj`, experts first). XTC quantizes each
+    expert's matrix as one group, as it does a linear layer. The 8-bit quantizer of a matrix's input needs the
+    experts' forward: lmlab's (`xtc_experts_forward`) replaces those that transformers' experts interface
+    dispatches (its flags say how the tensors are laid out); experts with a forward of their own are refused."""
+    out = {}
+    for layer, block in enumerate(layout_of(model).blocks):
+        for name in fused_experts(block):
+            path, _, param = name.rpartition(".")
+            module = get_submodule(block, path)
+            if not _interface_experts(module):
+                raise LmlabError(f"cannot quantize the experts of layer {layer}: {type(module).__name__} stacks them "
+                                 f"in 3-D tensors ({name}) and computes them in a forward of its own, where lmlab's "
+                                 f"8-bit input quantizers cannot reach")
+            out[f"layers.{layer}.{name}"] = (module, param)
+    return out
+
+
+def _interface_experts(module: nn.Module) -> bool:
+    """Experts dispatched through transformers' experts interface (`use_experts_implementation`), whose flags say
+    how their tensors are laid out."""
+    return all(hasattr(module, a) for a in ("has_gate", "has_bias", "is_transposed", "num_experts", "down_proj")) \
+        and callable(getattr(module, "_apply_gate", None))
+
+
+def _expert_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool) -> torch.Tensor:
+    out = x @ weight if transposed else x @ weight.transpose(0, 1)
+    return out if bias is None else out + bias
+
+
+def xtc_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                        top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts of a mixture, one expert at a time, with XTC's 8-bit quantizer at the input of each matrix:
+    the tokens (per token, so quantizing them once before routing gives each expert's rows the same values) and each
+    expert's gated hidden state before its down projection. The rest is transformers' experts computation as its
+    flags describe it (a gate or none, biases, transposed tensors, a norm after each expert); the weights are the
+    module's (quantized by their parametrization, read once a call)."""
+    bits = getattr(self, "_lmlab_act_bits", None)
+    x = quantize_activation(hidden_states, bits) if bits else hidden_states
+    first = self.gate_up_proj if self.has_gate else self.up_proj
+    first_bias = (self.gate_up_proj_bias if self.has_gate else self.up_proj_bias) if self.has_bias else None
+    down, down_bias = self.down_proj, (self.down_proj_bias if self.has_bias else None)
+    out = torch.zeros_like(hidden_states, dtype=torch.promote_types(hidden_states.dtype, torch.float32))
+    for expert in top_k_index.unique().tolist():
+        if not 0 <= expert < self.num_experts:  # (an expert-parallel sentinel: no expert here)
+            continue
+        token, slot = torch.where(top_k_index == expert)
+        h = _expert_linear(x[token], first[expert], None if first_bias is None else first_bias[expert],
+                           self.is_transposed)
+        h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
+        if bits:
+            h = quantize_activation(h, bits)
+        h = _expert_linear(h, down[expert], None if down_bias is None else down_bias[expert], self.is_transposed)
+        if getattr(self, "has_post_expert_norm", False):
+            h = self.post_expert_norm(h)
+        out = out.index_add(0, token, (h * top_k_weights[token, slot, None]).to(out.dtype))
+    return out.to(hidden_states.dtype)
+
+
 def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
                    weights: bool = True) -> list[str]:
     """Quantize XTC's weights in place (parametrizations + activation pre-hooks); returns their names.
@@ -192,6 +259,13 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
     if any(module.weight.device.type == "meta" for module, _ in targets.values()):
         raise LmlabError("cannot quantize weights that a device map offloads to the CPU or disk (they are loaded "
                          "only during the forward pass); give the model room on its devices (--max-memory)")
+    experts = expert_targets(model)
+    for name, (module, param) in experts.items():
+        if weights:
+            parametrize.register_parametrization(module, param, ExpertWeightQuantizer(bits))
+        if act_bits:
+            module._lmlab_act_bits = act_bits
+            module.forward = MethodType(xtc_experts_forward, module)
     for name, (module, rowwise) in targets.items():
         if weights and rowwise:
             module.register_forward_hook(RowQuantizer(bits))
@@ -200,8 +274,8 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
             parametrize.register_parametrization(module, "weight", WeightQuantizer(bits, rowwise))
         if act_bits and not isinstance(module, nn.Embedding):
             module.register_forward_pre_hook(lambda m, args: (quantize_activation(args[0], act_bits), *args[1:]))
-    model._lmlab_quant = {"bits": bits, "act_bits": act_bits, "act_grid": ACT_GRID, "names": sorted(targets)}
-    return sorted(targets)
+    model._lmlab_quant = {"bits": bits, "act_bits": act_bits, "act_grid": ACT_GRID, "names": sorted({**targets, **experts})}
+    return sorted({**targets, **experts})
 
 
 # --- packed checkpoints -------------------------------------------------------------------------------------
@@ -223,25 +297,30 @@ def _unpack_codes(packed: torch.Tensor, per_byte: int, numel: int) -> torch.Tens
     return ((packed[:, None] >> shifts) & mask).flatten()[:numel]
 
 
-def _latent(module: nn.Module) -> torch.Tensor:
-    """The full-precision weight a quantized module trains (its parametrization's original, or the embedding's)."""
-    if parametrize.is_parametrized(module, "weight"):
-        return module.parametrizations.weight.original
-    return module.weight
+def _latent(module: nn.Module, param: str = "weight") -> torch.Tensor:
+    """The full-precision tensor a quantized module trains (its parametrization's original, or the embedding's)."""
+    if parametrize.is_parametrized(module, param):
+        return getattr(module.parametrizations, param).original
+    return getattr(module, param)
 
 
-def integer_weights(module: nn.Module, rowwise: bool, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(integers, scales) of a quantized module: quantized_weight == integers * scale exactly, one scale per row
-    (rowwise) or per matrix; integers as int8 in -1..1 (1, 2 bits) or -(2^(b-1)-1)..2^(b-1)-1 (4, 8 bits)."""
-    q = quantized_weight(module).detach()
-    groups = (q if rowwise else q.reshape(1, -1)).float()
+def integer_weights(module: nn.Module, rowwise: bool, bits: int, param: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers, scales) of a quantized module's `param`: its quantized values == integers * scale exactly, one
+    scale per matrix, or per row of an embedding (`rowwise`) and per expert of a 3-D experts tensor (`rowwise`:
+    one group per leading index); integers as int8 in -1..1 (1, 2 bits) or -(2^(b-1)-1)..2^(b-1)-1 (4, 8 bits)."""
+    q = (quantized_weight(module) if param == "weight" else getattr(module, param)).detach()
+
+    def grouped(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(t.shape[0], -1) if rowwise else t.reshape(1, -1)
+
+    groups = grouped(q).float()
+    loaded = getattr(module, "_lmlab_group_scales", {}).get(param)
     if bits in (1, 2):  # every non-zero entry of a group has magnitude alpha
         scale = groups.abs().amax(-1)
-    elif getattr(module, "_lmlab_group_scale", None) is not None:  # loaded from a packed file: its exact scales
-        scale = module._lmlab_group_scale.to(q.device)
+    elif loaded is not None:  # loaded from a packed file: its exact scales
+        scale = loaded.to(q.device)
     else:  # the scale quantize_weight computed from the latent weights, in their dtype (bf16 on a GPU), as it did
-        latent = _latent(module).detach()
-        scale = uniform_scale((latent if rowwise else latent.reshape(1, -1)).abs().amax(-1), bits).float()
+        scale = uniform_scale(grouped(_latent(module, param).detach()).abs().amax(-1), bits).float()
     ints = torch.round(groups / torch.where(scale == 0, 1.0, scale)[:, None])
     # exact in the weights' dtype: a bf16 weight is its integers times the scale, rounded to bf16 once
     if not torch.equal((ints * scale[:, None]).to(q.dtype), groups.to(q.dtype)):
@@ -252,6 +331,14 @@ def integer_weights(module: nn.Module, rowwise: bool, bits: int) -> tuple[torch.
 CODES = {1: (8, 1), 2: (4, 1), 4: (2, 8), 8: (1, 128)}  # bits -> (codes per byte, offset added to the integers)
 
 
+def _packed_targets(model: nn.Module) -> dict[str, tuple[nn.Module, str, bool]]:
+    """name -> (module, parameter, one group per leading index) for everything a packed file stores as codes: the
+    linear layers (a group each), the word embeddings (a group per row) and stacked experts (a group per expert)."""
+    out = {name: (m, "weight", rowwise) for name, (m, rowwise) in quant_targets(model).items()}
+    out.update({name: (m, param, True) for name, (m, param) in expert_targets(model).items()})
+    return out
+
+
 def save_packed(model: nn.Module, path: str | Path) -> dict:
     """Write a packed safetensors checkpoint of a quantized model; returns sizes in bytes."""
     info = getattr(model, "_lmlab_quant", None)
@@ -260,9 +347,9 @@ def save_packed(model: nn.Module, path: str | Path) -> dict:
     bits = info["bits"]
     per_byte, offset = CODES[bits]
     tensors, meta, packed_bytes, fp32_bytes = {}, {}, 0, 0
-    targets = quant_targets(model)
-    for name, (module, rowwise) in targets.items():
-        ints, scale = integer_weights(module, rowwise, bits)
+    targets = _packed_targets(model)
+    for name, (module, param, rowwise) in targets.items():
+        ints, scale = integer_weights(module, rowwise, bits, param)
         codes = (ints > 0).to(torch.uint8) if bits == 1 else (ints.to(torch.int16) + offset).to(torch.uint8)
         tensors[f"{name}.codes"] = _pack_codes(codes, per_byte)
         tensors[f"{name}.scale"] = scale.float().contiguous()
@@ -270,9 +357,10 @@ def save_packed(model: nn.Module, path: str | Path) -> dict:
         packed_bytes += tensors[f"{name}.codes"].numel() + 4 * scale.numel()
         fp32_bytes += 4 * ints.numel()
     path_of = {id(m): p for p, m in model.named_modules()}
-    latent = {f"{path_of[id(m)]}.weight" for m, rowwise in targets.values() if rowwise}  # stored as codes above
+    # stored as codes above: the embeddings (not parametrized) and the experts' tensors not parametrized (loaded ones)
+    coded = {f"{path_of[id(m)]}.{param}" for m, param, rowwise in targets.values() if rowwise}
     for key, value in model.state_dict().items():  # everything XTC leaves in full precision
-        if "parametrizations" not in key and key not in latent:
+        if "parametrizations" not in key and key not in coded:
             tensors[f"rest.{key}"] = value.detach().contiguous().clone()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -292,10 +380,10 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
     per_byte, offset = CODES[bits]
     rest = {k[len("rest."):]: v for k, v in tensors.items() if k.startswith("rest.")}
     model.load_state_dict({k: v for k, v in rest.items() if "parametrizations" not in k}, strict=False)
-    targets = quant_targets(model)
+    targets = _packed_targets(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    for name, (module, rowwise) in targets.items():
-        if rowwise and head is not None and head.weight is module.weight:
+    for name, (module, param, rowwise) in targets.items():
+        if param == "weight" and rowwise and head is not None and head.weight is module.weight:
             # a tied output layer computed with the latent embeddings in training: it keeps them, untied
             head.weight = nn.Parameter(module.weight.detach().clone(), requires_grad=module.weight.requires_grad)
             untie_config(model.config)
@@ -304,10 +392,10 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
         codes = _unpack_codes(tensors[f"{name}.codes"], per_byte, numel).float()
         values = (codes * 2 - 1) if bits == 1 else (codes - offset)
         alpha = tensors[f"{name}.scale"]
-        w = (values.view(-1, shape[-1]) * alpha[:, None]) if rowwise else values * alpha
+        w = (values.view(len(alpha), -1) * alpha[:, None]) if rowwise else values * alpha
         with torch.no_grad():
-            module.weight.copy_(w.view(shape))
-        module._lmlab_group_scale = alpha.clone()  # the exact scales (integer_weights, the export)
+            getattr(module, param).copy_(w.view(shape))
+        module.__dict__.setdefault("_lmlab_group_scales", {})[param] = alpha.clone()  # exact (integer_weights, export)
     quantize_model(model, bits, meta["act_bits"], weights=False)  # weights hold exact quantized values
     # a file written before the int8 grid (no act_grid): its student was trained on amax/127, -127..127
     model._lmlab_quant["act_grid"] = meta.get("act_grid") or "amax/127"

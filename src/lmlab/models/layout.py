@@ -126,7 +126,7 @@ class Layout:
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    head_dim: int
+    head_dims: tuple[int, ...]  # each layer's head size (what its output projection reads per head)
     d_model: int
     d_mlp: int
     context_length: int | None
@@ -135,6 +135,18 @@ class Layout:
     @property
     def causal(self) -> bool:
         return self.spec.causal
+
+    @property
+    def head_dim(self) -> int:
+        """The head size of every layer; a model whose layers differ (Gemma 4's full-attention layers) has none, and
+        code that needs one asks `head_dim_of(layer)`."""
+        if len(set(self.head_dims)) > 1:
+            raise LmlabError(f"this {self.family} model's heads differ in size per layer "
+                             f"({' and '.join(map(str, sorted(set(self.head_dims))))}); ask one layer's")
+        return self.head_dims[0]
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.head_dims[layer]
 
     def block(self, layer: int) -> nn.Module:
         return self.blocks[layer]
@@ -157,8 +169,9 @@ class Layout:
         return get_submodule(self.blocks[layer], self.spec.mlp_out)
 
     def describe(self) -> dict:
+        sizes = sorted(set(self.head_dims))
         return dict(family=self.family, layers=self.n_layers, heads=self.n_heads,
-                    kv_heads=self.n_kv_heads, head_dim=self.head_dim, d_model=self.d_model)
+                    kv_heads=self.n_kv_heads, head_dim=sizes[0] if len(sizes) == 1 else sizes, d_model=self.d_model)
 
 
 # --- discovery: where an architecture not spelled out in FAMILIES keeps its parts
@@ -259,10 +272,9 @@ def discover(model: nn.Module) -> FamilySpec:
         raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
                          f"(looked for {', '.join(_O_NAMES)})")
     widths = sorted({_in_features(get_submodule(b, o_proj)) for b in blocks})
-    if len(widths) > 1:  # per-layer head sizes (Gemma 4's full-attention layers): one head size cannot slice them
-        raise LmlabError(f"architecture '{model_type}': its attention layers differ in width "
-                         f"({' and '.join(map(str, widths))} features into the output projection: heads of "
-                         f"different sizes per layer), and lmlab reads every layer's heads at one size")
+    if any(w % n_heads for w in widths):
+        raise LmlabError(f"architecture '{model_type}': its output projections read {' or '.join(map(str, widths))} "
+                         f"features, not a whole number of heads of {n_heads}")
     mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
     linears = block_linears(block, config)
     return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp, mlp_act=mlp_act or "",
@@ -317,8 +329,13 @@ def block_linears(block, config) -> tuple[str, ...]:
 
 
 def fused_experts(block) -> list[str]:
-    """Parameters of a block that stack one matrix per expert in a 3-D tensor (transformers' fused experts)."""
-    return [n for n, p in block.named_parameters() if p.dim() == 3 and "expert" in n]
+    """Parameters of a block that stack one matrix per expert in a 3-D tensor (transformers' fused experts), named
+    as the module's attributes (a parametrized one too: `experts.gate_up_proj`, not its `.parametrizations.
+    gate_up_proj.original`)."""
+    import re
+
+    return [re.sub(r"\.parametrizations\.(\w+)\.original$", r".\1", n) for n, p in block.named_parameters()
+            if p.dim() == 3 and "expert" in n]
 
 
 def _is_router(name: str, module, config) -> bool:
@@ -365,11 +382,11 @@ def layout_of(model: nn.Module) -> Layout:
         raise LmlabError(f"could not find the layers of this {family} model (looked for {', '.join(spec.layers)})")
     n_heads = config.num_attention_heads
     d_model = config.hidden_size
-    head_dim = _config_value(config, "head_dim") or d_model // n_heads
-    if family not in FAMILIES:  # z's head size is what the output projection reads per head
-        head_dim = _in_features(get_submodule(blocks[0], spec.o_proj)) // n_heads
+    head_dims = (_config_value(config, "head_dim") or d_model // n_heads,) * len(blocks)
+    if family not in FAMILIES:  # z's head size is what each layer's output projection reads per head
+        head_dims = tuple(_in_features(get_submodule(b, spec.o_proj)) // n_heads for b in blocks)
     n_kv = _config_value(config, "num_key_value_heads") or n_heads
     d_mlp = _config_value(config, "intermediate_size") or _config_value(config, "n_inner") or 4 * d_model
     ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return Layout(family=family, spec=spec, n_layers=len(blocks), n_heads=n_heads, n_kv_heads=n_kv,
-                  head_dim=head_dim, d_model=d_model, d_mlp=d_mlp, context_length=ctx, blocks=list(blocks))
+                  head_dims=head_dims, d_model=d_model, d_mlp=d_mlp, context_length=ctx, blocks=list(blocks))

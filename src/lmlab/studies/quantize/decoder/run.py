@@ -15,9 +15,10 @@ import pandas as pd
 import torch
 
 from lmlab import parallel
+from lmlab.errors import LmlabError
 from lmlab.data.generated.circuits import make_task
 from lmlab.evaluation import causal_lm_ce, metric_values
-from lmlab.interventions.export import export_compressed
+from lmlab.interventions.export import export_compressed, export_refusal
 from lmlab.interventions.quant import quant_targets, quantize_model, save_packed
 from lmlab.models.batch import module_device
 from lmlab.runs import RunDir, packed_student
@@ -45,6 +46,8 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     self-sampled text, packed and scored (perplexity on held-out text, accuracy on the circuit tasks)."""
     names, budgets = tasks_and_budgets(config)
     quant_targets(lm.model)  # a model whose weights XTC cannot reach is refused, by name, before any work
+    if config.export and export_refusal(lm.model):
+        raise LmlabError(f"--export {config.export}: {export_refusal(lm.model)}")
     tasks = [make_task(n, lm.tokenizer, size(config, "n_prompts"), config.seed) for n in names]
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
