@@ -41,12 +41,26 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
              qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, qk_head_dim=8, n_group=1, topk_group=1,
              image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64, hidden_size_per_layer_input=8,
              num_kv_shared_layers=0)
-# what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types)
-# and DBRX's attention sub-config, whose defaults lack the rope_theta and clip_qkv its attention reads (DBRX's
-# checkpoints carry both)
+# what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types),
+# DBRX's attention sub-config, whose defaults lack the rope_theta and clip_qkv its attention reads (DBRX's
+# checkpoints carry both), and the others below, each with its reason
 TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
               "dbrx": dict(attn_config=dict(rope_theta=500_000.0, clip_qkv=8.0)),
               "xmod": dict(default_language="en_XX"),  # (X-MOD runs only where its config names a language)
+              "zaya": dict(num_experts_per_tok=1),  # (its config supports one expert a token only)
+              # per-layer-type rotary parameters, as its checkpoints give them (the default has none for its layers)
+              "cohere_compass_text": dict(rope_parameters={"full_attention": dict(rope_type="default",
+                                                                                  rope_theta=10_000.0)}),
+              # a causal LM only as a decoder, with axial position embeddings that sum to the hidden size
+              "reformer": dict(is_decoder=True, axial_pos_embds_dim=[16, 16], axial_pos_shape=[16, 32]),
+              "longcat_flash": dict(head_dim=4),  # its rotary width is head_dim, the query's rope part's
+              # sub-configs validated against their sizes: the text model's K/V heads, the vision tower's per-layer
+              # table (for its default 42 layers), the adapters' widths (the towers' and the text model's hidden sizes)
+              "dots3_note": dict(text_config=dict(num_key_value_heads=SIZES["num_attention_heads"]),
+                                 vision_config=dict(per_layer_config={}, adapter_in_dim=SIZES["hidden_size"],
+                                                    adapter_out_dim=SIZES["hidden_size"]),
+                                 audio_config=dict(adapter_input_size=SIZES["hidden_size"],
+                                                   adapter_out_dim=SIZES["hidden_size"])),
               # Gemma 4's drafting assistants: every layer shares the keys and values of another (their target's)
               **{t: dict(text_config=dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
                                           num_kv_shared_layers=SIZES["num_hidden_layers"]), backbone_hidden_size=32)
@@ -100,8 +114,10 @@ def tiny_config(model_type: str, vocab_size: int):
         default = (getattr(cls, "sub_configs_defaults", None) or {}).get(name)
         if sub.__name__ == "AutoConfig" and getattr(default, "model_type", None):  # (Gemma 4's assistants)
             sub = CONFIG_MAPPING[default.model_type]
+        extra = TYPE_SIZES.get(model_type, {}).get(name)  # a type's own entries for this sub-config, validated with it
         try:
-            kwargs[name] = sub(**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {})).to_dict()
+            kwargs[name] = sub(**{**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {}),
+                                  **(extra if isinstance(extra, dict) else {})}).to_dict()
         except Exception:  # noqa: BLE001 - a sub-config that will not shrink keeps its defaults
             pass
     for key, value in TYPE_SIZES.get(model_type, {}).items():  # a sub-config's entries merge into its shrunk dict
