@@ -566,16 +566,34 @@ def test_pathways_compose_the_knockout_study_per_model(tiny_smol_folder, tmp_pat
     check_declared_columns(result)
 
 
-def test_a_variant_of_another_architecture_or_tokenizer_is_refused(tiny_smol_folder, tmp_path):
+def test_a_variant_of_another_architecture_or_tokenizer_is_refused(tiny_smol_folder, tmp_path, monkeypatch, capsys):
+    """Another architecture is refused from the two configs, before any weights load and before a run folder is
+    made (the command line's `lmlab compare` as the API's run); another tokenizer once the variant loads."""
     import lmlab
+    from lmlab.cli import main
     from lmlab.models import load_model
+    from lmlab.studies.base import StudyConfig
 
-    other = tmp_path / "other-tokenizer"
-    lm = load_model("tiny-llama")
+    other = tmp_path / "other-architecture"
+    lm = load_model("tiny-llama")  # 3 layers; the tiny SmolLM2-speaking folder has 2
     lm.model.save_pretrained(other)
     lm.tokenizer.save_pretrained(other)
-    with pytest.raises(LmlabError, match="layers|tokenizer"):
-        lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=[str(other)],
+    with monkeypatch.context() as patched:
+        patched.setattr(StudyConfig, "load", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
+        with pytest.raises(LmlabError, match=r"^--variant .*other-architecture has 3 layers of 4 heads; the original "
+                                             r"2 of 4: compare needs the same architecture$"):
+            lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=[str(other)],
+                      tasks=["ioi"], n_prompts=4, verify_heads=3)
+        with pytest.raises(SystemExit) as exited:
+            main(["compare", "--model", str(tiny_smol_folder), "--variant", str(other), "--profile", "demo",
+                  "--out", str(tmp_path / "runs")])
+        assert exited.value.code == 2 and "compare needs the same architecture" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    tokens = tmp_path / "other-tokenizer"  # the same shape, another vocabulary
+    load_model(str(tiny_smol_folder)).model.save_pretrained(tokens)
+    lm.tokenizer.save_pretrained(tokens)
+    with pytest.raises(LmlabError, match="has another tokenizer than the original"):
+        lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=[str(tokens)],
                   tasks=["ioi"], n_prompts=4, verify_heads=3)
 
 

@@ -32,6 +32,28 @@ def describe_folder(folder: Path) -> dict:
     return describe_config(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")))
 
 
+def shape_without_weights(spec: str) -> dict | None:
+    """`describe_config` of a model read from its config.json alone: a model folder, a hub id whose config the local
+    hub cache holds, an embedded model whose cache is prepared, a tiny model's listed shape. None where no config
+    can be read that cheaply (a GGUF file, a hub id not cached, an embedded model not prepared yet): its shape is
+    known once it loads."""
+    from lmlab.models.embedded import EMBEDDED, cached_model_dir, is_cached
+
+    if spec in TINY_SHAPES:
+        return TINY_SHAPES[spec]
+    if spec in EMBEDDED:
+        return describe_folder(cached_model_dir(spec)) if is_cached(EMBEDDED[spec]) else None
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return describe_folder(path)
+    if spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not path.exists():
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(spec, "config.json")
+        return describe_folder(Path(found).parent) if isinstance(found, str) else None
+    return None
+
+
 def known_names() -> list[str]:
     from lmlab.models.embedded import EMBEDDED
 

@@ -85,6 +85,8 @@ class Config(StudyConfig):
                              "--placebo)")
         for spec in self.variant or []:
             check_variant(spec)
+            if models:
+                check_same_architecture(self.model, spec)
         self.made_bits()
         if self.pathway_datasets:
             from lmlab.studies.base import get_study  # S1's own check, through the registry
@@ -145,3 +147,28 @@ def check_variant(spec: str) -> None:
     if path.is_dir() and (holds_packed_students(path) or holds_sparse_models(path)):
         return  # a quantize or sparse-circuits run folder
     check_model_available(spec)
+
+
+def check_same_architecture(original: str, spec: str) -> None:
+    """A variant model (a folder or hub id) of another architecture than the original, refused from the two configs
+    before any weights load; where either config cannot be read without loading (a GGUF file, an embedded model not
+    prepared), the run checks once both are loaded."""
+    from pathlib import Path
+
+    from lmlab.errors import LmlabError
+    from lmlab.models.catalog import shape_without_weights
+    from lmlab.runs import holds_packed_students, holds_sparse_models
+
+    path = Path(spec).expanduser()
+    if spec in (SAME, ABLATE, *PLACEBO_VARIANTS) or spec.startswith(ABLATE + ":") or path.suffix == ".safetensors" \
+            or (path.is_dir() and (holds_packed_students(path) or holds_sparse_models(path))):
+        return  # built on the original's weights, or checked when the run folder's models load
+    ours, theirs = shape_without_weights(original), shape_without_weights(spec)
+    if ours is None or theirs is None:
+        return
+    if ours["family"] != theirs["family"]:
+        raise LmlabError(f"--variant {spec} is a {theirs['family']} model, the original a {ours['family']}: compare "
+                         "needs the same architecture")
+    if (theirs["layers"], theirs["heads"]) != (ours["layers"], ours["heads"]):
+        raise LmlabError(f"--variant {spec} has {theirs['layers']} layers of {theirs['heads']} heads; the original "
+                         f"{ours['layers']} of {ours['heads']}: compare needs the same architecture")
