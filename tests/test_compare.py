@@ -210,7 +210,7 @@ def test_variants_expand_from_files_and_run_folders(tmp_path):
     ({"variant": ["ablate:x"]}, "how many top heads"),
     ({"variant": ["swap:3"]}, "'swap' .* and 'swap:half'"),
     ({"variant": ["missing.safetensors"]}, "no such file"),
-    ({"make": ["quantized:3"]}, "each 8, 4, 2 or 1"),
+    ({"make": ["quantized:3"]}, "each one of 8, 4, 2, 1"),
     ({"make": ["pruned:2"]}, "unknown kind"),
     ({"variant": ["same"], "tasks": ["nope"]}, "unknown circuit task"),
 ])
@@ -302,7 +302,45 @@ def test_the_swap_moves_each_chosen_head_off_the_top_and_keeps_the_rest_in_place
 
 
 def test_make_reads_every_bit_once():
-    assert Config(model="tiny-llama", make=["quantized:2,1", "quantized:2"]).made_bits() == [2, 1]
+    made = Config(model="tiny-llama", make=["quantized:2,1", "quantized:2", "rtn:8,3", "rtn:3,2"])
+    assert made.made_bits() == [2, 1] and made.made_bits("rtn") == [8, 3, 2]
+    with pytest.raises(LmlabError, match=r"^--make rtn:9: give the bits, each one of 8, 7, 6, 5, 4, 3, 2"):
+        Config(model="tiny-llama", make=["rtn:9"]).check_inputs(models=False)
+    with pytest.raises(LmlabError, match=r"^--make hqq:4: unknown kind 'hqq'; use quantized:BITS .* or rtn:BITS"):
+        Config(model="tiny-llama", make=["hqq:4"]).check_inputs(models=False)
+
+
+def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(tiny_smol_folder, tmp_path):
+    """--make rtn:8,2: each a model folder in the run (loadable as any, its recipe and perplexity beside it) compared
+    like a variant given as a folder; 8 bits moves the perplexity less than 2 bits; a second run reads the
+    finished folders back."""
+    import lmlab
+    from lmlab.models import load_model
+
+    kw = dict(profile="demo", out=tmp_path / "runs", make=["rtn:8,2"], tasks=["ioi"], n_prompts=4, verify_heads=3)
+    result = lmlab.run("compare", str(tiny_smol_folder), **kw)
+    made = result.table("made").set_index("cell")
+    assert list(made.index) == ["rtn-8bit", "rtn-2bit"] and (made.n_text == 64).all()
+    original = float(made.original_perplexity.iloc[0])
+    moved = {cell: abs(made.loc[cell, "perplexity"] - original) for cell in made.index}
+    assert 0 < moved["rtn-8bit"] < moved["rtn-2bit"]  # (a random model's perplexity: the vocabulary's size)
+    for cell, row in made.iterrows():
+        recipe = json.loads((result.path / "made" / cell / "lmlab-recipe.json").read_text())
+        assert recipe["method"] == "rtn" and recipe["bits"] == row.bits
+        weight = load_model(row.folder).model.model.layers[0].self_attn.q_proj.weight
+        assert all(len(set(r.tolist())) <= 2 ** row.bits for r in weight)
+    comparison, models = result.table("comparison"), result.table("model")
+    assert {"rtn-8bit", "rtn-2bit"} <= set(comparison["cell"])
+    for row in comparison.itertuples():  # a variant whose clean metric is at or below its corrupted one lost the task
+        own = models[(models["cell"] == row.cell) & (models["task"] == row.task)]
+        assert row.task_lost == bool(own["clean_metric"].mean() <= own["corrupted_metric"].mean())
+        assert (f"{row.cell} / {row.task}: " in result.verdict.summary)
+    said = result.verdict.summary.count("and it has lost the task itself")
+    assert said == int(comparison["task_lost"].sum())
+    assert result.table("variant").set_index("cell").loc["rtn-2bit", "made"]
+    check_declared_columns(result)
+    again = lmlab.run("compare", str(tiny_smol_folder), **kw)
+    assert again.path == result.path and again.table("made").equals(result.table("made"))
 
 
 def test_repeatable_options_keep_each_value_whole(monkeypatch):

@@ -320,3 +320,55 @@ def test_experts_lmlab_cannot_reach_and_their_export_are_refused_in_one_sentence
     with pytest.raises(LmlabError, match=r"^cannot quantize the experts of layer 1: OwnExperts stacks them in 3-D "
                                          r"tensors \(mlp\.experts\.w_experts\) and computes them in a forward of its own"):
         quant_targets(model)
+
+
+# --- round to nearest (post-training, no training)
+
+def _gptq_rtn_by_hand(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQ's asymmetric quantizer written out row by row (Frantar et al.: xmin = min(min x, 0), xmax = max(max x, 0),
+    scale = (xmax - xmin) / (2^b - 1), zero = round(-xmin / scale), q = clamp(round(x / scale) + zero, 0, 2^b - 1))."""
+    out = torch.empty_like(w)
+    for r in range(w.shape[0]):
+        xmin, xmax = min(float(w[r].min()), 0.0), max(float(w[r].max()), 0.0)
+        if xmin == xmax == 0.0:
+            xmin, xmax = -1.0, 1.0
+        scale = (xmax - xmin) / (2 ** bits - 1)
+        zero = round(-xmin / scale)
+        q = torch.clamp(torch.round(w[r] / scale) + zero, 0, 2 ** bits - 1)
+        out[r] = scale * (q - zero)
+    return out
+
+
+@pytest.mark.parametrize("bits", [8, 4, 3, 2])
+def test_round_to_nearest_is_gptqs_quantizer_per_output_channel(bits):
+    from lmlab.interventions.quant import rtn_weight
+
+    torch.manual_seed(bits)
+    w = torch.randn(12, 40) * torch.rand(12, 1)  # rows of different ranges
+    w[3] = 0.0  # an all-zero row stays zero
+    w[5] = w[5].abs()  # a row of one sign: zero is on its grid
+    got = rtn_weight(w, bits)
+    assert near(got, _gptq_rtn_by_hand(w, bits), rtol=1e-6, atol=1e-7)
+    assert all(torch.unique(row).numel() <= 2 ** bits for row in got)
+    assert torch.equal(got[3], w[3])
+    span = (w.amax(-1).clamp(min=0) - w.amin(-1).clamp(max=0)) / (2 ** bits - 1)
+    assert ((got - w).abs().amax(-1) <= span / 2 + 1e-6).all()
+    with pytest.raises(LmlabError, match="round-to-nearest takes 2 to 8 bits, not 1"):
+        rtn_weight(w, 1)
+
+
+def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_leaves_the_embeddings():
+    """GPT-2's Conv1D keeps its output channels in columns: they are what is rounded; the word embeddings (and so the
+    tied output layer) stay as they were."""
+    from lmlab.interventions.quant import round_to_nearest, rtn_weight
+
+    lm = load_model("tiny-gpt2")
+    model = copy.deepcopy(lm.model)
+    names = round_to_nearest(model, 3)
+    assert len(names) == 3 * 4 and "word_embeddings" not in names
+    before, after = lm.model.transformer.h[0].attn.c_attn.weight, model.transformer.h[0].attn.c_attn.weight
+    assert torch.equal(after, rtn_weight(before.t(), 3).t())
+    assert all(torch.unique(col).numel() <= 8 for col in after.t())
+    assert torch.equal(model.transformer.wte.weight, lm.model.transformer.wte.weight)
+    with pytest.raises(LmlabError, match="experts are stacked in 3-D tensors .* which it does not round yet"):
+        round_to_nearest(_tiny_moe(), 4)

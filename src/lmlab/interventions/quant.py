@@ -402,6 +402,44 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
     return model
 
 
+RTN_BITS = (2, 3, 4, 5, 6, 7, 8)
+
+
+def rtn_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round-to-nearest of a (out, in) matrix, each row (an output channel) on its own asymmetric grid of 2^bits
+    levels spanning its minimum and maximum, zero included: GPTQ's quantizer (Frantar et al., arXiv 2210.17323) and
+    its RTN baseline. Computed in float32; the values come back in `w`'s dtype."""
+    if bits not in RTN_BITS:
+        raise LmlabError(f"round-to-nearest takes {RTN_BITS[0]} to {RTN_BITS[-1]} bits, not {bits}")
+    x = w.detach().float()
+    top = 2 ** bits - 1
+    lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
+    flat = (lo == 0) & (hi == 0)  # an all-zero row: any grid keeps it zero
+    lo, hi = torch.where(flat, -1.0, lo), torch.where(flat, 1.0, hi)
+    scale = (hi - lo) / top
+    zero = torch.round(-lo / scale)
+    q = torch.clamp(torch.round(x / scale) + zero, 0, top)
+    return (scale * (q - zero)).to(w.dtype)
+
+
+def round_to_nearest(model: nn.Module, bits: int) -> list[str]:
+    """Post-training round-to-nearest, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
+    weights rounded by `rtn_weight`, as plain values a saved folder keeps; the embeddings and the output layer stay
+    as they are (as GPTQ leaves them). Experts stacked in 3-D tensors are refused by name. Returns the layers."""
+    stacked = expert_targets(model)
+    if stacked:
+        raise LmlabError(f"round-to-nearest rounds linear layers; this model's experts are stacked in 3-D tensors "
+                         f"({next(iter(stacked))}), which it does not round yet")
+    targets = {name: m for name, (m, rowwise) in quant_targets(model).items() if not rowwise}
+    with torch.no_grad():
+        for module in targets.values():
+            if isinstance(module, Conv1D):  # (in, out): the output channels are its columns
+                module.weight.copy_(rtn_weight(module.weight.t(), bits).t())
+            else:
+                module.weight.copy_(rtn_weight(module.weight, bits))
+    return sorted(targets)
+
+
 def keep_layers(model: nn.Module, keep: list[int]) -> list[int]:
     """Layer reduction: keep only the listed blocks (in order), in place; returns them.
 

@@ -94,6 +94,7 @@ COLUMNS = {
     "per_prompt": ("model_key", "cell", "replicate", "task", "n_heads", "values"),
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
     "variant": ("cell", "replicate", "model_key", "source", "variant_kind", "made"),
+    "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text"),
     "curve": ("model_key", "cell", "replicate", "task", "n_heads", "value"),
     "overlap": ("cell", "replicate", "task", "k", "split_jaccard", "jaccard", "spearman"),
     "reference": ("task", "k", "value", "lo", "hi", "chance"),
@@ -101,7 +102,8 @@ COLUMNS = {
     "heads": ("cell", "task", "k", "kept", "lost", "new"),
     "comparison": ("cell", "task", "k", "estimate", "lo", "hi", "bar", "overlap", "self_overlap", "self_lo", "self_hi",
                    "chance", "midpoint", "relative", "jaccard", "replicates", "df", "decision", "reason", "to_decide",
-                   "spearman", "metric_change", "metric_lo", "metric_hi", "original_heads", "variant_heads"),
+                   "spearman", "metric_change", "metric_lo", "metric_hi", "original_heads", "variant_heads",
+                   "clean_metric", "corrupted_metric", "task_lost"),
     "selection": ("task", "idx", "other_pairs", "scores"),
     "placebo": ("cell", "task", "k", "moved", "stuck", "heads", "stuck_heads", "layers_permuted", "kv_groups",
                 "chosen_on_other_pairs"),
@@ -196,9 +198,18 @@ def derive(table: pd.DataFrame, config) -> pd.DataFrame:
         row["spearman"] = rank.estimate if rank else float("nan")
         if metric:
             row["metric_change"], (row["metric_lo"], row["metric_hi"]) = metric.estimate, metric.interval()
+        row.update(_task_done(models, row["cell"], row["task"]))
         del row["_group"]
     pathways = [_pathway_row(c) for c in claims if c.name == "keeps the pathway"]
     return pd.concat([out, pd.DataFrame(comparison), pd.DataFrame(pathways)], ignore_index=True)
+
+
+def _task_done(models: pd.DataFrame, cell: str, task: str) -> dict:
+    """Whether a variant still does the task at all: its clean metric (the answer's logit over the distractor's, mean
+    over its replicates) above its corrupted one. At or below, it has lost the task, not only the circuit."""
+    rows = models[(models["cell"] == cell) & (models["task"] == task)]
+    clean, corrupted = float(rows["clean_metric"].mean()), float(rows["corrupted_metric"].mean())
+    return {"clean_metric": clean, "corrupted_metric": corrupted, "task_lost": bool(clean <= corrupted)}
 
 
 def _curve_rows(pp: pd.DataFrame) -> list[dict]:
@@ -467,10 +478,12 @@ def verdict(result) -> Verdict:
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, _ = judge(claims, gates, seconds=seconds)
     keeps = [c for c in claims if c.name == "keeps the circuit"]
+    models = result.table("model")
     lines = []
     for c in keeps:
         low, high = c.interval()
         e = c.extra
+        done = _task_done(models, c.group.partition(" / ")[0], c.group.partition(" / ")[2])
         lines.append(f"{c.group}: {SAYS[c.decision]} (top-{e['k']} heads, half against half: the variant's overlap "
                      f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
                      f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
@@ -478,7 +491,9 @@ def verdict(result) -> Verdict:
                      f"{c.n} prompt pairs"
                      + (f"; replicate-to-replicate {e['replicate_overlap']:.2f}"
                         if np.isfinite(e["replicate_overlap"]) else "")
-                     + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")")
+                     + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")"
+                     + (f", and it has lost the task itself (its clean metric {done['clean_metric']:.2f} at or below "
+                        f"its corrupted {done['corrupted_metric']:.2f})" if done["task_lost"] else ""))
     placebo = result.table("placebo")
     judged = _judged_top(result, placebo) if len(placebo) else {}
     for row in placebo.itertuples() if len(placebo) else []:

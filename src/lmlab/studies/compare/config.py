@@ -17,7 +17,9 @@ ABLATE = "ablate"
 SWAP = "swap"
 SWAP_HALF = "swap:half"
 PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
-MAKE_KINDS = ("quantized",)
+# what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
+# training: the post-training baseline), each kind's bits
+MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2)}
 
 
 class Config(StudyConfig):
@@ -43,8 +45,11 @@ class Config(StudyConfig):
                           "placebo) or 'swap:half' (every other one of them moved: half the circuit kept)",
         json_schema_extra={"repeatable": True})
     make: list[str] | None = Field(
-        None, description="variants trained in the run by lmlab quantize's recipe (its decoder option, at this "
-                          "profile's sizes): quantized:2,1 (students of these bits, each 8, 4, 2 or 1; --seeds replicates each)",
+        None, description="variants made in the run: quantized:2,1 (students trained by lmlab quantize's recipe, its "
+                          "decoder option at this profile's sizes, each 8, 4, 2 or 1 bits; --seeds replicates each); "
+                          "rtn:8,4,3,2 (the original rounded to nearest, each row of every linear layer on its own "
+                          "grid of 2 to 8 bits, no training: the post-training baseline), each saved as a model folder "
+                          "with its recipe and its perplexity on held-out text",
         json_schema_extra={"repeatable": True})
     tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
                                                        "pairs of your own, one JSON object a line with the texts clean, "
@@ -87,30 +92,32 @@ class Config(StudyConfig):
             check_variant(spec)
             if models:
                 check_same_architecture(self.model, spec)
-        self.made_bits()
+        self.made_bits()  # (every kind's bits checked)
         if self.pathway_datasets:
             from lmlab.studies.base import get_study  # S1's own check, through the registry
 
             get_study("knockout").config(model=self.model, datasets=self.pathway_datasets).check_inputs(models=False)
 
-    def made_bits(self) -> list[int]:
-        """The bits of --make quantized:B[,B...] (one sentence for anything else)."""
+    def made_bits(self, kind: str = "quantized") -> list[int]:
+        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...]); one sentence for anything else."""
         from lmlab.errors import LmlabError
 
-        bits: list[int] = []
+        made: dict[str, list[int]] = {k: [] for k in MAKE_KINDS}
         for item in self.make or []:
-            kind, _, rest = item.partition(":")
-            if kind not in MAKE_KINDS:
-                raise LmlabError(f"--make {item}: unknown kind '{kind}'; use quantized:BITS (e.g. quantized:2,1)")
+            name, _, rest = item.partition(":")
+            if name not in MAKE_KINDS:
+                raise LmlabError(f"--make {item}: unknown kind '{name}'; use quantized:BITS (students, e.g. "
+                                 f"quantized:2,1) or rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2)")
             try:
                 parts = [int(b) for b in rest.split(",") if b.strip()]
             except ValueError:
                 parts = []
-            if not parts or any(b not in (1, 2, 4, 8) for b in parts):
-                raise LmlabError(f"--make {item}: give the students' bits, each 8, 4, 2 or 1 (e.g. quantized:2,1)")
-            bits += [b for b in parts if b not in bits]
-        return bits
-
+            allowed = MAKE_KINDS[name]
+            if not parts or any(b not in allowed for b in parts):
+                raise LmlabError(f"--make {item}: give the bits, each one of {', '.join(map(str, allowed))} (e.g. "
+                                 f"{name}:{allowed[0]},{allowed[-1]})")
+            made[name] += [b for b in parts if b not in made[name]]
+        return made[kind]
 
 def circuit_k(heads_needed: float, total: int, min_k: int) -> int:
     """The k the overlap is read at: the heads the original needs for the threshold's effect, at least `min_k` and at

@@ -31,7 +31,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -41,8 +44,11 @@ from lmlab.data.generated.circuits import make_task
 from lmlab.errors import LmlabError
 from lmlab.interventions import AblateHeads, install
 from lmlab.interventions.permute import permute_heads
-from lmlab.interventions.quant import load_packed
-from lmlab.models import LoadedModel, layout_of
+from lmlab.data.generated.selftext import stdlib_docstrings
+from lmlab.evaluation import causal_lm_ce
+from lmlab.files import atomic_write
+from lmlab.interventions.quant import load_packed, round_to_nearest
+from lmlab.models import LoadedModel, layout_of, save_model
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
 from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
@@ -142,6 +148,59 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
     return [str(result.path)]
 
 
+RECIPE = "lmlab-recipe.json"  # written last into a made variant's folder: the folder is whole once it is there
+PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a made variant's perplexity is read on
+
+
+def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
+    """--make rtn:B: the original rounded to nearest at each B, a model folder each in this run's made/ folder
+    (made by `_round` once the original is loaded), compared as any folder is."""
+    return [Variant(f"rtn-{b}bit", 0, str(run_dir.path / "made" / f"rtn-{b}bit"), "model")
+            for b in config.made_bits("rtn")]
+
+
+def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
+    import torch
+
+    batches = ({"input_ids": torch.tensor([ids], device=lm.device), "labels": torch.tensor([ids], device=lm.device)}
+               for ids in texts if len(ids) > 1)
+    per_seq, _ = causal_lm_ce(lm.model, batches)
+    return float(math.exp(sum(per_seq) / len(per_seq)))
+
+
+def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
+    """Each --make rtn:B variant's folder (made where it is not whole yet: an interrupted run makes it again) and its
+    `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
+    bits = config.made_bits("rtn")
+    if not bits:
+        return []
+    texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
+    original = None
+    rows = []
+    for b in bits:
+        folder = run_dir.path / "made" / f"rtn-{b}bit"
+        if not (folder / RECIPE).is_file():
+            original = original if original is not None else _perplexity(lm, texts)
+            run_dir.log(f"making rtn-{b}bit: every linear layer of the blocks rounded to nearest at {b} bits")
+            model = copy.deepcopy(lm.model)
+            layers = round_to_nearest(model, b)
+            made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-rtn-{b}bit")
+            shutil.rmtree(folder, ignore_errors=True)
+            save_model(made, folder)
+            recipe = {"method": "rtn", "bits": b, "grid": "asymmetric, one per row of each linear layer (min to max, "
+                      "zero included), as GPTQ's round-to-nearest baseline", "layers": len(layers),
+                      "embeddings": "full precision", "source": str(config.model),
+                      "perplexity": _perplexity(made, texts), "original_perplexity": original,
+                      "perplexity_text": f"{len(texts)} standard-library docstrings, up to 64 tokens each"}
+            del model, made
+            atomic_write(folder / RECIPE, json.dumps(recipe, indent=1))
+        recipe = json.loads((folder / RECIPE).read_text())
+        rows.append({"kind": "made", "cell": f"rtn-{b}bit", "method": "rtn", "bits": b, "folder": str(folder),
+                     "perplexity": recipe["perplexity"], "original_perplexity": recipe["original_perplexity"],
+                     "n_text": len(texts)})
+    return rows
+
+
 def _swap_rows(variant: Variant, task: str, top: list, moved: list, perms: dict, stuck: list, other: bool,
                lm) -> dict:
     """What a swap variant moved on one task (the `placebo` table)."""
@@ -179,6 +238,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         variants = [v for spec in (config.variant or []) for v in expand(spec)]
         made = _made(config, run_dir, lm)
         variants += [v for folder in made for v in expand(folder)]
+        variants += _rounded_variants(config, run_dir)
+        made += [str(run_dir.path / "made" / "rtn-")] if config.made_bits("rtn") else []
     keys = [v.key for v in variants]
     if len(set(keys)) != len(keys):
         raise LmlabError("two variants share a name and replicate; give each once")
@@ -187,6 +248,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
     for name in tasks:  # answer tokens the tokenizer splits fail here, before any measurement
         make_task(name, lm.tokenizer, 2, config.seed)
+    made_rows = [] if config.placebo else _round(config, run_dir, lm)
     original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
     # the controls' heads: the original's ranking on other prompt pairs of each task
     chosen = ({t: select(lm, t, config, run_dir) for t in tasks}
@@ -219,7 +281,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made)} for v in variants]
-    rows += [r for rs in chosen.values() for r in rs] + placebo_rows
+    rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
     return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
 
 
