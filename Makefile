@@ -81,7 +81,7 @@ placebo: setup
 # positive control (the original itself) and the negative one (the original with its circuits zeroed); then the report
 # of OUT (with make demo's studies, where they ran there).
 compare-demo: setup
-	$(LMLAB) compare --model smollm2-135m --profile demo --make quantized:8,2 --variant same --variant ablate --out $(OUT)
+	$(LMLAB) compare --model smollm2-135m --profile demo --make rtn:8,4,3,2 --variant same --variant ablate --out $(OUT)
 	$(LMLAB) report $(OUT) --out $(OUT)/report.html
 
 quick: setup
