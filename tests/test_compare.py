@@ -661,3 +661,17 @@ def test_prompt_pairs_of_ones_own_from_a_file(tiny_smol_folder, tmp_path):
     with pytest.raises(LmlabError, match=r"split.jsonl, pair 1: .*tokens"):
         lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs2", variant=["same"],
                   tasks=[f"file:{split}"], n_prompts=4, verify_heads=3)
+
+
+def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():
+    from types import SimpleNamespace
+
+    said = analysis.fewest_bits([
+        SimpleNamespace(group=g, decision=d) for g, d in [
+            ("rtn-8bit / ioi", "yes"), ("rtn-4bit / ioi", "yes"), ("rtn-3bit / ioi", "no"), ("rtn-2bit / ioi", "yes"),
+            ("rtn-8bit / greater-than", "yes"), ("rtn-4bit / greater-than", "open"),
+            ("rtn-8bit / docstring", "open"), ("rtn-4bit / docstring", "yes"),
+            ("same / ioi", "yes"), ("rtn-8bit / ioi-long", "yes")]])  # (one width says nothing of a curve)
+    assert said == ["rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep)",
+                    "rtn / greater-than: the circuit kept down to 8 bits (4 bits: open)",
+                    "rtn / docstring: the circuit not kept at any width tried (8 bits: open)"]

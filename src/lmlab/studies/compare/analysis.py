@@ -53,6 +53,7 @@ The verdict's status follows lmlab's rule of whose claim decides what: no paper'
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -469,6 +470,33 @@ def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
     return ""
 
 
+def fewest_bits(keeps) -> list[str]:
+    """Per method made at several bit widths (cells `METHOD-Bbit`, --make rtn:8,4,3,2) and task: the fewest bits that
+    keep the circuit, read down from the widest: the last of the unbroken run of "keeps" from the top, and what the
+    next width says (a width that does not keep, or cannot tell, ends the run)."""
+    widths: dict[tuple[str, str], dict[int, str]] = {}
+    for c in keeps:
+        cell, _, task = c.group.partition(" / ")
+        found = re.fullmatch(r"(.+)-(\d+)bit", cell)
+        if found:
+            widths.setdefault((found.group(1), task), {})[int(found.group(2))] = c.decision
+    lines = []
+    for (method, task), by_bits in widths.items():
+        if len(by_bits) < 2:
+            continue
+        order = sorted(by_bits, reverse=True)
+        kept = None
+        for bits in order:
+            if by_bits[bits] != "yes":
+                break
+            kept = bits
+        after = [b for b in order if kept is None or b < kept][:1]
+        tail = f" ({after[0]} bits: {ANSWER[by_bits[after[0]]]})" if after else ""
+        lines.append(f"{method} / {task}: " + (f"the circuit kept down to {kept} bits{tail}" if kept is not None
+                                                else f"the circuit not kept at any width tried{tail}"))
+    return lines
+
+
 ANSWER = {"yes": "keeps", "no": "does not keep", "open": "open"}
 SAYS = {"yes": "keeps the circuit", "no": "does not keep the circuit", "open": "cannot tell yet"}
 
@@ -519,6 +547,7 @@ def verdict(result) -> Verdict:
                        f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
                        f"{o['original_hi']:+.1f}], {o['original_decision']}"
                      + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
+    lines += fewest_bits(keeps)
     notes = result.table("pathway_note")
     lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
     counts = {d: sum(c.decision == d for c in keeps) for d in ("yes", "no", "open")}
