@@ -501,27 +501,28 @@ ANSWER = {"yes": "keeps", "no": "does not keep", "open": "open"}
 SAYS = {"yes": "keeps the circuit", "no": "does not keep the circuit", "open": "cannot tell yet"}
 
 
+def _keep_line(c, models: pd.DataFrame) -> str:
+    """One variant and task's answer in the verdict's words, with the numbers that decided it."""
+    low, high = c.interval()
+    e = c.extra
+    done = _task_done(models, c.group.partition(" / ")[0], c.group.partition(" / ")[2])
+    return (f"{c.group}: {SAYS[c.decision]} (top-{e['k']} heads, half against half: the variant's overlap "
+            f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
+            f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
+            f"{c.estimate:+.2f} [{low:+.2f}, {high:+.2f}] against 0, over {c.replicates} replicate(s) x "
+            f"{c.n} prompt pairs"
+            + (f"; replicate-to-replicate {e['replicate_overlap']:.2f}" if np.isfinite(e["replicate_overlap"]) else "")
+            + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")"
+            + (f", and it has lost the task itself (its clean metric {done['clean_metric']:.2f} at or below "
+               f"its corrupted {done['corrupted_metric']:.2f})" if done["task_lost"] else ""))
+
+
 def verdict(result) -> Verdict:
     claims, gates = claims_of(_stacked(result), result.config)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, _ = judge(claims, gates, seconds=seconds)
     keeps = [c for c in claims if c.name == "keeps the circuit"]
-    models = result.table("model")
-    lines = []
-    for c in keeps:
-        low, high = c.interval()
-        e = c.extra
-        done = _task_done(models, c.group.partition(" / ")[0], c.group.partition(" / ")[2])
-        lines.append(f"{c.group}: {SAYS[c.decision]} (top-{e['k']} heads, half against half: the variant's overlap "
-                     f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
-                     f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
-                     f"{c.estimate:+.2f} [{low:+.2f}, {high:+.2f}] against 0, over {c.replicates} replicate(s) x "
-                     f"{c.n} prompt pairs"
-                     + (f"; replicate-to-replicate {e['replicate_overlap']:.2f}"
-                        if np.isfinite(e["replicate_overlap"]) else "")
-                     + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")"
-                     + (f", and it has lost the task itself (its clean metric {done['clean_metric']:.2f} at or below "
-                        f"its corrupted {done['corrupted_metric']:.2f})" if done["task_lost"] else ""))
+    lines = [_keep_line(c, result.table("model")) for c in keeps]
     placebo = result.table("placebo")
     judged = _judged_top(result, placebo) if len(placebo) else {}
     for row in placebo.itertuples() if len(placebo) else []:
