@@ -192,3 +192,46 @@ def test_heads_of_different_sizes_per_layer_are_read_layer_by_layer():
     assert layout.describe()["head_dim"] == sorted(wide | narrow)
     with pytest.raises(LmlabError, match=r"^this gemma4_text model's heads differ in size per layer \(\d+ and \d+\)"):
         layout.head_dim
+
+
+NEW_USERS = {"gemma4": "supported", "mixtral": "supported", "qwen3_5": "hybrid", "qwen3_next": "hybrid",
+             "nemotron_h": "hybrid"}
+
+
+@pytest.mark.parametrize("model_type", list(NEW_USERS))
+def test_a_new_users_folder_runs_trace_and_the_knockout_demo_or_is_refused_in_one_sentence(model_type, tmp_path,
+                                                                                             capsys):
+    """The models a researcher opens in 2026, as a user would: a tiny random instance saved as a folder with a
+    tokenizer, then `lmlab trace --model DIR` and `lmlab knockout --profile demo --model DIR`. Gemma 4 (its unified
+    model, heads of two sizes) and a mixture of experts stacked in 3-D tensors run both; the hybrids of softmax and
+    linear-attention or state-space layers are refused in one sentence before any weights load."""
+    import warnings
+
+    from lmlab.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tokenizer = conf.tiny_model(model_type)
+    folder = tmp_path / model_type
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    def run(*args) -> tuple[int, str]:
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    traced = run("trace", "--model", str(folder))
+    knocked = run("knockout", "--profile", "demo", "--model", str(folder), "--out", str(tmp_path / "runs"))
+    if NEW_USERS[model_type] == "supported":
+        assert traced[0] == 0 and "p knockout" in traced[1], traced
+        assert knocked[0] == 0 and "outputs in" in knocked[1], knocked
+    else:
+        for code, said in (traced, knocked):
+            errors = [line for line in said.splitlines() if line.startswith("error:")]
+            assert code != 0 and len(errors) == 1 and "linear-attention, state-space" in said, said
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
