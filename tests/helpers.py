@@ -114,3 +114,16 @@ def check_declared_columns(result) -> None:
 # the export needs compressed-tensors (the export extra; `make setup` installs it, a GPU image may lack it)
 needs_export_extra = pytest.mark.skipif(importlib.util.find_spec("compressed_tensors") is None,
                                         reason="the export extra (compressed-tensors) is not installed")
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """The real entry point (`lmlab ...`): exit code, stdout, stderr."""
+    from lmlab.cli import main
+
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

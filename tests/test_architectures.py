@@ -207,7 +207,7 @@ def test_a_new_users_folder_runs_trace_and_the_knockout_demo_or_is_refused_in_on
     linear-attention or state-space layers are refused in one sentence before any weights load."""
     import warnings
 
-    from lmlab.cli import main
+    from helpers import run_main
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -217,13 +217,8 @@ def test_a_new_users_folder_runs_trace_and_the_knockout_demo_or_is_refused_in_on
     tokenizer.save_pretrained(folder)
 
     def run(*args) -> tuple[int, str]:
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code or 0
-        captured = capsys.readouterr()
-        return code, captured.out + captured.err
+        code, out, err = run_main(capsys, *args)
+        return code, out + err
 
     traced = run("trace", "--model", str(folder))
     knocked = run("knockout", "--profile", "demo", "--model", str(folder), "--out", str(tmp_path / "runs"))

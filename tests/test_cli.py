@@ -1,6 +1,8 @@
 import pytest
 from typer.testing import CliRunner
 
+from helpers import run_main
+
 from lmlab.cli import _register_study_commands, app
 
 runner = CliRunner()
@@ -75,19 +77,6 @@ def test_help_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
     assert "sparse-circuits" in out and "quantize" in out
-
-
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    """The real entry point (`lmlab ...`): exit code, stdout, stderr."""
-    from lmlab.cli import main
-
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("args,message", [
