@@ -337,6 +337,8 @@ def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(ti
         assert (f"{row.cell} / {row.task}: " in result.verdict.summary)
     said = result.verdict.summary.count("and it has lost the task itself")
     assert said == int(comparison["task_lost"].sum())
+    titles = [ax.get_title() for ax in analysis.figure(result).axes]  # a fourth panel: D against bits
+    assert "ioi: the circuit against bits" in titles and len([t for t in titles if t.startswith("ioi")]) == 4
     assert result.table("variant").set_index("cell").loc["rtn-2bit", "made"]
     check_declared_columns(result)
     again = lmlab.run("compare", str(tiny_smol_folder), **kw)

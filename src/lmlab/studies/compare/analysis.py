@@ -651,10 +651,14 @@ def figure(result, fig=None):
     top-k on one half of the prompt pairs against the original's on the other, on the same splits): each variant's mean
     over its replicates (band: lowest to highest), the original's split-half self-overlap R (grey band), chance
     (dotted), and at the claim's k the variant's V with the claim's interval and the bar (R + C) / 2 (a tick); (3)
-    the explained-effect curves on one axis (each model along its own ranking)."""
+    the explained-effect curves on one axis (each model along its own ranking); and (4), where a method was made at
+    several bit widths (--make rtn:8,4,3,2), its D against bits with the claim's interval, the bar 0, a cross where
+    the variant lost the task itself, and each width's perplexity on held-out text (grey, its own log axis)."""
     models = result.table("model")
     tasks = list(dict.fromkeys(models["task"])) if len(models) else []
-    fig, axes = canvas(fig, (15, 3.8 * max(len(tasks), 1)), max(len(tasks), 1), 3, squeeze=False)
+    bits = _by_bits(result.table("comparison"))
+    columns = 4 if len(bits) else 3
+    fig, axes = canvas(fig, (5 * columns, 3.8 * max(len(tasks), 1)), max(len(tasks), 1), columns, squeeze=False)
     if not tasks:
         return finish(fig)
     per = attributions(result.table("attribution").assign(kind="attribution"))
@@ -664,6 +668,8 @@ def figure(result, fig=None):
         _scatter_panel(row[0], models, per, task, cells, color)
         _overlap_panel(row[1], result, task, cells, color)
         _curve_panel(row[2], result.table("curve"), task, color)
+        if len(bits):
+            _bits_panel(row[3], bits, task, result.table("made"))
     fig.suptitle(f"{result.models[0] if result.models else ''}: does each variant keep the original's circuits? "
                  "(lmlab's comparison; no paper claims this)", fontsize=10)
     return finish(fig)
@@ -724,6 +730,40 @@ def _overlap_panel(ax, result, task, cells, color) -> None:
     ax.set_ylabel("Jaccard overlap of the top-k")
     ax.set_title(f"{task}: overlap with the original, half vs half (bar: black tick)")
     ax.legend(fontsize=6, loc="lower right")
+
+
+def _by_bits(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The comparison rows of methods made at two or more bit widths (cells `METHOD-Bbit`), with method and bits."""
+    if not len(comparison):
+        return comparison
+    found = comparison["cell"].astype(str).str.extract(r"^(.+)-(\d+)bit$")
+    rows = comparison.assign(method=found[0], bits=pd.to_numeric(found[1], errors="coerce"))
+    rows = rows[rows["method"].notna()]
+    widths = rows.groupby("method")["bits"].transform("nunique")
+    return rows[widths >= 2]
+
+
+def _bits_panel(ax, bits: pd.DataFrame, task: str, made: pd.DataFrame) -> None:
+    if len(made):  # each width's perplexity on held-out text, on its own (log) axis
+        other = ax.twinx()
+        for method, sub in made.sort_values("bits").groupby("method", sort=False):
+            other.plot(sub["bits"], sub["perplexity"], color="grey", ls="--", marker="s", ms=3, lw=0.8)
+        other.set_yscale("log")
+        other.set_ylabel("perplexity, held-out text (grey, dashed)", fontsize=8)
+    for i, (method, sub) in enumerate(bits[bits["task"] == task].groupby("method", sort=False)):
+        sub = sub.sort_values("bits")
+        ax.errorbar(sub["bits"], sub["estimate"], yerr=[sub["estimate"] - sub["lo"], sub["hi"] - sub["estimate"]],
+                    marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=method)
+        lost = sub[sub["task_lost"].fillna(False).astype(bool)] if "task_lost" in sub else sub.iloc[:0]
+        if len(lost):
+            ax.scatter(lost["bits"], lost["estimate"], marker="x", s=70, color="black", zorder=3,
+                       label="the task itself lost")
+    ax.axhline(0, color="grey", ls=":", lw=1)
+    ax.invert_xaxis()
+    ax.set_xlabel("bits")
+    ax.set_ylabel("D = V - (R + C)/2 (>= 0: keeps)")
+    ax.set_title(f"{task}: the circuit against bits")
+    ax.legend(fontsize=7)
 
 
 def _curve_panel(ax, curves, task, color) -> None:
