@@ -167,8 +167,12 @@ def quant_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
     A family spelled out in the layout table lists its linears once for every block; a discovered one has each
     block's linear layers found in that block (routers aside), so a model whose first blocks are dense and later
     ones mixtures of experts quantizes what each block has."""
-    layout = layout_of(model)
     expert_targets(model)
+    return _linear_targets(model)
+
+
+def _linear_targets(model: nn.Module) -> dict[str, tuple[nn.Module, bool]]:
+    layout = layout_of(model)
     out = {}
     discovered = layout.family not in FAMILIES
     for layer in range(layout.n_layers):
@@ -255,11 +259,11 @@ def quantize_model(model: nn.Module, bits: int, act_bits: int | None = 8,
     """Quantize XTC's weights in place (parametrizations + activation pre-hooks); returns their names.
     `weights=False` adds only the activation quantizers (for weights that already hold quantized values)."""
     check_bits(bits)
-    targets = quant_targets(model)
+    experts = expert_targets(model)  # (a model whose experts lmlab cannot reach is refused here)
+    targets = _linear_targets(model)
     if any(module.weight.device.type == "meta" for module, _ in targets.values()):
         raise LmlabError("cannot quantize weights that a device map offloads to the CPU or disk (they are loaded "
                          "only during the forward pass); give the model room on its devices (--max-memory)")
-    experts = expert_targets(model)
     for name, (module, param) in experts.items():
         if weights:
             parametrize.register_parametrization(module, param, ExpertWeightQuantizer(bits))
@@ -334,8 +338,9 @@ CODES = {1: (8, 1), 2: (4, 1), 4: (2, 8), 8: (1, 128)}  # bits -> (codes per byt
 def _packed_targets(model: nn.Module) -> dict[str, tuple[nn.Module, str, bool]]:
     """name -> (module, parameter, one group per leading index) for everything a packed file stores as codes: the
     linear layers (a group each), the word embeddings (a group per row) and stacked experts (a group per expert)."""
-    out = {name: (m, "weight", rowwise) for name, (m, rowwise) in quant_targets(model).items()}
-    out.update({name: (m, param, True) for name, (m, param) in expert_targets(model).items()})
+    experts = expert_targets(model)
+    out = {name: (m, "weight", rowwise) for name, (m, rowwise) in _linear_targets(model).items()}
+    out.update({name: (m, param, True) for name, (m, param) in experts.items()})
     return out
 
 
@@ -430,7 +435,7 @@ def round_to_nearest(model: nn.Module, bits: int) -> list[str]:
     if stacked:
         raise LmlabError(f"round-to-nearest rounds linear layers; this model's experts are stacked in 3-D tensors "
                          f"({next(iter(stacked))}), which it does not round yet")
-    targets = {name: m for name, (m, rowwise) in quant_targets(model).items() if not rowwise}
+    targets = {name: m for name, (m, rowwise) in _linear_targets(model).items() if not rowwise}
     with torch.no_grad():
         for module in targets.values():
             if isinstance(module, Conv1D):  # (in, out): the output channels are its columns

@@ -155,8 +155,11 @@ PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a ma
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
     """--make rtn:B: the original rounded to nearest at each B, a model folder each in this run's made/ folder
     (made by `_round` once the original is loaded), compared as any folder is."""
-    return [Variant(f"rtn-{b}bit", 0, str(run_dir.path / "made" / f"rtn-{b}bit"), "model")
-            for b in config.made_bits("rtn")]
+    return [Variant(f"rtn-{b}bit", 0, str(_rounded_folder(run_dir, b)), "model") for b in config.made_bits("rtn")]
+
+
+def _rounded_folder(run_dir: RunDir, bits: int) -> Path:
+    return run_dir.path / "made" / f"rtn-{bits}bit"
 
 
 def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
@@ -178,7 +181,7 @@ def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
     original = None
     rows = []
     for b in bits:
-        folder = run_dir.path / "made" / f"rtn-{b}bit"
+        folder = _rounded_folder(run_dir, b)
         if not (folder / RECIPE).is_file():
             original = original if original is not None else _perplexity(lm, texts)
             run_dir.log(f"making rtn-{b}bit: every linear layer of the blocks rounded to nearest at {b} bits")
@@ -238,8 +241,9 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         variants = [v for spec in (config.variant or []) for v in expand(spec)]
         made = _made(config, run_dir, lm)
         variants += [v for folder in made for v in expand(folder)]
-        variants += _rounded_variants(config, run_dir)
-        made += [str(run_dir.path / "made" / "rtn-")] if config.made_bits("rtn") else []
+        rounded = _rounded_variants(config, run_dir)
+        variants += rounded
+        made += [v.spec for v in rounded]
     keys = [v.key for v in variants]
     if len(set(keys)) != len(keys):
         raise LmlabError("two variants share a name and replicate; give each once")

@@ -46,8 +46,9 @@ def run_decoder(config, run_dir: RunDir, lm) -> pd.DataFrame:
     self-sampled text, packed and scored (perplexity on held-out text, accuracy on the circuit tasks)."""
     names, budgets = tasks_and_budgets(config)
     quant_targets(lm.model)  # a model whose weights XTC cannot reach is refused, by name, before any work
-    if config.export and export_refusal(lm.model):
-        raise LmlabError(f"--export {config.export}: {export_refusal(lm.model)}")
+    refusal = export_refusal(lm.model) if config.export else None
+    if refusal:
+        raise LmlabError(f"--export {config.export}: {refusal}")
     tasks = [make_task(n, lm.tokenizer, size(config, "n_prompts"), config.seed) for n in names]
     teacher = lm.model.float().eval()
     for p in teacher.parameters():
