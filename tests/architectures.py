@@ -54,6 +54,17 @@ TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
               # a causal LM only as a decoder, with axial position embeddings that sum to the hidden size
               "reformer": dict(is_decoder=True, axial_pos_embds_dim=[16, 16], axial_pos_shape=[16, 32]),
               "longcat_flash": dict(head_dim=4),  # its rotary width is head_dim, the query's rope part's
+              # hybrids whose attention layers their config places by period or index (none among 4 by default), and
+              # state-space heads that must tile the expanded width (2 x 32 = 8 heads of 8)
+              "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
+              "bamba": dict(attn_layer_indices=[1, 3], mamba_n_heads=8, mamba_d_head=8),
+              "mamba2": dict(num_heads=8, head_dim=8),
+              "lfm2": dict(layer_types=["conv", "full_attention"] * 2),
+              "lfm2_moe": dict(layer_types=["conv", "full_attention"] * 2, num_dense_layers=1),
+              "zamba": dict(attn_layer_period=2, attn_layer_offset=1),
+              "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_head=8, layer_types=["mamba", "attention"] * 2),
+              "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8, indexer_budget=4,
+                                     indexer_compress_ratio=2),
               # sub-configs validated against their sizes: the text model's K/V heads, the vision tower's per-layer
               # table (for its default 42 layers), the adapters' widths (the towers' and the text model's hidden sizes)
               "dots3_note": dict(text_config=dict(num_key_value_heads=SIZES["num_attention_heads"]),
@@ -66,7 +77,8 @@ TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
                                           num_kv_shared_layers=SIZES["num_hidden_layers"]), backbone_hidden_size=32)
                  for t in ("gemma4_assistant", "gemma4_unified_assistant")}}
 # state-space, recurrent and short-convolution mixers: a config that names one of these has layers that are not
-# attention
+# attention (a hybrid, built with HYBRID_LAYERS blocks so that its default layer pattern holds both kinds)
+HYBRID_LAYERS = 4
 RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand", "linear_attn_config", "conv_L_cache",
                   "lru_width", "conv_kernel", "linear_num_value_heads", "rwkv", "xlstm", "attn_layer_period")
 # the same, named in a config's layer_types (Kimi-Linear, Bailing's hybrid: linear-attention layers), and a recurrent
@@ -77,7 +89,8 @@ RECURRENT_TYPES = ("xlstm",)
 CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
           "sparse gate", "quantized weights", "generation")
 # a check whose "unavailable" leaves the rest usable, and what it takes away (the study needing it refuses by name)
-PARTIAL = {"mlp activation": "ARM (S3's intervention) unavailable",
+PARTIAL = {"knockout": "knockout (S1's study, `lmlab trace`) unavailable",
+           "mlp activation": "ARM (S3's intervention) unavailable",
            "sparse gate": "sparse attention (S4's post-training) unavailable",
            "quantized weights": "XTC quantization (S2) unavailable"}
 
@@ -100,11 +113,55 @@ def _kwargs(cls) -> dict:
     return out
 
 
+def is_hybrid_type(model_type: str) -> bool:
+    """Whether the type's default config names a mixer other than attention (`RECURRENT_KEYS`, its layer types)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config = CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001
+        return model_type in RECURRENT_TYPES
+    text = getattr(config, "text_config", None) or config
+    kinds = set(map(str, getattr(text, "layer_types", None) or []))
+    return model_type in RECURRENT_TYPES or bool(kinds & RECURRENT_LAYER_KINDS) or any(
+        getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS)
+
+
+def _hybrid_layers(cls) -> dict:
+    """A hybrid's config at HYBRID_LAYERS blocks: every per-layer list of its defaults cut to that many, and its layer
+    types alternating its first other mixer and its first softmax attention (other, attention, other, attention), so
+    that both kinds are built whatever period the defaults have."""
+    out: dict = {"num_hidden_layers": HYBRID_LAYERS}
+    try:
+        defaults = cls()
+    except Exception:  # noqa: BLE001
+        return out
+    fields = _fields(cls)
+    n = defaults.num_hidden_layers
+    for key, value in defaults.to_dict().items():
+        if isinstance(value, list) and len(value) == n and key in fields:
+            out[key] = value[:HYBRID_LAYERS]
+    for key in ("layer_types", "layers_block_type"):
+        kinds = list(map(str, getattr(defaults, key, None) or []))
+        other = next((k for k in kinds if k in RECURRENT_LAYER_KINDS), None)
+        softmax = next((k for k in kinds if ("attention" in k or k == "hybrid") and k not in RECURRENT_LAYER_KINDS),
+                       None)
+        if other and softmax and key in fields:
+            out[key] = [other, softmax] * (HYBRID_LAYERS // 2)
+    return out
+
+
+def _fields(cls) -> set[str]:
+    return set(getattr(cls, "__dataclass_fields__", {})) | set(inspect.signature(cls.__init__).parameters)
+
+
 def tiny_config(model_type: str, vocab_size: int):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
     kwargs = _kwargs(cls)
+    if "num_hidden_layers" in kwargs and is_hybrid_type(model_type):
+        kwargs.update(_hybrid_layers(cls))
     if "vocab_size" in kwargs or "vocab_size" in set(getattr(cls, "__dataclass_fields__", {})) | set(
             inspect.signature(cls.__init__).parameters):
         kwargs["vocab_size"] = vocab_size
@@ -115,8 +172,9 @@ def tiny_config(model_type: str, vocab_size: int):
         if sub.__name__ == "AutoConfig" and getattr(default, "model_type", None):  # (Gemma 4's assistants)
             sub = CONFIG_MAPPING[default.model_type]
         extra = TYPE_SIZES.get(model_type, {}).get(name)  # a type's own entries for this sub-config, validated with it
+        hybrid = _hybrid_layers(sub) if "text" in name and is_hybrid_type(model_type) else {}
         try:
-            kwargs[name] = sub(**{**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {}),
+            kwargs[name] = sub(**{**_kwargs(sub), **({"vocab_size": vocab_size} if "text" in name else {}), **hybrid,
                                   **(extra if isinstance(extra, dict) else {})}).to_dict()
         except Exception:  # noqa: BLE001 - a sub-config that will not shrink keeps its defaults
             pass
@@ -235,11 +293,12 @@ def _check_quantized(model, ids) -> str:
     blocks = layout_of(copied).blocks
     stacked = {(i, n): get_submodule(b, n).detach().clone() for i, b in enumerate(blocks) for n in fused_experts(b)}
 
-    def router(m):
-        return isinstance(m, nn.Linear) and m.weight.shape[0] in experts
+    def router(n, m):  # one output per expert, named as a router is (a linear attention's per-head b_proj is not)
+        return isinstance(m, nn.Linear) and m.weight.shape[0] in experts and n.rsplit(".", 1)[-1] in (
+            "gate", "router", "router_proj", "wg", "classifier")
 
     expected = {(i, n): m.weight.detach().clone() for i, b in enumerate(blocks) for n, m in b.named_modules()
-                if isinstance(m, (nn.Linear, Conv1D)) and not router(m)}
+                if isinstance(m, (nn.Linear, Conv1D)) and not router(n, m)}
     embedding = copied.get_input_embeddings()
     with torch.no_grad():
         rows = embedding(ids).clone()  # the rows as the embedding module gives them (Gemma's scale included)
@@ -340,7 +399,8 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
                         tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
     other = ids.flip(1)
     enc = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
-    last, head = layout.n_layers - 1, min(1, layout.n_heads - 1)
+    # the head edits act on the last attention layer (a hybrid's other blocks have no heads)
+    last, head = layout.attention_layers[-1], min(1, layout.n_heads - 1)
     out: dict[str, str] = {}
 
     def logits(**kw):
@@ -366,14 +426,17 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         model.set_attn_implementation(base)
     with using(model, base):
         plain = logits()
-    with intervene(lm, Capture("resid_pre", "z", "mlp_out")):
+    with intervene(lm, Capture("resid_pre", "z", *(("mlp_out",) if layout.spec.mlp else ()))):
         routed = logits()
     record("forward", _close(routed, plain))
 
     keys = torch.zeros_like(ids, dtype=torch.bool)
     keys[:, 2] = True
-    with intervene(lm, Knockout(keys, layers=[last])):
-        got = logits()
+    try:
+        with intervene(lm, Knockout(keys, layers=[last])):
+            got = logits()
+    except LmlabError as exc:  # a hybrid's other mixers carry the tokens on: refused by name
+        got, out["knockout"] = None, f"unavailable: {exc}"
     block = torch.zeros(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
     block[:, 0, 3:, 2] = True
     attn = layout.attn(last)
@@ -390,7 +453,8 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     expected = reference("_conformance_block", block)
     with using(model, REF):
         clean = logits()
-    record("knockout", _close(got, expected), changed=_close(expected, clean))
+    if got is not None:
+        record("knockout", _close(got, expected), changed=_close(expected, clean))
 
     d = layout.head_dim_of(last)
 
@@ -437,11 +501,14 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         logits()
     with using(model, "eager"), torch.no_grad():
         attentions = model(**enc, output_attentions=True).attentions
+    layers = layout.attention_layers  # (a hybrid gives None, a linear attention's own weights, or nothing, for the
+    if len(attentions) == layout.n_layers:  # blocks without softmax attention)
+        attentions = [attentions[l] for l in layers]
     attentions = [a for a in attentions if a is not None]
-    if len(attentions) != layout.n_layers:
-        out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {layout.n_layers} layers"
+    if len(attentions) != len(layers):
+        out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {len(layers)} attention layers"
     else:
-        record("pattern", max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
+        record("pattern", max(_close(cap["pattern", l], a, 1.0) for l, a in zip(layers, attentions)))
 
     # the deterministic sparse gate (S4's edit at evaluation) on the last layer against the eager attention whose
     # mask keeps only the pairs with a positive score
@@ -460,6 +527,7 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
     # the MLP activation (ARM's edit, S3): zeroed at the last layer, that layer's MLP output no longer depends on its
     # input (only the output layer's bias is left), read by a plain hook on the MLP
     if layout.spec.mlp_act:
+        last = layout.n_layers - 1
         seen.clear()
         handle = layout.mlp_out(last).register_forward_hook(
             lambda m, a, o: seen.setdefault("y", (o[0] if isinstance(o, tuple) else o).detach()))
@@ -471,6 +539,8 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         spread = float((seen["y"] - seen["y"][:, :1]).abs().max())
         out["mlp activation"] = "" if spread < 1e-6 and _close(got, plain) > 1e-6 else (
             "zeroing the activation found in the MLP left that MLP's output depending on its input")
+    elif not layout.spec.mlp:
+        out["mlp activation"] = "unavailable: its MLPs sit in blocks of their own, not one in every block"
     else:
         out["mlp activation"] = "unavailable: the MLP has no activation module of its own (ARM, S3, needs one)"
 
@@ -527,13 +597,6 @@ def classify(model_type: str) -> dict:
     if config_defaults is not None and getattr(config_defaults, "is_encoder_decoder", False):
         return dict(status="refused", reason="an encoder-decoder model: lmlab's decoder studies take decoder-only "
                                              "language models (its decoder reads an encoder through cross-attention)")
-    text = getattr(config_defaults, "text_config", None) or config_defaults
-    kinds = set(map(str, getattr(text, "layer_types", None) or [])) if text is not None else set()
-    if model_type in RECURRENT_TYPES or kinds & RECURRENT_LAYER_KINDS or (
-            text is not None and any(getattr(text, k, None) not in (None, False) for k in RECURRENT_KEYS)):
-        return dict(status="refused", reason="linear-attention, state-space, recurrent or convolution layers beside "
-                                             "(or instead of) attention: no softmax attention to knock out in those "
-                                             "layers")
     try:
         with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -86,12 +86,13 @@ def torch_ids():
 
 def test_the_checks_fail_on_a_wrong_layout_and_a_broken_knockout(monkeypatch):
     """Negative controls of the suite itself: an output projection named wrong (the query projection, the same shape
-    in a tiny llama) fails head ablation and patching; a knockout that blocks nothing fails the knockout check."""
+    in a tiny llama, read before the attention computes) is refused by the head edits; a knockout that blocks nothing
+    fails the knockout check."""
     model, tokenizer = conf.tiny_model("llama")
     real = layout_module.spec_of
     monkeypatch.setattr(layout_module, "spec_of", lambda m: dataclasses.replace(real(m), o_proj="self_attn.q_proj"))
-    wrong = conf.run_checks(model, tokenizer)
-    assert wrong["head ablation"] and wrong["head patching"], wrong
+    with pytest.raises(LmlabError, match="output projection read an input .* that its attention did not compute"):
+        conf.run_checks(model, tokenizer)
     monkeypatch.setattr(layout_module, "spec_of", real)
     from lmlab.interventions.edits import Knockout
 
@@ -102,7 +103,7 @@ def test_the_checks_fail_on_a_wrong_layout_and_a_broken_knockout(monkeypatch):
 
 def test_the_table_counts_and_docs_models_md_carries_it(capsys):
     supported, total = counts()
-    assert supported >= 95 and total >= len(conf.causal_types())  # a floor: a change that drops architectures fails
+    assert supported >= 140 and total >= len(conf.causal_types())  # a floor: a change that drops architectures fails
     assert refusal("llama") is None and refusal("mamba")
     main(["models", "--architectures", "--markdown"])
     printed = capsys.readouterr().out
@@ -166,17 +167,94 @@ def test_attention_sinks_join_the_softmax_as_the_model_has_them():
         attention.register()
 
 
-@pytest.mark.parametrize("layer_types", [["conv", "full_attention"], ["full_attention", "conv"]])
-def test_a_hybrid_of_attention_and_convolution_is_refused_as_one(layer_types):
-    """LFM2's checkpoints put short-convolution blocks beside attention ones: discovery refuses the model as a hybrid,
-    whichever kind its first block is (a first convolution block once read as 'no attention interface')."""
+@pytest.mark.parametrize("layer_types", [["conv", "full_attention", "conv"], ["full_attention", "conv", "full_attention"]])
+def test_a_hybrid_is_read_layer_by_layer(layer_types):
+    """LFM2's checkpoints put short-convolution blocks beside attention ones, whichever comes first: the layout names
+    each block's kind, the head edits act in the attention blocks (a head's ablation there equals its slice of the
+    output projection's input zeroed by hand), a convolution block's heads are refused by name, and a knockout is
+    refused whole, naming the blocks through which the knocked-out tokens would still pass."""
+    import torch
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
-    config = Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    from lmlab.interventions import AblateHeads, Capture, Knockout, intervene
+
+    config = Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                         num_attention_heads=4, num_key_value_heads=2, layer_types=layer_types)
+    torch.manual_seed(0)
     model = Lfm2ForCausalLM(config).eval()
-    with pytest.raises(LmlabError, match="a hybrid of attention and other mixing layers"):
-        layout_module.discover(model)
+    with conf._ignoring_the_table():
+        layout = layout_module.layout_of(model)
+    attention = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    conv = [i for i in range(3) if i not in attention]
+    assert layout.attention_layers == tuple(attention) and layout.mixing_layers == tuple(conv)
+    assert [layout.kinds[i] for i in conv] == ["convolution"] * len(conv)
+    assert "convolution" in layout.describe()["layer_kinds"]
+    with pytest.raises(LmlabError, match=rf"^layer {conv[0]} of this lfm2 model is a convolution block, with no "
+                                         rf"softmax attention heads"):
+        layout.attn(conv[0])
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    layer, d = attention[-1], layout.head_dim_of(attention[-1])
+
+    def zero(module, args):
+        x = args[0].clone()
+        x[..., d:2 * d] = 0
+        return (x,)
+
+    handle = layout.o_proj(layer).register_forward_pre_hook(zero)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    handle.remove()
+    with intervene(model, AblateHeads({layer: [1]})), torch.no_grad():
+        got = model(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, model(input_ids=ids).logits)
+    with pytest.raises(LmlabError, match=f"layer {conv[0]} of this lfm2 model is a convolution block"):
+        with intervene(model, Capture("z", layers=conv[0])):
+            pass
+    with intervene(model, Capture("z", "resid_pre")) as cap, torch.no_grad():
+        model(input_ids=ids)
+    assert sorted(cap.store["z"]) == attention and sorted(cap.store["resid_pre"]) == [0, 1, 2]
+    keys = torch.zeros_like(ids, dtype=torch.bool)
+    keys[:, 1] = True
+    with pytest.raises(LmlabError, match=rf"its convolution blocks \(layers {conv[0]}"):
+        with intervene(model, Knockout(keys)):
+            pass
+
+
+def test_an_attention_gated_after_its_heads_is_edited_where_the_projection_reads():
+    """Qwen3-Next gates its attention's output per channel before the output projection: a head patched from another
+    run is the gated value the projection read there (edits act at the projection's input), not the other run's
+    ungated value times this run's gate."""
+    import torch
+
+    from lmlab.interventions import AblateHeads, Capture, intervene
+
+    model, _ = conf.tiny_model("qwen3_next")
+    with conf._ignoring_the_table():
+        layout = layout_module.layout_of(model)
+    layer, d = layout.attention_layers[-1], layout.head_dim_of(layout.attention_layers[-1])
+    a, b = torch.tensor([[5, 6, 7, 8, 9, 10]]), torch.tensor([[11, 12, 13, 14, 15, 16]])
+    seen = {}
+    handle = layout.o_proj(layer).register_forward_pre_hook(lambda m, args: seen.setdefault("x", args[0].clone()))
+    with torch.no_grad():
+        model(input_ids=b)
+    handle.remove()
+    with intervene(model, Capture("z", layers=layer)) as cap, torch.no_grad():
+        model(input_ids=b)
+    assert torch.equal(cap["z", layer].flatten(2), seen["x"])  # z is what the projection reads
+    with intervene(model, AblateHeads({layer: [1]}, mode="patch", reference={layer: cap["z", layer]})), \
+            torch.no_grad():
+        got = model(input_ids=a).logits
+
+    def patch(module, args):
+        x = args[0].clone()
+        x[..., d:2 * d] = seen["x"][..., d:2 * d]
+        return (x,)
+
+    handle = layout.o_proj(layer).register_forward_pre_hook(patch)
+    with torch.no_grad():
+        expected = model(input_ids=a).logits
+    handle.remove()
+    assert torch.allclose(got, expected, atol=1e-6)
 
 
 def test_heads_of_different_sizes_per_layer_are_read_layer_by_layer():
@@ -226,7 +304,8 @@ def test_a_new_users_folder_runs_trace_and_the_knockout_demo_or_is_refused_in_on
         assert traced[0] == 0 and "p knockout" in traced[1], traced
         assert knocked[0] == 0 and "outputs in" in knocked[1], knocked
     else:
+        kind = {"nemotron_h": "state space blocks"}.get(model_type, "linear attention blocks")
         for code, said in (traced, knocked):
             errors = [line for line in said.splitlines() if line.startswith("error:")]
-            assert code != 0 and len(errors) == 1 and "linear-attention, state-space" in said, said
+            assert code != 0 and len(errors) == 1 and "a knockout cuts attention edges" in said and kind in said, said
         assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

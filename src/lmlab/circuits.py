@@ -111,7 +111,7 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
 
 
 def _components(layout, width: int, heads) -> dict[int, list[int]]:
-    comps = heads if heads is not None else [(l, h) for l in range(layout.n_layers) for h in range(width)]
+    comps = heads if heads is not None else [(l, h) for l in layout.attention_layers for h in range(width)]
     by_layer: dict[int, list[int]] = {}
     for layer, index in comps:
         by_layer.setdefault(int(layer), []).append(int(index))
@@ -171,7 +171,7 @@ def activation_scores_naive(lm: LoadedModel, task: CircuitTask, batch_size: int 
     z_corr = z_corr if z_corr is not None else corrupted_z(lm, task, batch_size)
     width = layout.n_heads + int(_has_mlps(z_corr))
     base = metric_values(lm, task, batch_size).mean()
-    heads = heads if heads is not None else [(l, h) for l in range(layout.n_layers) for h in range(width)]
+    heads = heads if heads is not None else [(l, h) for l in layout.attention_layers for h in range(width)]
     scores = np.full((layout.n_layers, width), np.nan)
     for layer, head in heads:
         values = metric_values(lm, task, batch_size, interventions_for=lambda i, l=layer, h=head: patch_all_but(

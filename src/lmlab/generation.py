@@ -163,6 +163,9 @@ def _generate(lm: LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int
     if masked is not None and len(masked) != len(prompts):
         raise LmlabError(f"masked positions are given for {len(masked)} prompts, there are {len(prompts)}")
     cut = [p[:min(m)] if m else p for p, m in zip(prompts, masked)] if masked is not None else prompts
+    # a hybrid's recurrent states hold every column they read: no prefix copied to rows, no masked gap, no rows
+    # leaving or joining (its cache layers have no row selection)
+    share_prefix = share_prefix and not lm.layout.mixing_layers
     prefix, shared = prefix_cache(lm, cut) if share_prefix else (0, None)
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=lm.device)
     out: list[list[int]] = [[] for _ in range(len(prompts))]
@@ -235,7 +238,8 @@ class _Running:
 
     def leave(self) -> None:
         """The finished rows leave the batch and its cache."""
-        if self.n_live == len(self.rows):
+        if self.n_live == len(self.rows) or not all(hasattr(l, "batch_select_indices")
+                                                      for l in getattr(self.cache, "layers", [])):
             return
         keep = self.live.nonzero().squeeze(1)
         if len(keep):
@@ -252,6 +256,9 @@ def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], 
     batch, own = _after_prefix(lm, [prompts[i] for i in join], prefix, shared,
                                None if masked is None else [masked[i] for i in join])
     result = lm.forward_last(batch)
+    if getattr(result, "cache", None) is None:
+        raise LmlabError(f"{lm.name} returns no cache from its forward pass (it keeps its recurrent state inside its "
+                         f"modules), and lmlab's generation needs one to continue its rows")
     new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=_with_room(result.cache),
                    token=next_token(result.logits[:, -1], **draw), mask=batch["attention_mask"],
                    following=own["position_ids"][:, -1] + prefix + 1)
@@ -349,6 +356,7 @@ def last_token_features(lm: LoadedModel, sequences: Sequence[list[int]], layers:
     columns between prefix and suffix and their true positions, as in generation. The knockout study's prompts
     share 46 of their ~54 tokens."""
     feats = np.zeros((len(sequences), len(layers), lm.layout.d_model), dtype=np.float32)
+    share_prefix = share_prefix and not lm.layout.mixing_layers  # (a hybrid's recurrent states: as in `_generate`)
     prefix, cache = prefix_cache(lm, sequences) if share_prefix else (0, None)
     with Progress(transient=True) as bar:
         task = bar.add_task(description, total=len(sequences))

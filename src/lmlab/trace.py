@@ -13,7 +13,7 @@ import torch
 
 from lmlab.data.spans import find_span
 from lmlab.errors import LmlabError
-from lmlab.interventions import Knockout, intervene
+from lmlab.interventions import Knockout, check_knockout, intervene
 from lmlab.models import LoadedModel
 
 
@@ -30,6 +30,7 @@ def target_token(lm: LoadedModel, target: str) -> int:
 def knockout_trace(lm: LoadedModel, prompt: str, target: str, span: str) -> pd.DataFrame:
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the trace needs next-token probabilities")
+    check_knockout(lm.layout)
     tid = target_token(lm, target)
     positions = find_span(lm.tokenizer, prompt, span)
     enc = lm.encode(prompt)

@@ -9,11 +9,11 @@ Every intervention here is checked in tests against an independent computation o
 
 from lmlab.interventions.attention import IMPL
 from lmlab.interventions.core import Intervention, install, installed, intervene, uninstall
-from lmlab.interventions.edits import AblateHeads, Knockout, PatchHeadRows, SparseAttention
+from lmlab.interventions.edits import AblateHeads, Knockout, PatchHeadRows, SparseAttention, check_knockout
 from lmlab.interventions.hooks import (HOOK_POINTS, Capture, EditMLPAct, PatchOutput, PatchResid, RetireRows,
                                       StartAt)
 
-__all__ = ["AblateHeads", "Capture", "EditMLPAct", "HOOK_POINTS", "IMPL", "Intervention", "Knockout",
+__all__ = ["AblateHeads", "Capture", "check_knockout", "EditMLPAct", "HOOK_POINTS", "IMPL", "Intervention", "Knockout",
            "PatchHeadRows", "PatchOutput", "PatchResid", "RetireRows", "SparseAttention", "StartAt", "install", "installed", "intervene", "uninstall"]
 
 

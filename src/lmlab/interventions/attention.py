@@ -10,7 +10,8 @@ What an intervention may do here (each is a method on `Intervention`, see `base.
   gate(layer, scores, allowed) -> multiplicative edge gate (sparse attention)
   on_scores(layer, scores, ok) -> read the pre-softmax scores and the allowed pairs (capture, distillation)
   on_pattern(layer, pattern)   -> read the post-softmax pattern (capture)
-  edit_z(layer, z, ctx)        -> replace/scale head outputs (ablation, patching)
+  edit_z(layer, z, ctx)        -> replace/scale head outputs (ablation, patching), applied where the output
+                                  projection reads them (`edit_heads`)
 """
 
 from __future__ import annotations
@@ -151,9 +152,24 @@ def lmlab_attention(module, query, key, value, attention_mask, scaling=None, dro
     else:
         z, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                             dropout=dropout, **kwargs)
+    if plan.z_edits:  # read by the output projection's pre-hook, where the head edits act (`edit_heads`)
+        module.__dict__["_lmlab_ctx"] = ctx
+    return z, weights
+
+
+def edit_heads(attn, plan: LayerPlan, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The head edits of one layer applied to its output projection's input `x` (batch, query, heads x head_dim),
+    seen as z (batch, query, head, head_dim): what the projection reads of each head, after anything the attention
+    does between its attention function and the projection (Qwen3-Next's output gate, BitNet's norm), so that a
+    head's ablation or patch is the same whatever the family does there."""
+    ctx = attn.__dict__.pop("_lmlab_ctx", None)  # (one reading per attention call: never a stale one)
+    if ctx is None or ctx.batch != x.shape[0] or ctx.q_len != x.shape[1]:
+        raise LmlabError(f"layer {plan.layer}'s output projection read an input of shape {tuple(x.shape)} that its "
+                         f"attention did not compute in this forward pass, so its heads cannot be edited")
+    z = x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)
     for edit in plan.z_edits:
         z = edit.edit_z(plan.layer, z, ctx)
-    return z, weights
+    return z.reshape(x.shape)
 
 
 def register() -> None:

@@ -31,6 +31,10 @@ class Intervention:
     def on_layer(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
 
+    # whether it acts in the attention function (scores, pattern, z): on a hybrid, the layers it names must hold
+    # softmax attention, and "every layer" means every attention layer
+    in_attention = False
+
     def bind(self, layout: Layout) -> None:
         """Check the intervention against the model before anything runs."""
         self.layout = layout
@@ -38,6 +42,9 @@ class Intervention:
             bad = sorted(l for l in self.layers if not 0 <= l < layout.n_layers)
             if bad:
                 raise LmlabError(f"layer {bad[0]} does not exist; the model has layers 0..{layout.n_layers - 1}")
+            if self.in_attention:
+                for layer in sorted(self.layers):
+                    layout.check_attention(layer)
 
     # --- what it needs from the attention function, per layer
     def uses_scores(self, layer: int) -> bool:
@@ -88,7 +95,7 @@ def _ensure_lmlab_attention(model: nn.Module) -> None:
 
 
 def _rebuild_plans(layout: Layout, active: list[Intervention]) -> None:
-    for layer in range(layout.n_layers):
+    for layer in layout.attention_layers:
         plan = attention.LayerPlan(layer=layer)
         for iv in active:
             if iv.uses_scores(layer):
@@ -97,10 +104,18 @@ def _rebuild_plans(layout: Layout, active: list[Intervention]) -> None:
                 plan.z_edits.append(iv)
         plan.z_edits.sort(key=lambda iv: iv.z_order)
         module = layout.attn(layer)
+        old = module.__dict__.pop("_lmlab_z_hook", None)
+        if old is not None:
+            old.remove()
+        module.__dict__.pop("_lmlab_ctx", None)
         if plan.score_edits or plan.z_edits:
             module._lmlab_plan = plan
         elif hasattr(module, "_lmlab_plan"):
             del module._lmlab_plan
+        if plan.z_edits:  # z is what the output projection reads: edited there
+            module.__dict__["_lmlab_z_hook"] = layout.o_proj(layer).register_forward_pre_hook(
+                (lambda attn, p: lambda m, args: (attention.edit_heads(attn, p, args[0], layout.n_heads),
+                                                  *args[1:]))(module, plan))
 
 
 @contextmanager

@@ -26,6 +26,26 @@ def _check_heads(layout, heads: Iterable[int]) -> None:
         raise LmlabError(f"head {bad[0]} does not exist; the model has heads 0..{layout.n_heads - 1}")
 
 
+def _mixers(layout) -> str:
+    """"the state space blocks (layers 0, 1) and convolution blocks (layers 3-5)": a hybrid's other mixers."""
+    from lmlab.models.layout import layer_ranges
+
+    by_kind: dict[str, list[int]] = {}
+    for layer in layout.mixing_layers:
+        by_kind.setdefault(layout.kinds[layer], []).append(layer)
+    return "its " + " and ".join(f"{kind} blocks (layers {layer_ranges(layers)})" for kind, layers in by_kind.items())
+
+
+def check_knockout(layout) -> None:
+    """Raise where a knockout cannot block what it claims to: a hybrid whose other mixers (linear attention, state
+    space, recurrence, short convolutions) carry every earlier position's information forward outside softmax
+    attention. (A study that knocks out asks before any work.)"""
+    if layout.mixing_layers:
+        raise LmlabError(f"a knockout cuts attention edges, but this {layout.family} model also moves information "
+                         f"between positions in {_mixers(layout)}, where lmlab cannot cut it (the knocked-out "
+                         f"tokens would still reach later positions through them)")
+
+
 class Knockout(Intervention):
     """Block attention from key positions to query positions (-inf before the softmax).
 
@@ -44,6 +64,8 @@ class Knockout(Intervention):
     Positions index the padded batch as the model sees it; `Knockout.spans` takes positions within
     each unpadded prompt and checks them.
     """
+
+    in_attention = True
 
     SCOPES = ("each", "span")
 
@@ -95,6 +117,7 @@ class Knockout(Intervention):
 
     def bind(self, layout):
         super().bind(layout)
+        check_knockout(layout)
         if self.heads is not None:
             _check_heads(layout, self.heads)
         if self.layer_mask is not None and self.layer_mask.shape != (self.keys.shape[0], layout.n_layers):
@@ -139,6 +162,8 @@ class AblateHeads(Intervention):
                'scale' (multiply by `scale`)
     positions  (batch, pos) bool: only these query positions (default all)
     """
+
+    in_attention = True
 
     MODES = ("zero", "mean", "patch", "scale")
 
@@ -192,6 +217,8 @@ class PatchHeadRows(Intervention):
     inputs (`Capture('z')` of a corrupted run), every other head left alone. m patching runs as one batched
     forward pass: activation patching (one head a block; with `StartAt(layer, ...)` each starts from the clean
     residual at that layer) or an explained-effect curve (block i patches every head outside the top N_i)."""
+
+    in_attention = True
 
     def __init__(self, layer: int, heads: Sequence[int | Iterable[int] | None], reference: torch.Tensor):
         super().__init__([layer])
@@ -275,6 +302,8 @@ class SparseAttention(Intervention):
     indices among the example's real tokens (`keyed_uniform`, one vectorised pass): an example's noise is then the
     same whatever batch, padding or process it runs in (so N processes follow one process's curve).
     """
+
+    in_attention = True
 
     def __init__(self, layers=None, sample: bool = True, temperature: float = 2 / 3,
                  generator: torch.Generator | None = None, keyed: bool = False, replicas: int = 1):

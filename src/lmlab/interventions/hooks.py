@@ -48,6 +48,8 @@ def _module_for(layout: Layout, point: str, layer: int):
 class Capture(Intervention):
     """Record activations. `cap["z", 3]` is layer 3's z; `cap.stacked("resid_pre")` stacks all layers.
 
+    On a hybrid, z, pattern, scores and attn_out exist in its attention layers only (`layers` may name no other).
+
     Values are detached unless `grad=True` (then they stay in the graph, for attribution patching).
     Each forward pass overwrites the previous one's values.
     """
@@ -60,6 +62,7 @@ class Capture(Intervention):
         if unknown or not points:
             raise LmlabError(f"unknown hook point '{(unknown or ['(none)'])[0]}'; known: {', '.join(HOOK_POINTS)}")
         self.points = tuple(points)
+        self.in_attention = any(p in ("z", "pattern", "scores", "attn_out") for p in points)
         self.grad = grad
         self.store: dict[str, dict[int, torch.Tensor]] = {p: {} for p in points}
 
@@ -103,8 +106,9 @@ class Capture(Intervention):
             if not self.on_layer(layer):
                 continue
             for point in self.points:
-                if point in ("z", "pattern", "scores"):
-                    continue
+                if point in ("z", "pattern", "scores") or (point == "attn_out" and self.layers is None
+                                                            and layer not in layout.attention_layers):
+                    continue  # (the attention function captures those; a hybrid's other blocks have no attn_out)
                 module = _module_for(layout, point, layer)
                 if point == "resid_pre":
                     fn = (lambda l: lambda m, a, k: self._keep("resid_pre", l, _hidden_in(a, k)))(layer)

@@ -46,6 +46,8 @@ class FamilySpec:
     quant_linears: tuple[str, ...] = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     word_embeddings: tuple[str, ...] = ("model.embed_tokens", "embed_tokens", "model.language_model.embed_tokens")
+    # each block's mixer (`block_kind`), found by discovery; empty: every block holds softmax attention
+    kinds: tuple[str, ...] = ()
 
 
 _DECODER = dict(attn="self_attn", o_proj="self_attn.o_proj", mlp="mlp", mlp_act="mlp.act_fn",
@@ -117,48 +119,102 @@ def text_config(config):
     return getattr(config, "text_config", None) or config
 
 
+ATTENTION = "attention"
+# what mixes tokens in a block that holds no softmax attention (or holds one and more), by the class names of its
+# modules, first match wins; a block with neither holds only an MLP ("mlp") or something lmlab does not name ("other")
+_MIXER_KINDS = (("linear attention", ("deltanet", "deltaattention", "linearattention", "lightningattention")),
+                ("state space", ("mamba", "ssm", "mixer")),
+                ("recurrent", ("recurrent", "lstm", "rwkv", "rglru")),
+                ("convolution", ("shortconv", "conv")))
+_MLP_MARKERS = ("mlp", "moe", "expert", "feedforward", "ffn")
+
+
 @dataclass
 class Layout:
-    """A resolved family spec: the actual modules of one loaded model, and its shape."""
+    """A resolved family spec: the actual modules of one loaded model, and its shape.
+
+    A hybrid (Qwen3.5, Nemotron-H, Jamba, ...) holds softmax attention in some blocks only: `kinds` names each
+    block's mixer ("attention", "linear attention", "state space", "recurrent", "convolution", "mlp", "other"; a
+    block mixing with attention and another mixer side by side, Falcon-H1's, "attention + state space"), and
+    `attention_layers` are the blocks whose heads lmlab reaches. Asking a block without attention for its attention
+    raises with the block's kind."""
 
     family: str
     spec: FamilySpec
     n_layers: int
     n_heads: int
     n_kv_heads: int
-    head_dims: tuple[int, ...]  # each layer's head size (what its output projection reads per head)
+    head_dims: tuple[int, ...]  # each layer's head size (what its output projection reads per head; 0: no attention)
     d_model: int
     d_mlp: int
     context_length: int | None
     blocks: list[nn.Module] = field(repr=False)
+    kinds: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.kinds:
+            self.kinds = (ATTENTION,) * self.n_layers
 
     @property
     def causal(self) -> bool:
         return self.spec.causal
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers whose blocks hold softmax attention (every layer of a plain transformer)."""
+        return tuple(i for i, kind in enumerate(self.kinds) if kind.startswith(ATTENTION))
+
+    @property
+    def mixing_layers(self) -> tuple[int, ...]:
+        """The layers whose blocks move information between positions outside softmax attention (a hybrid's
+        linear-attention, state-space, recurrent and convolution mixers)."""
+        return tuple(i for i, kind in enumerate(self.kinds) if kind not in (ATTENTION, "mlp"))
+
+    @property
+    def hybrid(self) -> bool:
+        return any(kind != ATTENTION for kind in self.kinds)
+
+    @property
     def head_dim(self) -> int:
-        """The head size of every layer; a model whose layers differ (Gemma 4's full-attention layers) has none, and
-        code that needs one asks `head_dim_of(layer)`."""
-        if len(set(self.head_dims)) > 1:
+        """The head size of every attention layer; a model whose layers differ (Gemma 4's full-attention layers) has
+        none, and code that needs one asks `head_dim_of(layer)`."""
+        sizes = {self.head_dims[i] for i in self.attention_layers}
+        if len(sizes) > 1:
             raise LmlabError(f"this {self.family} model's heads differ in size per layer "
-                             f"({' and '.join(map(str, sorted(set(self.head_dims))))}); ask one layer's")
-        return self.head_dims[0]
+                             f"({' and '.join(map(str, sorted(sizes)))}); ask one layer's")
+        return sizes.pop()
 
     def head_dim_of(self, layer: int) -> int:
+        self.check_attention(layer)
         return self.head_dims[layer]
+
+    def check_attention(self, layer: int) -> None:
+        """Raise where `layer` holds no softmax attention (a hybrid's other blocks), naming what it holds."""
+        if not self.kinds[layer].startswith(ATTENTION):
+            raise LmlabError(f"layer {layer} of this {self.family} model is a {self.kinds[layer]} block, with no "
+                             f"softmax attention heads (its attention layers: {layer_ranges(self.attention_layers)})")
+
+    def check_heads_everywhere(self, what: str) -> None:
+        """Raise where some layer holds no softmax attention: `what` ranks or gates the heads of every layer."""
+        others = [i for i in range(self.n_layers) if i not in self.attention_layers]
+        if others:
+            raise LmlabError(f"{what} reads the heads of every layer, and layers {layer_ranges(others)} of this "
+                             f"{self.family} model hold no softmax attention ({layer_kinds_text(self.kinds)}); "
+                             f"hybrids are not supported there yet")
 
     def block(self, layer: int) -> nn.Module:
         return self.blocks[layer]
 
     def attn(self, layer: int) -> nn.Module:
+        self.check_attention(layer)
         return get_submodule(self.blocks[layer], self.spec.attn)
 
     def o_proj(self, layer: int) -> nn.Module:
+        self.check_attention(layer)
         return get_submodule(self.blocks[layer], self.spec.o_proj)
 
     def mlp(self, layer: int) -> nn.Module:
-        return get_submodule(self.blocks[layer], self.spec.mlp)
+        return get_submodule(self.blocks[layer], self._mlp_path(self.spec.mlp))
 
     def mlp_act(self, layer: int) -> nn.Module:
         if not self.spec.mlp_act:
@@ -166,17 +222,46 @@ class Layout:
         return get_submodule(self.blocks[layer], self.spec.mlp_act)
 
     def mlp_out(self, layer: int) -> nn.Module:
-        return get_submodule(self.blocks[layer], self.spec.mlp_out)
+        return get_submodule(self.blocks[layer], self._mlp_path(self.spec.mlp_out))
+
+    def _mlp_path(self, path: str) -> str:
+        if not path:
+            raise LmlabError(f"this {self.family} model's MLPs are not one sub-block of every block (a hybrid whose "
+                             f"MLPs sit in blocks of their own), so there is no MLP per layer to read or edit")
+        return path
 
     def describe(self) -> dict:
-        sizes = sorted(set(self.head_dims))
-        return dict(family=self.family, layers=self.n_layers, heads=self.n_heads,
-                    kv_heads=self.n_kv_heads, head_dim=sizes[0] if len(sizes) == 1 else sizes, d_model=self.d_model)
+        sizes = sorted({self.head_dims[i] for i in self.attention_layers})
+        out = dict(family=self.family, layers=self.n_layers, heads=self.n_heads,
+                   kv_heads=self.n_kv_heads, head_dim=sizes[0] if len(sizes) == 1 else sizes, d_model=self.d_model)
+        if self.hybrid:
+            out["layer_kinds"] = layer_kinds_text(self.kinds)
+        return out
+
+
+def layer_kinds_text(kinds: tuple[str, ...]) -> str:
+    """Each kind of block with the layers holding it, e.g. "attention 3, 7; linear attention 0-2, 4-6"."""
+    by_kind: dict[str, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        by_kind.setdefault(kind, []).append(i)
+    return "; ".join(f"{kind} {layer_ranges(layers)}" for kind, layers in by_kind.items())
+
+
+def layer_ranges(layers) -> str:
+    """0, 1, 2, 5 -> "0-2, 5"."""
+    parts: list[list[int]] = []
+    for layer in layers:
+        if parts and layer == parts[-1][-1] + 1:
+            parts[-1].append(layer)
+        else:
+            parts.append([layer])
+    return ", ".join(f"{p[0]}-{p[-1]}" if len(p) > 2 else ", ".join(map(str, p)) for p in parts) or "none"
 
 
 # --- discovery: where an architecture not spelled out in FAMILIES keeps its parts
 _LAYER_PATHS = ("model.layers", "layers", "model.language_model.layers", "transformer.h", "h", "gpt_neox.layers",
-                "model.decoder.layers", "transformer.blocks", "transformer.layers", "model.transformer.h")
+                "model.decoder.layers", "transformer.blocks", "transformer.layers", "model.transformer.h",
+                "backbone.layers", "backbone.blocks")
 _O_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "wo", "Wo", "o", "proj", "out", "out_lin", "o_b_proj")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe", "moe", "mlp_block", "ff")
 _ACT_NAMES = ("act_fn", "act", "activation_fn", "activation", "act_layer", "activation_function", "act_func")
@@ -222,7 +307,8 @@ def _is_activation(module) -> bool:
 
 
 def _find_blocks(model, n_layers: int):
-    """(path, ModuleList): a known path first, else the first module list of n_layers blocks holding an attention."""
+    """(path, ModuleList): a known path first, else the first module list of n_layers blocks some of which hold an
+    attention."""
     from torch import nn
 
     for path in _LAYER_PATHS:
@@ -234,14 +320,45 @@ def _find_blocks(model, n_layers: int):
             return path, found
     for path, found in model.named_modules():
         if isinstance(found, nn.ModuleList) and len(found) == n_layers and len(found) and any(
-                calls_attention_interface(m) for m in found[0].modules()):
+                calls_attention_interface(m) for block in found for m in block.modules()):
             return path, found
     return None, None
 
 
+def block_kind(block, attn: str) -> str:
+    """What mixes positions in `block`: "attention" where its module at `attn` calls transformers' attention
+    interface, else (or besides, joined with " + ") the kind its children's class names say (`_MIXER_KINDS`)."""
+    has_attention = _has(block, attn) and calls_attention_interface(get_submodule(block, attn))
+    others = []
+    for name, child in block.named_children():
+        label = _own_name(type(child).__name__, type(block).__name__).lower()
+        if (has_attention and name == attn.split(".")[0]) or "norm" in label or any(m in label for m in _MLP_MARKERS):
+            continue
+        kind = next((k for k, marks in _MIXER_KINDS if any(m in label for m in marks)), None)
+        if kind and kind not in others and not (has_attention and calls_attention_interface(child)):
+            others.append(kind)
+    if has_attention:
+        return " + ".join([ATTENTION, *others])
+    if others:
+        return others[0]
+    names = " ".join(f"{_own_name(type(c).__name__, type(block).__name__)} {n}".lower() for n, c in block.named_children())
+    return "mlp" if any(m in names for m in _MLP_MARKERS) else "other"
+
+
+def _own_name(name: str, block_name: str) -> str:
+    """A module's class name without the family's words it shares with its block's ("Qwen3_5MoeGatedDeltaNet" in a
+    "Qwen3_5MoeDecoderLayer": "GatedDeltaNet"; a family's name can say MoE or Recurrent of every module)."""
+    import re
+
+    words, block_words = re.findall(r"[A-Z]?[^A-Z]*", name), re.findall(r"[A-Z]?[^A-Z]*", block_name)
+    shared = next((i for i, (a, b) in enumerate(zip(words, block_words)) if a != b), min(len(words), len(block_words)))
+    return "".join(words[shared:]) or name
+
+
 def discover(model: nn.Module) -> FamilySpec:
     """A FamilySpec read off `model`'s module tree and config; LmlabError with one sentence where a part the
-    studies need is not there."""
+    studies need is not there. A hybrid's attention is found in the blocks that hold one; `kinds` names each
+    block's mixer."""
     config = text_config(model.config)
     model_type = getattr(model.config, "model_type", "?")
     n_layers = getattr(config, "num_hidden_layers", None)
@@ -249,18 +366,28 @@ def discover(model: nn.Module) -> FamilySpec:
     if blocks is None:
         raise LmlabError(f"architecture '{model_type}': no list of {n_layers} blocks holding an attention that "
                          f"calls transformers' attention interface was found")
-    block = blocks[0]
-    attns = [name for name, m in block.named_modules() if name and calls_attention_interface(m)]
-    if not attns and any(calls_attention_interface(m) for b in blocks[1:] for m in b.modules()):
-        raise LmlabError(f"architecture '{model_type}': its first block has no attention but later ones do (a hybrid "
-                         f"of attention and other mixing layers)")
-    if not attns:
+    found = [[name for name, m in b.named_modules() if name and calls_attention_interface(m)] for b in blocks]
+    mixers = {block_kind(b, "") for b in blocks} - {"mlp", "other"}
+    if not any(found) and mixers:
+        raise LmlabError(f"architecture '{model_type}': no block holds softmax attention (its blocks mix with "
+                         f"{' and '.join(sorted(mixers))}), and lmlab's studies read attention heads")
+    if not any(found):
         raise LmlabError(f"architecture '{model_type}': its attention does not call transformers' attention "
                          f"interface, so lmlab cannot reach its heads")
-    attn = min(attns, key=len)
-    if not all(_has(b, attn) and calls_attention_interface(get_submodule(b, attn)) for b in blocks):
-        raise LmlabError(f"architecture '{model_type}': not every block has an attention at '{attn}' (a hybrid of "
-                         f"attention and other mixing layers)")
+    attn = min((name for names in found for name in names), key=lambda n: (len(n), n))
+    kinds = tuple(block_kind(b, attn) for b in blocks)
+    attention = [b for b, kind in zip(blocks, kinds) if kind.startswith(ATTENTION)]
+    if any(names and not kind.startswith(ATTENTION) for names, kind in zip(found, kinds)):
+        raise LmlabError(f"architecture '{model_type}': its blocks keep their attention at different paths "
+                         f"({', '.join(sorted({n for names in found for n in names}))})")
+    modules = [get_submodule(b, attn) for b in attention]
+    shared = [i for i, kind in enumerate(kinds) if kind.startswith(ATTENTION)] if len(set(map(id, modules))) < len(
+        modules) else []
+    if shared:
+        raise LmlabError(f"architecture '{model_type}': one attention module serves several layers "
+                         f"({layer_ranges(shared)}; a shared block called at each depth), so an edit of one layer's "
+                         f"heads would act at every layer that shares it")
+    block = attention[0]
     attn_module = get_submodule(block, attn)
     n_heads = config.num_attention_heads
     o_proj = next((f"{attn}.{n}" for n in _O_NAMES if _has(attn_module, n) and _is_linear(getattr(attn_module, n))
@@ -271,15 +398,22 @@ def discover(model: nn.Module) -> FamilySpec:
     if o_proj is None:
         raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
                          f"(looked for {', '.join(_O_NAMES)})")
-    widths = sorted({_in_features(get_submodule(b, o_proj)) for b in blocks})
+    widths = sorted({_in_features(get_submodule(b, o_proj)) for b in attention})
     if any(w % n_heads for w in widths):
         raise LmlabError(f"architecture '{model_type}': its output projections read {' or '.join(map(str, widths))} "
                          f"features, not a whole number of heads of {n_heads}")
-    mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
+    hybrid = any(kind != ATTENTION for kind in kinds)
+    try:
+        mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
+    except LmlabError:
+        if not hybrid:
+            raise
+        mlp, mlp_act, gate, mlp_out = "", None, None, ""  # MLPs in blocks of their own (Nemotron-H)
     linears = block_linears(block, config)
     return FamilySpec(model_type, (path,), attn=attn, o_proj=o_proj, mlp=mlp, mlp_act=mlp_act or "",
                       gate_proj=gate, mlp_out=mlp_out, gated_mlp=gate is not None, quant_linears=linears,
-                      word_embeddings=_embedding_path(model), causal=not is_encoder(model.config))
+                      word_embeddings=_embedding_path(model), causal=not is_encoder(model.config),
+                      kinds=kinds if hybrid else ())
 
 
 def _find_mlp(model_type: str, blocks) -> tuple[str, str | None, str | None, str]:
@@ -316,8 +450,7 @@ def _embedding_path(model) -> tuple[str, ...]:
 
 def _has(module, path: str) -> bool:
     try:
-        get_submodule(module, path)
-        return True
+        return get_submodule(module, path) is not None  # (a hybrid's block may set its absent mixer to None)
     except AttributeError:
         return False
 
@@ -383,10 +516,13 @@ def layout_of(model: nn.Module) -> Layout:
     n_heads = config.num_attention_heads
     d_model = config.hidden_size
     head_dims = (_config_value(config, "head_dim") or d_model // n_heads,) * len(blocks)
+    kinds = tuple(block_kind(b, spec.attn) for b in blocks) if spec.kinds else ()  # (blocks a model kept)
     if family not in FAMILIES:  # z's head size is what each layer's output projection reads per head
-        head_dims = tuple(_in_features(get_submodule(b, spec.o_proj)) // n_heads for b in blocks)
+        head_dims = tuple(_in_features(get_submodule(b, spec.o_proj)) // n_heads
+                          if not kinds or kinds[i].startswith(ATTENTION) else 0 for i, b in enumerate(blocks))
     n_kv = _config_value(config, "num_key_value_heads") or n_heads
     d_mlp = _config_value(config, "intermediate_size") or _config_value(config, "n_inner") or 4 * d_model
     ctx = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     return Layout(family=family, spec=spec, n_layers=len(blocks), n_heads=n_heads, n_kv_heads=n_kv,
-                  head_dims=head_dims, d_model=d_model, d_mlp=d_mlp, context_length=ctx, blocks=list(blocks))
+                  head_dims=head_dims, d_model=d_model, d_mlp=d_mlp, context_length=ctx, blocks=list(blocks),
+                  kinds=kinds)

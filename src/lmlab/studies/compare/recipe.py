@@ -250,6 +250,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     lm = lm if lm is not None else config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
+    lm.layout.check_heads_everywhere("compare")
     for name in tasks:  # answer tokens the tokenizer splits fail here, before any measurement
         make_task(name, lm.tokenizer, 2, config.seed)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)

@@ -64,6 +64,7 @@ from lmlab.data.scoring import alias_match
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.generation import greedy_answers, last_token_features, prefix_cache
+from lmlab.interventions import check_knockout
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
@@ -208,6 +209,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
+    check_knockout(lm.layout)  # a hybrid's other mixers: refused before any answer is generated
     items, encoded, skipped = _encode(lm, items, run_dir)
     answers = _answer(config, run_dir, lm, items, encoded)
     answered, correct, base, counts = _labelled(lm, items, encoded, answers, skipped, config)

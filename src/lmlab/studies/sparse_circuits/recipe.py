@@ -215,6 +215,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; sparse-circuits needs one")
+    lm.layout.check_heads_everywhere("sparse-circuits")
     for name in config.tasks:  # fail fast on answer tokens the tokenizer splits
         make_task(name, lm.tokenizer, 2, config.seed)
     discover(lm, "dense", config, run_dir)  # under a launch: tasks by process, then the check
