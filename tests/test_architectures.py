@@ -257,6 +257,26 @@ def test_an_attention_gated_after_its_heads_is_edited_where_the_projection_reads
     assert torch.allclose(got, expected, atol=1e-6)
 
 
+def test_the_legacy_attentions_the_layout_reads_are_those_lmlab_adapts():
+    """The layout treats the attentions named in LEGACY_ATTENTION as reachable; each must have an adapter that
+    routes it through lmlab's function (its checks are GPT-Neo's and OpenAI GPT's rows)."""
+    from lmlab.interventions.legacy import ADAPTERS
+
+    assert set(layout_module.LEGACY_ATTENTION) == set(ADAPTERS)
+    import torch
+
+    from lmlab.interventions import Capture, intervene
+
+    model, _ = conf.tiny_model("gpt_neo")
+    own, ids = model.transformer.h[0].attn.attention, torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+    with conf._ignoring_the_table(), intervene(model, Capture("pattern", layers=0)):
+        assert "_attn" in own.__dict__  # the adapter, on that instance only
+    with torch.no_grad():  # a layer with nothing to do runs the family's own method: the same logits, bit for bit
+        assert torch.equal(model(input_ids=ids).logits, before)
+
+
 def test_heads_of_different_sizes_per_layer_are_read_layer_by_layer():
     """Gemma 4's full-attention layers read wider heads than its sliding ones: the layout keeps each layer's head
     size (the row's head ablation and patching act on the last layer, a full-attention one), and asking for one

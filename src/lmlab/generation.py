@@ -257,8 +257,8 @@ def _admit(lm: LoadedModel, running: _Running | None, prompts, join: list[int], 
                                None if masked is None else [masked[i] for i in join])
     result = lm.forward_last(batch)
     if getattr(result, "cache", None) is None:
-        raise LmlabError(f"{lm.name} returns no cache from its forward pass (it keeps its recurrent state inside its "
-                         f"modules), and lmlab's generation needs one to continue its rows")
+        raise LmlabError(f"{lm.name} returns no cache from its forward pass (none at all, or a recurrent state kept "
+                         f"inside its modules), and lmlab's generation continues its rows from one")
     new = _Running(rows=torch.tensor(join, dtype=torch.long, device=lm.device), cache=_with_room(result.cache),
                    token=next_token(result.logits[:, -1], **draw), mask=batch["attention_mask"],
                    following=own["position_ids"][:, -1] + prefix + 1)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lmlab.errors import LmlabError
-from lmlab.interventions import attention
+from lmlab.interventions import attention, legacy
 from lmlab.models.layout import Layout, layout_of
 
 
@@ -87,6 +87,10 @@ def _model_of(target) -> nn.Module:
 
 
 def _ensure_lmlab_attention(model: nn.Module) -> None:
+    if model.__dict__.get("_lmlab_legacy") is None:  # a family whose attention has a method of its own: adapted
+        model.__dict__["_lmlab_legacy"] = legacy.install(model)
+    if model.__dict__["_lmlab_legacy"]:
+        return
     if getattr(model.config, "_attn_implementation", None) != attention.IMPL:
         try:
             model.set_attn_implementation(attention.IMPL)

@@ -268,13 +268,19 @@ _ACT_NAMES = ("act_fn", "act", "activation_fn", "activation", "act_layer", "acti
 _FLAT_MLP = (("fc1", "fc2"), ("fc_in", "fc_out"), ("dense_h_to_4h", "dense_4h_to_h"))
 _GATE_NAMES = ("gate_proj", "w1", "gate_up_proj", "fc1_g", "wi_0")
 _ATTN_MARKERS = ("ALL_ATTENTION_FUNCTIONS", "attention_interface")
+# attentions that compute in a method of their own, which lmlab's interventions replace with an adapter calling its
+# attention function (lmlab.interventions.legacy)
+LEGACY_ATTENTION = ("transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention",
+                    "transformers.models.openai.modeling_openai.Attention")
 _calls_cache: dict[type, bool] = {}
 
 
 def calls_attention_interface(module) -> bool:
     """Whether the module's forward dispatches through transformers' attention interface (the function lmlab's
-    attention replaces): its source names the interface."""
+    attention replaces): its source names the interface, or lmlab adapts its own method (`LEGACY_ATTENTION`)."""
     cls = type(module)
+    if f"{cls.__module__}.{cls.__qualname__}" in LEGACY_ATTENTION:
+        return True
     if cls not in _calls_cache:
         import inspect
 
@@ -367,13 +373,8 @@ def discover(model: nn.Module) -> FamilySpec:
         raise LmlabError(f"architecture '{model_type}': no list of {n_layers} blocks holding an attention that "
                          f"calls transformers' attention interface was found")
     found = [[name for name, m in b.named_modules() if name and calls_attention_interface(m)] for b in blocks]
-    mixers = {block_kind(b, "") for b in blocks} - {"mlp", "other"}
-    if not any(found) and mixers:
-        raise LmlabError(f"architecture '{model_type}': no block holds softmax attention (its blocks mix with "
-                         f"{' and '.join(sorted(mixers))}), and lmlab's studies read attention heads")
     if not any(found):
-        raise LmlabError(f"architecture '{model_type}': its attention does not call transformers' attention "
-                         f"interface, so lmlab cannot reach its heads")
+        _refuse_without_attention(model_type, blocks)
     attn = min((name for names in found for name in names), key=lambda n: (len(n), n))
     kinds = tuple(block_kind(b, attn) for b in blocks)
     attention = [b for b, kind in zip(blocks, kinds) if kind.startswith(ATTENTION)]
@@ -414,6 +415,19 @@ def discover(model: nn.Module) -> FamilySpec:
                       gate_proj=gate, mlp_out=mlp_out, gated_mlp=gate is not None, quant_linears=linears,
                       word_embeddings=_embedding_path(model), causal=not is_encoder(model.config),
                       kinds=kinds if hybrid else ())
+
+
+def _refuse_without_attention(model_type: str, blocks) -> None:
+    """Why no block holds an attention lmlab reaches: none holds softmax attention at all (Mamba, xLSTM), or the
+    family's attention computes in a forward of its own."""
+    mixers = {block_kind(b, "") for b in blocks} - {"mlp", "other"}
+    if mixers:
+        raise LmlabError(f"architecture '{model_type}': no block holds softmax attention (its blocks mix with "
+                         f"{' and '.join(sorted(mixers))}), and lmlab's studies read attention heads")
+    own = next((type(m).__name__ for b in blocks for m in b.modules() if "attention" in type(m).__name__.lower()), "")
+    raise LmlabError(f"architecture '{model_type}': its attention{f' ({own})' if own else ''} computes in a "
+                     f"forward of its own, not through transformers' attention interface, and lmlab has no "
+                     f"adapter for it, so lmlab cannot reach its heads")
 
 
 def _find_mlp(model_type: str, blocks) -> tuple[str, str | None, str | None, str]:
