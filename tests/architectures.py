@@ -40,7 +40,11 @@ SIZES = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_h
              n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
              qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, qk_head_dim=8, n_group=1, topk_group=1,
              image_size=32, patch_size=8, sliding_window=64, ffn_hidden_size=64, hidden_size_per_layer_input=8,
-             num_kv_shared_layers=0)
+             num_kv_shared_layers=0,
+             # a hybrid's other mixers at tiny widths (their defaults keep full-size state spaces and delta-rule heads,
+             # whose reference kernels take seconds a call on a CPU)
+             linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+             mamba_num_heads=8, mamba_head_dim=8, ssm_state_size=16)
 # what the generic sizes cannot say, per type: a field validated against the layer count (gpt_neo's attention types),
 # DBRX's attention sub-config, whose defaults lack the rope_theta and clip_qkv its attention reads (DBRX's
 # checkpoints carry both), and the others below, each with its reason
@@ -64,6 +68,7 @@ TYPE_SIZES = {"gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
               # and mixers whose defaults stay at full width (seconds each on a CPU instead of a minute)
               "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=8, mamba_d_head=8, mamba_d_state=16, mamba_chunk_size=16),
               "kimi_linear": dict(linear_head_dim=8, linear_num_heads=4),
+              "nemotron_h": dict(chunk_size=16),
               "lfm2": dict(layer_types=["conv", "full_attention"] * 2),
               "lfm2_moe": dict(layer_types=["conv", "full_attention"] * 2, num_dense_layers=1),
               "zamba": dict(attn_layer_period=2, attn_layer_offset=1),
@@ -91,10 +96,11 @@ RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand
 RECURRENT_LAYER_KINDS = {"linear_attention", "conv", "mamba"}
 RECURRENT_TYPES = ("xlstm",)
 
-CHECKS = ("forward", "knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
+CHECKS = ("forward", "knockout", "recurrent knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
           "sparse gate", "quantized weights", "generation")
 # a check whose "unavailable" leaves the rest usable, and what it takes away (the study needing it refuses by name)
 PARTIAL = {"knockout": "knockout (S1's study, `lmlab trace`) unavailable",
+           "recurrent knockout": "knockout (S1's study, `lmlab trace`) unavailable",
            "mlp activation": "ARM (S3's intervention) unavailable",
            "sparse gate": "sparse attention (S4's post-training) unavailable",
            "quantized weights": "XTC quantization (S2) unavailable",
@@ -393,6 +399,61 @@ def _check_quantized(model, ids) -> str:
     return ""
 
 
+def _check_recurrent_knockout(lm, enc, keys, plain, block) -> str:
+    """A knockout in a hybrid's last non-attention block against the mixer run here position by position: for each
+    row and each position after the key, the family's own mixer on that row alone, up to that position, with the key
+    deleted from its input (nothing of the key written into the state or a later convolution); the key's own output
+    and every earlier one as they were. A block with attention beside the mixer (Falcon-H1) has its attention's pairs
+    `block` masked in the reference attention too. "" or why."""
+    from lmlab.errors import LmlabError
+    from lmlab.interventions import Knockout, intervene
+
+    layer = lm.layout.mixing_layers[-1]
+    both = layer in lm.layout.attention_layers
+    mixer = lm.layout.mixer(layer)
+    try:
+        with intervene(lm, Knockout(keys, layers=[layer])):
+            with torch.no_grad():
+                got = lm.model(**enc).logits
+    except LmlabError as exc:
+        return f"unavailable: {exc}"
+
+    def by_position(module, args, kwargs, out):
+        hidden = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.dim() == 3)
+        first = (out[0] if isinstance(out, tuple) else out).clone()
+        rest = {k: (None if k in ("cache", "cache_params", "past_key_values", "past_key_value", "layer_past",
+                                  "cache_position") else v) for k, v in kwargs.items()}
+        seq = hidden.shape[1]
+
+        def part(value, row, kept):  # one row's per-position inputs at the kept positions
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == seq:
+                return value[row if value.shape[0] > 1 else 0][kept][None]
+            return value
+
+        for row in range(hidden.shape[0]):
+            key = int(keys[row].nonzero()[0])
+            for t in range(key + 1, seq):
+                kept = [p for p in range(t + 1) if p != key]
+                again = module.forward(*[part(a, row, kept) for a in args],
+                                       **{k: part(v, row, kept) for k, v in rest.items()})
+                first[row, t] = (again[0] if isinstance(again, tuple) else again)[0, -1]
+        return (first, *out[1:]) if isinstance(out, tuple) else first
+
+    handle = mixer.register_forward_hook(by_position, with_kwargs=True)
+    if both:
+        lm.layout.attn(layer)._conformance_block = block
+    try:
+        with torch.no_grad(), using(lm.model, REF if both else lm.model.config._attn_implementation):
+            expected = lm.model(**enc).logits
+    finally:
+        handle.remove()
+        lm.layout.attn(layer).__dict__.pop("_conformance_block", None) if both else None
+    diff, changed = _close(got, expected), _close(expected, plain)
+    if diff > TOL:
+        return f"differs from the independent computation (max relative difference {diff:.1e})"
+    return "" if changed >= 1e-6 else "changed nothing where the reference changed the output"
+
+
 def _register_reference():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -481,6 +542,8 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
             got = logits()
     except LmlabError as exc:  # a hybrid's other mixers carry the tokens on: refused by name
         got, out["knockout"] = None, f"unavailable: {exc}"
+    if last in layout.mixing_layers:
+        got = None  # (its other mixer is cut too: checked with both below)
     block = torch.zeros(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
     block[:, 0, 3:, 2] = True
     attn = layout.attn(last)
@@ -501,6 +564,11 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         clean = logits()
     if got is not None:
         record("knockout", _close(got, expected), changed=_close(expected, clean))
+
+    if layout.mixing_layers:
+        out["recurrent knockout"] = _check_recurrent_knockout(lm, enc, keys, plain, block)
+        if last in layout.mixing_layers and "knockout" in out:  # (attention and another mixer side by side:
+            out["knockout"] = out["recurrent knockout"]  # the check above cuts and references both)
 
     d = layout.head_dim_of(last)
 

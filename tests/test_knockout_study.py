@@ -66,6 +66,32 @@ def test_sweep_equals_one_forward_per_layer(decoder):
     assert {fast.rows[("eq", k)] for k in layers} == {1} and {fast.rows[("control0", k)] for k in layers} == {2}
 
 
+def test_sweep_on_a_hybrid_equals_one_forward_per_layer():
+    """Qwen3-Next's gated delta networks beside attention: the batched sweep (rows with their own cut-offs, retired
+    rows, whole sequences without a cache) equals one full forward per cut-off, and the knockout reaches the
+    recurrent blocks (the first cut-off, a linear-attention block alone, already moves the state)."""
+    import warnings
+
+    import architectures as conf
+    from lmlab.models.layout import layout_of
+    from lmlab.models.load import LoadedModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tokenizer = conf.tiny_model("qwen3_next")
+    with conf._ignoring_the_table():
+        lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout_of(model), name="qwen3_next", source="tiny")
+        assert lm.layout.kinds[0] == "linear attention" and 0 in lm.layout.mixing_layers
+        ids = tokenizer("Q: What is the capital of France?\nA: Paris")["input_ids"]
+        eq = [len(ids) - 3, len(ids) - 2]  # (within the short convolution's reach of the last token: the random
+        layers = [0, 1, 2, 3]  # delta rule's decay forgets a token within a few steps)
+        fast = sweep(lm, ids, eq, [2, 3], layers)
+        slow = naive_sweep(lm, ids, eq, layers)
+    for k in layers:
+        assert near(fast.eq[k], slow[k], dtype=model.dtype), max_diff(fast.eq[k], slow[k])
+    assert not torch.allclose(fast.eq[0], fast.clean[0], atol=1e-4)
+
+
 def test_sweep_on_a_shared_prefix_cache_equals_the_sweep_alone(decoder):
     from lmlab.generation import prefix_cache
 

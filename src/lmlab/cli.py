@@ -150,6 +150,11 @@ def trace(prompt: str = typer.Argument("The capital of France is", help="the pro
             for row in table.itertuples()]
     out.print(_table(f"{lm.name}: p({target!r} | {prompt!r}), knocking out {span!r} -> later tokens in layers 0..k",
                      ["k", "p clean", "p knockout", "ΔP (pp)"], rows, keep=("k",), justify="right"))
+    if lm.layout.hybrid:
+        from lmlab.models.layout import layer_kinds_text
+
+        out.print(f"{lm.name} is a hybrid ({layer_kinds_text(lm.layout.kinds)}): in its attention blocks the span's "
+                  f"attention edges are cut, in the others its tokens are deleted from the mixer's input")
     if out_dir:
         atomic_write(Path(out_dir) / "trace.csv", table.to_csv(index=False))
         out.print(f"wrote {Path(out_dir) / 'trace.csv'}")

@@ -37,13 +37,29 @@ def _mixers(layout) -> str:
 
 
 def check_knockout(layout) -> None:
-    """Raise where a knockout cannot block what it claims to: a hybrid whose other mixers (linear attention, state
-    space, recurrence, short convolutions) carry every earlier position's information forward outside softmax
-    attention. (A study that knocks out asks before any work.)"""
-    if layout.mixing_layers:
-        raise LmlabError(f"a knockout cuts attention edges, but this {layout.family} model also moves information "
-                         f"between positions in {_mixers(layout)}, where lmlab cannot cut it (the knocked-out "
-                         f"tokens would still reach later positions through them)")
+    """Raise where a knockout cannot block what it claims to: a hybrid block that mixes positions besides softmax
+    attention through no module lmlab can find (its recurrent states would carry the knocked-out tokens on). (A study
+    that knocks out asks before any work.)"""
+    for layer in layout.mixing_layers:
+        try:
+            layout.mixer(layer)
+        except LmlabError:
+            raise LmlabError(f"a knockout cuts attention edges, but this {layout.family} model also moves information "
+                             f"between positions in {_mixers(layout)}, and lmlab finds no mixer module in layer "
+                             f"{layer} to keep the knocked-out tokens out of") from None
+
+
+_CACHES = ("cache", "cache_params", "past_key_values", "past_key_value", "layer_past", "cache_position")
+
+
+def _compacted(keep: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Each row's kept positions packed to the front, in order, zeros after (batch, n kept at most, ...)."""
+    width = int(keep.sum(1).max())
+    order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)[:, :width]
+    valid = torch.arange(width, device=keep.device)[None, :] < keep.sum(1, keepdim=True)
+    index = order.reshape(*order.shape, *([1] * (values.dim() - 2))).expand(-1, -1, *values.shape[2:])
+    packed = values.gather(1, index)
+    return packed * valid.reshape(*valid.shape, *([1] * (values.dim() - 2))).to(packed.dtype)
 
 
 class Knockout(Intervention):
@@ -65,7 +81,7 @@ class Knockout(Intervention):
     each unpadded prompt and checks them.
     """
 
-    in_attention = True
+    in_attention = False  # (its layers may be a hybrid's other blocks: checked in `bind`)
 
     SCOPES = ("each", "span")
 
@@ -118,6 +134,10 @@ class Knockout(Intervention):
     def bind(self, layout):
         super().bind(layout)
         check_knockout(layout)
+        for layer in sorted(self.layers or ()):  # an attention block, a hybrid's other mixer, or an MLP block
+            if layer not in layout.attention_layers and layer not in layout.mixing_layers \
+                    and layout.kinds[layer] != "mlp":
+                layout.check_attention(layer)
         if self.heads is not None:
             _check_heads(layout, self.heads)
         if self.layer_mask is not None and self.layer_mask.shape != (self.keys.shape[0], layout.n_layers):
@@ -125,6 +145,51 @@ class Knockout(Intervention):
 
     def uses_scores(self, layer):
         return self.on_layer(layer) and (self.layer_mask is None or bool(self.layer_mask[:, layer].any()))
+
+    def hooks(self, layout):
+        """A hybrid's other mixers (linear attention, state space, recurrence, short convolution) in the knocked-out
+        layers: each runs again on the sequence without the knocked-out tokens (`_cut_mixer`)."""
+        return [layout.mixer(layer).register_forward_hook(
+            (lambda l: lambda m, a, k, o: self._cut_mixer(l, m, a, k, o))(layer), with_kwargs=True)
+            for layer in layout.mixing_layers if self.uses_scores(layer)]
+
+    def _cut_mixer(self, layer, module, args, kwargs, out):
+        """The mixer's outputs at the queries that lose the keys, recomputed from the sequence with the key positions
+        deleted: no key token writes into the recurrent state (nor decays it) or into a later position's short
+        convolution, and the keys' own outputs stay as they were. (For scope 'each', a key's own output keeps what
+        earlier keys wrote there: the recurrence has no per-pair edge to cut.)"""
+        hidden = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.dim() == 3)
+        rows, seq = hidden.shape[:2]
+        if seq != self.keys.shape[1]:
+            raise LmlabError(f"a knockout in layer {layer}'s {self.layout.kinds[layer]} block runs on whole sequences "
+                             f"({self.keys.shape[1]} positions), not on {seq} after a cache")
+        keys = self.keys[:rows].to(hidden.device)
+        replaced = self.queries[:rows].to(hidden.device) & ~keys
+        if self.layer_mask is not None:
+            replaced &= self.layer_mask[:rows, layer].to(hidden.device)[:, None]
+        if not bool(replaced.any()):
+            return None
+        keep = ~keys
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() != 2:
+            raise LmlabError(f"layer {layer}'s mixer reads a {mask.dim()}-D mask; a knockout there needs the "
+                             f"padding mask (batch, positions)")
+
+        def packed(value):  # every per-position input (the states, the padding mask, positions) without the keys
+            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == seq \
+                    and value.shape[0] in (rows, 1):
+                return _compacted(keep, value.expand(rows, *value.shape[1:]))
+            return value
+
+        new_args = [packed(a) for a in args]
+        new_kwargs = {k: (None if k in _CACHES else packed(v)) for k, v in kwargs.items()}
+        again = module.forward(*new_args, **new_kwargs)
+        again = again[0] if isinstance(again, tuple) else again
+        position = (keep.long().cumsum(1) - 1).clamp_min(0)
+        spread = again.gather(1, position[..., None].expand(-1, -1, again.shape[-1]))
+        first = out[0] if isinstance(out, tuple) else out
+        cut = torch.where(replaced[..., None], spread.to(first.dtype), first)
+        return (cut, *out[1:]) if isinstance(out, tuple) else cut
 
     def block(self, layer, ctx):
         if ctx.batch > self.keys.shape[0]:

