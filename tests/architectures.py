@@ -741,14 +741,25 @@ def classify(model_type: str) -> dict:
     failed = {k: v for k, v in checks.items() if v and not (k in PARTIAL and v.startswith("unavailable"))}
     partial = [f"{PARTIAL[k]}: {v.partition(': ')[2]}" for k, v in checks.items() if k in PARTIAL and v
                and k not in failed]
-    if partial and not failed:
-        return dict(status="supported", reason="partly: " + "; ".join(partial), checks=checks,
-                    seconds=round(time.time() - t0, 2))
+    seconds = round(time.time() - t0, 2)
     if failed:
         name = next(iter(failed))
-        return dict(status="refused", reason=f"{name}: {failed[name]}", checks=checks,
-                    seconds=round(time.time() - t0, 2))
-    return dict(status="supported", reason="", checks=checks, seconds=round(time.time() - t0, 2))
+        return dict(status="refused", reason=f"{name}: {failed[name]}", checks=checks, seconds=seconds)
+    return dict(status="supported", reason="partly: " + "; ".join(partial) if partial else "", checks=checks,
+                seconds=seconds, **_blocks(model))
+
+
+def _blocks(model) -> dict:
+    """A hybrid's kinds of block ({"blocks": "attention, linear attention"}; Falcon-H1's one kind "attention + state
+    space": both in every block), as the layout reads its tiny instance; {} for a model whose every block holds
+    softmax attention alone."""
+    from lmlab.models.layout import layout_of
+
+    with _ignoring_the_table():
+        kinds = set(layout_of(model).kinds)
+    if kinds == {"attention"}:
+        return {}
+    return {"blocks": ", ".join(sorted(kinds, key=lambda k: (not k.startswith("attention"), k)))}
 
 
 # --- encoders: what S2 (XTC's distillation of sequence classifiers) uses of them
@@ -875,7 +886,8 @@ def write() -> None:
         encoders[model_type] = classify_encoder(model_type)
         print(f"{model_type} (encoder): {encoders[model_type]['status']} {encoders[model_type]['reason']}", flush=True)
     table = {"transformers": transformers.__version__,
-             "types": {k: {"status": v["status"], "reason": v["reason"]} for k, v in rows.items()},
+             "types": {k: {"status": v["status"], "reason": v["reason"], **({"blocks": v["blocks"]} if "blocks" in v
+                                                                             else {})} for k, v in rows.items()},
              "encoders": {k: {"status": v["status"], "reason": v["reason"]} for k, v in encoders.items()}}
     TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     from lmlab.models.architectures import markdown, table as shipped

@@ -74,10 +74,11 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
         if markdown:
             typer.echo(as_markdown(), nl=False)
             return
-        rows = [[name, row["status"], row["reason"]] for name, row in table()["types"].items()]
+        rows = [[name, row["status"], row.get("blocks", ""), row["reason"]] for name, row in table()["types"].items()]
         supported, total = counts()
         out.print(_table(f"architectures: {supported} of {total} supported (transformers {table()['transformers']})",
-                         ["model_type", "status", "what is refused, and why"], rows, keep=("model_type",)))
+                         ["model_type", "status", "blocks (a hybrid's kinds)", "what is refused, and why"], rows,
+                         keep=("model_type",)))
         encoders = table()["encoders"]
         n = sum(r["status"] == "supported" for r in encoders.values())
         out.print(_table(f"encoders, for the quantize study's classifiers: {n} of {len(encoders)} supported",

@@ -19,7 +19,8 @@ PATH = Path(__file__).with_name("architectures.json")
 
 @lru_cache(maxsize=1)
 def table() -> dict:
-    """{"transformers": version, "types": {model_type: {"status", "reason"}}, "encoders": {...the same}}."""
+    """{"transformers": version, "types": {model_type: {"status", "reason", and for a hybrid "blocks": its kinds of
+    block}}, "encoders": {...the same}}."""
     data = json.loads(PATH.read_text(encoding="utf-8")) if PATH.exists() else {"transformers": "", "types": {}}
     return {"transformers": data["transformers"], "types": dict(sorted(data["types"].items())),
             "encoders": dict(sorted(data.get("encoders", {}).items()))}
@@ -61,9 +62,9 @@ def markdown() -> str:
     """The table as Markdown, one row an architecture (what docs/models.md carries)."""
     supported, total = counts()
     lines = [f"{supported} of {total} architectures supported (transformers {table()['transformers']}).", "",
-             "| model_type | status | what is refused, and why |", "|---|---|---|"]
+             "| model_type | status | blocks (a hybrid's kinds) | what is refused, and why |", "|---|---|---|---|"]
     for name, row in table()["types"].items():
-        lines.append(f"| {name} | {row['status']} | {row['reason'].replace('|', '/')} |")
+        lines.append(f"| {name} | {row['status']} | {row.get('blocks', '')} | {row['reason'].replace('|', '/')} |")
     encoders = table()["encoders"]
     if encoders:
         n = sum(r["status"] == "supported" for r in encoders.values())
