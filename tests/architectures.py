@@ -254,11 +254,11 @@ def _reference_attention(module, query, key, value, attention_mask, **kwargs):
 
 @contextmanager
 def _legacy_reference(module):
-    """For a family whose attention computes in its own `_attn` (GPT-Neo, the OpenAI GPT; lmlab adapts it): that
-    method, with the blocked pairs (or the gate's dropped ones) added to the padding mask it adds to its scores."""
+    """For a family whose attention computes in its own `_attn` (GPT-Neo, the OpenAI GPT) or forward (XGLM, TrOCR;
+    lmlab adapts them): that method, with the blocked pairs (or the gate's dropped ones) added to the mask it adds to
+    its scores."""
     from types import MethodType
 
-    own = type(module)._attn
     neo = "gpt_neo" in type(module).__module__
 
     def extra(query, key, attention_mask):
@@ -277,17 +277,35 @@ def _legacy_reference(module):
 
     def reference(self, query, key, value, attention_mask=None, *rest):
         keys = key if neo else key.transpose(-1, -2)  # (the OpenAI GPT's key comes transposed)
-        return own(self, query, key, value, extra(query, keys, attention_mask), *rest)
+        return type(self)._attn(self, query, key, value, extra(query, keys, attention_mask), *rest)
 
-    had = module.__dict__.get("_attn")
-    module._attn = MethodType(reference, module)
+    def forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None, *rest, **kwargs):
+        """A BART-style attention (XGLM, TrOCR): its own forward, the pairs masked in the mask it adds."""
+        shape = (*hidden_states.shape[:2], -1, self.head_dim)
+        query = (self.q_proj(hidden_states) * self.scaling).view(shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        if self.__dict__.get("_conformance_gate"):  # a mask per head, which its forward does not take: by hand
+            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+            mask = _gated_mask(self, query, key, attention_mask, dict(scaling=1.0))
+            weights = torch.softmax(query @ key.transpose(2, 3) + mask, dim=-1)
+            return self.out_proj((weights @ value).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)), weights
+        if self.__dict__.get("_conformance_block") is not None:
+            q = query.shape[2]
+            attention_mask = attention_mask.expand(query.shape[0], 1, q, q).masked_fill(
+                self._conformance_block[..., :q, :q], torch.finfo(query.dtype).min)
+        return type(self).forward(self, hidden_states, key_value_states, cache, attention_mask, *rest, **kwargs)
+
+    name, function = ("forward", forward) if hasattr(module, "q_proj") and hasattr(module, "scaling") \
+        else ("_attn", reference)
+    had = module.__dict__.get(name)
+    setattr(module, name, MethodType(function, module))
     try:
         yield
     finally:
         if had is None:
-            del module._attn
+            delattr(module, name)
         else:
-            module._attn = had
+            setattr(module, name, had)
 
 
 def _gated_mask(module, query, key, attention_mask, kwargs):

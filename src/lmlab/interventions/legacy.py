@@ -1,11 +1,13 @@
 """lmlab's attention function for families whose attention computes in a method of its own instead of calling
-transformers' attention interface (GPT-Neo, the original OpenAI GPT).
+transformers' attention interface (GPT-Neo, the original OpenAI GPT, XGLM, TrOCR's decoder).
 
-Each adapter replaces one attention module's score-and-softmax method (`_attn`), on that instance only, while an
-`intervene` block runs on its model: a layer with nothing to do calls the family's own method (the model computes
-as it always does, bit for bit); a layer with work turns the family's masks into one additive mask (its causal
-buffer, GPT-Neo's local window, the padding mask) and calls lmlab's attention function with the family's scaling
-(GPT-Neo scales by 1, the OpenAI GPT by 1/sqrt(head size)), returning what the family's method returns. The head
+Each adapter replaces one attention module's score-and-softmax method (`_attn`) or, for the BART-style attentions
+whose forward computes everything inline, its forward, on that instance only, from the first `intervene` block on
+its model: a layer with nothing to do calls the family's own method (the model computes as it always does, bit for
+bit); a layer with work turns the family's masks into one additive mask (its causal buffer, GPT-Neo's local window,
+the padding mask) and calls lmlab's attention function with the family's scaling (GPT-Neo scales by 1, the OpenAI
+GPT by 1/sqrt(head size), the BART-style ones scale the query as it projects), returning what the family's method
+returns. The head
 edits then act at the output projection's input, as for every family. `LEGACY_ATTENTION` in the layout names the
 classes adapted here (a test checks that the two lists agree).
 """
@@ -60,18 +62,46 @@ def _openai_attn(module, q, k, v, attention_mask=None, output_attentions=False):
     return [z.transpose(1, 2)] + ([weights] if output_attentions else [])
 
 
-ADAPTERS = {"transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention": _neo_attn,
-            "transformers.models.openai.modeling_openai.Attention": _openai_attn}
+def _bart_forward(module, hidden_states, key_value_states=None, cache=None, attention_mask=None, *args, **kwargs):
+    """The forward of a BART-style self-attention (XGLM's, TrOCR's decoder's): the query scaled as it projects, its
+    cache updated, the model's additive mask; (output, weights). A cross-attention call, or a layer with nothing to
+    do, runs the family's own forward."""
+    if "_lmlab_plan" not in module.__dict__ or key_value_states is not None:
+        return type(module).forward(module, hidden_states, key_value_states, cache, attention_mask, *args, **kwargs)
+    from transformers.cache_utils import EncoderDecoderCache
+
+    batch, length = hidden_states.shape[:2]
+    shape = (batch, length, -1, module.head_dim)
+    query = (module.q_proj(hidden_states) * module.scaling).view(shape).transpose(1, 2)
+    key = module.k_proj(hidden_states).view(shape).transpose(1, 2)
+    value = module.v_proj(hidden_states).view(shape).transpose(1, 2)
+    if cache is not None:
+        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        key, value = own.update(key, value, module.layer_idx)
+    z, weights = lmlab_attention(module, query, key, value, attention_mask, scaling=1.0,
+                                 dropout=module.dropout if module.training else 0.0)
+    return module.out_proj(z.reshape(batch, length, -1)), weights
+
+
+# class -> (the method an adapter replaces, the adapter)
+ADAPTERS = {"transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention": ("_attn", _neo_attn),
+            "transformers.models.openai.modeling_openai.Attention": ("_attn", _openai_attn),
+            "transformers.models.xglm.modeling_xglm.XGLMAttention": ("forward", _bart_forward),
+            "transformers.models.trocr.modeling_trocr.TrOCRAttention": ("forward", _bart_forward)}
 
 
 def install(model: nn.Module) -> bool:
     """Route every adapted attention module of `model` through lmlab's function (idempotent; per instance); whether
-    the model has any."""
+    the model has any. A forward that accelerate wraps (a dispatched model) is replaced beneath its wrapper."""
     found = False
     for module in model.modules():
-        adapter = ADAPTERS.get(f"{type(module).__module__}.{type(module).__qualname__}")
-        if adapter is not None:
-            found = True
-            if "_attn" not in module.__dict__:
-                module._attn = MethodType(adapter, module)
+        name, adapter = ADAPTERS.get(f"{type(module).__module__}.{type(module).__qualname__}", (None, None))
+        if adapter is None:
+            continue
+        found = True
+        if name == "forward" and hasattr(module, "_hf_hook"):
+            name = "_old_forward"  # (accelerate's hook calls this one after moving the inputs)
+        current = module.__dict__.get(name)
+        if getattr(current, "__func__", None) is not adapter:
+            setattr(module, name, MethodType(adapter, module))
     return found

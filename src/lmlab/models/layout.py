@@ -279,7 +279,9 @@ _ATTN_MARKERS = ("ALL_ATTENTION_FUNCTIONS", "attention_interface")
 # attentions that compute in a method of their own, which lmlab's interventions replace with an adapter calling its
 # attention function (lmlab.interventions.legacy)
 LEGACY_ATTENTION = ("transformers.models.gpt_neo.modeling_gpt_neo.GPTNeoSelfAttention",
-                    "transformers.models.openai.modeling_openai.Attention")
+                    "transformers.models.openai.modeling_openai.Attention",
+                    "transformers.models.xglm.modeling_xglm.XGLMAttention",
+                    "transformers.models.trocr.modeling_trocr.TrOCRAttention")
 _calls_cache: dict[type, bool] = {}
 
 
