@@ -306,29 +306,37 @@ def test_make_reads_every_bit_once():
     assert made.made_bits() == [2, 1] and made.made_bits("rtn") == [8, 3, 2]
     with pytest.raises(LmlabError, match=r"^--make rtn:9: give the bits, each one of 8, 7, 6, 5, 4, 3, 2"):
         Config(model="tiny-llama", make=["rtn:9"]).check_inputs(models=False)
-    with pytest.raises(LmlabError, match=r"^--make hqq:4: unknown kind 'hqq'; use quantized:BITS .* or rtn:BITS"):
-        Config(model="tiny-llama", make=["hqq:4"]).check_inputs(models=False)
+    with pytest.raises(LmlabError, match=r"^--make gptq:4: unknown kind 'gptq'; use quantized:BITS .* or hqq:BITS"):
+        Config(model="tiny-llama", make=["gptq:4"]).check_inputs(models=False)
+    assert Config(model="tiny-llama", make=["hqq:4,1", "rtn:4"]).made_bits("hqq") == [4, 1]
+    with pytest.raises(LmlabError, match=r"^--make hqq:6: give the bits, each one of 8, 4, 3, 2, 1"):
+        Config(model="tiny-llama", make=["hqq:6"]).check_inputs(models=False)
 
 
 def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(tiny_smol_folder, tmp_path):
-    """--make rtn:8,2: each a model folder in the run (loadable as any, its recipe and perplexity beside it) compared
+    """--make rtn:8,2 (and hqq:4): each a model folder in the run (loadable as any, its recipe and perplexity beside it) compared
     like a variant given as a folder; 8 bits moves the perplexity less than 2 bits; a second run reads the
     finished folders back."""
+    import importlib.util
+
     import lmlab
     from lmlab.models import load_model
 
-    kw = dict(profile="demo", out=tmp_path / "runs", make=["rtn:8,2"], tasks=["ioi"], n_prompts=4, verify_heads=3)
+    hqq = importlib.util.find_spec("hqq") is not None  # (the hqq extra: HQQ's 4 bits beside them where installed)
+    kw = dict(profile="demo", out=tmp_path / "runs", make=["rtn:8,2", *(["hqq:4"] if hqq else [])], tasks=["ioi"],
+              n_prompts=4, verify_heads=3)
     result = lmlab.run("compare", str(tiny_smol_folder), **kw)
     made = result.table("made").set_index("cell")
-    assert list(made.index) == ["rtn-8bit", "rtn-2bit"] and (made.n_text == 64).all()
+    assert list(made.index) == ["rtn-8bit", "rtn-2bit", *(["hqq-4bit"] if hqq else [])] and (made.n_text == 64).all()
     original = float(made.original_perplexity.iloc[0])
     moved = {cell: abs(made.loc[cell, "perplexity"] - original) for cell in made.index}
     assert 0 < moved["rtn-8bit"] < moved["rtn-2bit"]  # (a random model's perplexity: the vocabulary's size)
     for cell, row in made.iterrows():
         recipe = json.loads((result.path / "made" / cell / "lmlab-recipe.json").read_text())
-        assert recipe["method"] == "rtn" and recipe["bits"] == row.bits
+        assert recipe["method"] == row.method == cell.split("-")[0] and recipe["bits"] == row.bits
         weight = load_model(row.folder).model.model.layers[0].self_attn.q_proj.weight
-        assert all(len(set(r.tolist())) <= 2 ** row.bits for r in weight)
+        groups = weight if row.method == "rtn" else weight.reshape(-1, 64)  # (rtn: a row; hqq: 64 weights)
+        assert all(len(set(r.tolist())) <= 2 ** row.bits for r in groups)
     comparison, models = result.table("comparison"), result.table("model")
     assert {"rtn-8bit", "rtn-2bit"} <= set(comparison["cell"])
     for row in comparison.itertuples():  # a variant whose clean metric is at or below its corrupted one lost the task

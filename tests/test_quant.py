@@ -357,6 +357,29 @@ def test_round_to_nearest_is_gptqs_quantizer_per_output_channel(bits):
         rtn_weight(w, 1)
 
 
+@pytest.mark.parametrize("bits", [8, 4, 2, 1])
+def test_hqq_weights_are_what_hqqs_own_layer_computes_with(bits):
+    """`hqq_weight` against the hqq package's quantized layer (`HQQLinear`, built from its default configuration for
+    the width, de-quantized): the same values; each group of 64 weights along the input holds at most 2^bits of them,
+    and the error falls as the bits rise."""
+    pytest.importorskip("hqq", reason="the hqq extra is not installed")
+    from hqq.core.quantize import BaseQuantizeConfig, HQQLinear
+
+    from lmlab.interventions.quant import hqq_weight
+
+    torch.manual_seed(bits)
+    layer = torch.nn.Linear(128, 24, bias=False)
+    w = layer.weight.detach().clone()
+    got = hqq_weight(w, bits)
+    own = HQQLinear(layer, quant_config=BaseQuantizeConfig(nbits=bits, group_size=64), compute_dtype=torch.float32,
+                    device="cpu", del_orig=False).dequantize()
+    assert near(got, own, rtol=1e-6, atol=1e-7)
+    assert all(torch.unique(group).numel() <= 2 ** bits for group in got.reshape(-1, 64))
+    assert (got - w).abs().mean() < (hqq_weight(w, 1) - w).abs().mean() or bits == 1
+    with pytest.raises(LmlabError, match="HQQ takes 8, 4, 3, 2, 1 bits, not 5"):
+        hqq_weight(w, 5)
+
+
 def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_leaves_the_embeddings():
     """GPT-2's Conv1D keeps its output channels in columns: they are what is rounded; the word embeddings (and so the
     tied output layer) stay as they were."""
@@ -370,5 +393,5 @@ def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_
     assert torch.equal(after, rtn_weight(before.t(), 3).t())
     assert all(torch.unique(col).numel() <= 8 for col in after.t())
     assert torch.equal(model.transformer.wte.weight, lm.model.transformer.wte.weight)
-    with pytest.raises(LmlabError, match="experts are stacked in 3-D tensors .* which it does not round yet"):
+    with pytest.raises(LmlabError, match="experts are stacked in 3-D tensors .* which it does not quantize yet"):
         round_to_nearest(_tiny_moe(), 4)

@@ -4,4 +4,6 @@ here, so none imports another to learn the wording."""
 
 EXPORT = "the compressed-tensors export needs the compressed-tensors package: pip install 'lmlab[export]'"
 LMEVAL = "the lm-eval model type needs lm-evaluation-harness: pip install 'lmlab[lmeval]'"
+HQQ = ("--make hqq needs Half-Quadratic Quantization's package: DISABLE_CUDA=1 pip install 'lmlab[hqq]' (without a "
+       "CUDA compiler; plain pip install 'lmlab[hqq]' with one)")
 EXPORT_FORMATS = ("compressed-tensors",)  # what `lmlab export --format` and `--export` take

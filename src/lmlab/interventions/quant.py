@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 from types import MethodType
 
@@ -427,21 +428,48 @@ def rtn_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     return (scale * (q - zero)).to(w.dtype)
 
 
-def round_to_nearest(model: nn.Module, bits: int) -> list[str]:
-    """Post-training round-to-nearest, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
-    weights rounded by `rtn_weight`, as plain values a saved folder keeps; the embeddings and the output layer stay
-    as they are (as GPTQ leaves them). Experts stacked in 3-D tensors are refused by name. Returns the layers."""
+HQQ_BITS = (8, 4, 3, 2, 1)
+HQQ_GROUP = 64  # weights per group along the input dimension (HQQ's and transformers' HqqConfig default)
+
+
+def hqq_weight(w: torch.Tensor, bits: int, group_size: int = HQQ_GROUP) -> torch.Tensor:
+    """Half-Quadratic Quantization of a (out, in) matrix (Badri & Shaji, 2023; the `hqq` package's quantizer, with the
+    settings its `BaseQuantizeConfig` gives that bit width: groups of `group_size` along the input dimension, each
+    with its scale and zero point, the zero points found by HQQ's half-quadratic solver), returned de-quantized: the
+    values a quantized layer computes with, as plain weights. Computed in float32 on the host; `w`'s dtype back."""
+    from lmlab.extras import HQQ
+
+    if bits not in HQQ_BITS:
+        raise LmlabError(f"HQQ takes {', '.join(map(str, HQQ_BITS))} bits, not {bits}")
+    try:
+        with warnings.catch_warnings():  # (it defines TorchScript methods as it imports, which torch deprecates)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from hqq.core.quantize import BaseQuantizeConfig, Quantizer
+    except ImportError:
+        raise LmlabError(HQQ) from None
+    params = BaseQuantizeConfig(nbits=bits, group_size=group_size)["weight_quant_params"]
+    x = w.detach().float().cpu()
+    q, meta = Quantizer.quantize(x, **params, bitpack=False, compute_dtype=torch.float32, device="cpu")
+    return Quantizer.dequantize(q, meta).reshape(x.shape).to(device=w.device, dtype=w.dtype)
+
+
+def round_to_nearest(model: nn.Module, bits: int, method: str = "rtn") -> list[str]:
+    """Post-training quantization, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
+    weights rounded by `rtn_weight` (`method` "rtn") or HQQ's quantizer (`hqq_weight`, "hqq"), as plain values a
+    saved folder keeps; the embeddings and the output layer stay as they are (as GPTQ leaves them). Experts stacked
+    in 3-D tensors are refused by name. Returns the layers."""
+    weight = {"rtn": rtn_weight, "hqq": hqq_weight}[method]
     stacked = expert_targets(model)
     if stacked:
-        raise LmlabError(f"round-to-nearest rounds linear layers; this model's experts are stacked in 3-D tensors "
-                         f"({next(iter(stacked))}), which it does not round yet")
+        raise LmlabError(f"{method} quantizes linear layers; this model's experts are stacked in 3-D tensors "
+                         f"({next(iter(stacked))}), which it does not quantize yet")
     targets = {name: m for name, (m, rowwise) in _linear_targets(model).items() if not rowwise}
     with torch.no_grad():
         for module in targets.values():
             if isinstance(module, Conv1D):  # (in, out): the output channels are its columns
-                module.weight.copy_(rtn_weight(module.weight.t(), bits).t())
+                module.weight.copy_(weight(module.weight.t(), bits).t())
             else:
-                module.weight.copy_(rtn_weight(module.weight, bits))
+                module.weight.copy_(weight(module.weight, bits))
     return sorted(targets)
 
 

@@ -19,7 +19,8 @@ SWAP_HALF = "swap:half"
 PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
 # what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
 # training: the post-training baseline), each kind's bits
-MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2)}
+MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1)}
+POST_TRAINING = ("rtn", "hqq")  # the kinds made from the original without training, a model folder each
 
 
 class Config(StudyConfig):
@@ -48,8 +49,10 @@ class Config(StudyConfig):
         None, description="variants made in the run: quantized:2,1 (students trained by lmlab quantize's recipe, its "
                           "decoder option at this profile's sizes, each 8, 4, 2 or 1 bits; --seeds replicates each); "
                           "rtn:8,4,3,2 (the original rounded to nearest, each row of every linear layer on its own "
-                          "grid of 2 to 8 bits, no training: the post-training baseline), each saved as a model folder "
-                          "with its recipe and its perplexity on held-out text",
+                          "grid of 2 to 8 bits, no training: the post-training baseline); hqq:4,2 (the original "
+                          "quantized by Half-Quadratic Quantization, groups of 64 weights, 8, 4, 3, 2 or 1 bits: the "
+                          "hqq extra), each saved as a model folder with its recipe and its perplexity on held-out "
+                          "text",
         json_schema_extra={"repeatable": True})
     tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
                                                        "pairs of your own, one JSON object a line with the texts clean, "
@@ -93,13 +96,21 @@ class Config(StudyConfig):
             if models:
                 check_same_architecture(self.model, spec)
         self.made_bits()  # (every kind's bits checked)
+        if self.made_bits("hqq"):
+            import importlib.util
+
+            from lmlab.extras import HQQ
+
+            if importlib.util.find_spec("hqq") is None:
+                raise LmlabError(HQQ)
         if self.pathway_datasets:
             from lmlab.studies.base import get_study  # S1's own check, through the registry
 
             get_study("knockout").config(model=self.model, datasets=self.pathway_datasets).check_inputs(models=False)
 
     def made_bits(self, kind: str = "quantized") -> list[int]:
-        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...]); one sentence for anything else."""
+        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...], hqq:B[,B...]); one sentence for anything
+        else."""
         from lmlab.errors import LmlabError
 
         made: dict[str, list[int]] = {k: [] for k in MAKE_KINDS}
@@ -107,7 +118,8 @@ class Config(StudyConfig):
             name, _, rest = item.partition(":")
             if name not in MAKE_KINDS:
                 raise LmlabError(f"--make {item}: unknown kind '{name}'; use quantized:BITS (students, e.g. "
-                                 f"quantized:2,1) or rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2)")
+                                 f"quantized:2,1), rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2) or hqq:BITS "
+                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2)")
             try:
                 parts = [int(b) for b in rest.split(",") if b.strip()]
             except ValueError:

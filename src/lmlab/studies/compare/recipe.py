@@ -51,7 +51,7 @@ from lmlab.interventions.quant import load_packed, round_to_nearest
 from lmlab.models import LoadedModel, layout_of, save_model
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
-from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
+from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, POST_TRAINING, SAME, Config
 from lmlab.studies.compare.measure import measure, select, top_heads
 from lmlab.studies.compare.pathways import measure_pathway
 from lmlab.studies.compare.placebo import HALF, moved_heads, moves
@@ -153,13 +153,22 @@ PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a ma
 
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
-    """--make rtn:B: the original rounded to nearest at each B, a model folder each in this run's made/ folder
-    (made by `_round` once the original is loaded), compared as any folder is."""
-    return [Variant(f"rtn-{b}bit", 0, str(_rounded_folder(run_dir, b)), "model") for b in config.made_bits("rtn")]
+    """--make rtn:B and hqq:B: the original quantized after training at each B, a model folder each in this run's
+    made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
+    return [Variant(f"{method}-{b}bit", 0, str(_rounded_folder(run_dir, method, b)), "model")
+            for method in POST_TRAINING for b in config.made_bits(method)]
 
 
-def _rounded_folder(run_dir: RunDir, bits: int) -> Path:
-    return run_dir.path / "made" / f"rtn-{bits}bit"
+def _rounded_folder(run_dir: RunDir, method: str, bits: int) -> Path:
+    return run_dir.path / "made" / f"{method}-{bits}bit"
+
+
+# what each post-training method does, as its recipe file says it
+_GRIDS = {"rtn": "asymmetric, one per row of each linear layer (min to max, zero included), as GPTQ's round-to-nearest "
+                 "baseline",
+          "hqq": "Half-Quadratic Quantization (the hqq package's quantizer with its settings for the width): groups of "
+                 "64 weights along the input, a scale and a zero point each, the zero points optimized; stored "
+                 "de-quantized"}
 
 
 def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
@@ -172,33 +181,32 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
 
 
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
-    """Each --make rtn:B variant's folder (made where it is not whole yet: an interrupted run makes it again) and its
-    `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
-    bits = config.made_bits("rtn")
-    if not bits:
+    """Each --make rtn:B and hqq:B variant's folder (made where it is not whole yet: an interrupted run makes it again)
+    and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
+    jobs = [(method, b) for method in POST_TRAINING for b in config.made_bits(method)]
+    if not jobs:
         return []
     texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
     original = None
     rows = []
-    for b in bits:
-        folder = _rounded_folder(run_dir, b)
+    for method, b in jobs:
+        folder, cell = _rounded_folder(run_dir, method, b), f"{method}-{b}bit"
         if not (folder / RECIPE).is_file():
             original = original if original is not None else _perplexity(lm, texts)
-            run_dir.log(f"making rtn-{b}bit: every linear layer of the blocks rounded to nearest at {b} bits")
+            run_dir.log(f"making {cell}: every linear layer of the blocks quantized by {method} at {b} bits")
             model = copy.deepcopy(lm.model)
-            layers = round_to_nearest(model, b)
-            made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-rtn-{b}bit")
+            layers = round_to_nearest(model, b, method)
+            made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-{cell}")
             shutil.rmtree(folder, ignore_errors=True)
             save_model(made, folder)
-            recipe = {"method": "rtn", "bits": b, "grid": "asymmetric, one per row of each linear layer (min to max, "
-                      "zero included), as GPTQ's round-to-nearest baseline", "layers": len(layers),
+            recipe = {"method": method, "bits": b, "grid": _GRIDS[method], "layers": len(layers),
                       "embeddings": "full precision", "source": str(config.model),
                       "perplexity": _perplexity(made, texts), "original_perplexity": original,
                       "perplexity_text": f"{len(texts)} standard-library docstrings, up to 64 tokens each"}
             del model, made
             atomic_write(folder / RECIPE, json.dumps(recipe, indent=1))
         recipe = json.loads((folder / RECIPE).read_text())
-        rows.append({"kind": "made", "cell": f"rtn-{b}bit", "method": "rtn", "bits": b, "folder": str(folder),
+        rows.append({"kind": "made", "cell": cell, "method": method, "bits": b, "folder": str(folder),
                      "perplexity": recipe["perplexity"], "original_perplexity": recipe["original_perplexity"],
                      "n_text": len(texts)})
     return rows
