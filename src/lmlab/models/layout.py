@@ -341,31 +341,32 @@ def _find_blocks(model, n_layers: int):
     return None, None
 
 
-def mixer_path(block, attn: str) -> str | None:
-    """The child of `block` that mixes positions besides (or instead of) its softmax attention, by `block_kind`'s
-    reading of class names; None where there is none."""
+def _mixers(block, attn: str) -> list[tuple[str, str]]:
+    """(child name, kind) of each child of `block` that mixes positions besides (or instead of) its softmax attention,
+    read off class names (`_MIXER_KINDS`; norms, MLPs and the attention itself aside)."""
     has_attention = _has(block, attn) and calls_attention_interface(get_submodule(block, attn))
+    found = []
     for name, child in block.named_children():
         label = _own_name(type(child).__name__, type(block).__name__).lower()
-        if (has_attention and name == attn.split(".")[0]) or "norm" in label or any(m in label for m in _MLP_MARKERS):
+        if (has_attention and (name == attn.split(".")[0] or calls_attention_interface(child))) or "norm" in label \
+                or any(m in label for m in _MLP_MARKERS):
             continue
-        if any(m in label for _, marks in _MIXER_KINDS for m in marks):
-            return name
-    return None
+        kind = next((k for k, marks in _MIXER_KINDS if any(m in label for m in marks)), None)
+        if kind:
+            found.append((name, kind))
+    return found
+
+
+def mixer_path(block, attn: str) -> str | None:
+    """The child of `block` that mixes positions besides (or instead of) its softmax attention; None where none."""
+    return next((name for name, _ in _mixers(block, attn)), None)
 
 
 def block_kind(block, attn: str) -> str:
     """What mixes positions in `block`: "attention" where its module at `attn` calls transformers' attention
-    interface, else (or besides, joined with " + ") the kind its children's class names say (`_MIXER_KINDS`)."""
+    interface, else (or besides, joined with " + ") the kinds of its other mixers (`_mixers`)."""
     has_attention = _has(block, attn) and calls_attention_interface(get_submodule(block, attn))
-    others = []
-    for name, child in block.named_children():
-        label = _own_name(type(child).__name__, type(block).__name__).lower()
-        if (has_attention and name == attn.split(".")[0]) or "norm" in label or any(m in label for m in _MLP_MARKERS):
-            continue
-        kind = next((k for k, marks in _MIXER_KINDS if any(m in label for m in marks)), None)
-        if kind and kind not in others and not (has_attention and calls_attention_interface(child)):
-            others.append(kind)
+    others = list(dict.fromkeys(kind for _, kind in _mixers(block, attn)))
     if has_attention:
         return " + ".join([ATTENTION, *others])
     if others:
