@@ -7,3 +7,7 @@ LMEVAL = "the lm-eval model type needs lm-evaluation-harness: pip install 'lmlab
 HQQ = ("--make hqq needs Half-Quadratic Quantization's package: DISABLE_CUDA=1 pip install 'lmlab[hqq]' (without a "
        "CUDA compiler; plain pip install 'lmlab[hqq]' with one)")
 EXPORT_FORMATS = ("compressed-tensors",)  # what `lmlab export --format` and `--export` take
+COMPRESSED = ("this model folder is a compressed-tensors checkpoint (llm-compressor's GPTQ, AWQ, ...); reading it needs "
+              "the compressed-tensors package: pip install 'lmlab[export]'")
+BITSANDBYTES = ("this model folder (or --make bnb) needs bitsandbytes (its CPU backend serves here): "
+                "pip install 'lmlab[bnb]'")

@@ -453,12 +453,38 @@ def hqq_weight(w: torch.Tensor, bits: int, group_size: int = HQQ_GROUP) -> torch
     return Quantizer.dequantize(q, meta).reshape(x.shape).to(device=w.device, dtype=w.dtype)
 
 
+BNB_BITS = (8, 4)
+BNB_BLOCK = 64  # NF4's block along the flattened weight (bitsandbytes' and transformers' BitsAndBytesConfig default)
+
+
+def bnb_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """bitsandbytes' weight quantizers (its own functions), returned de-quantized: 4 bits is NF4 (QLoRA's 4-bit
+    NormalFloat, Dettmers et al. 2023, arXiv 2305.14314: blocks of 64 consecutive weights, each scaled by its absmax
+    onto the 16 quantiles of a normal), 8 bits LLM.int8()'s weights (Dettmers et al. 2022, arXiv 2208.07339: each row
+    in int8 on its absmax, the weight first cast to float16 as bitsandbytes' Int8Params does). LLM.int8()'s rounding
+    of the activations at inference is not part of the weights and is not applied. `w`'s dtype back."""
+    from lmlab.models.quantized import bnb_functional
+
+    if bits not in BNB_BITS:
+        raise LmlabError(f"bitsandbytes quantizes to 8 (LLM.int8) or 4 (NF4) bits, not {bits}")
+    F = bnb_functional()
+    x = w.detach().cpu()
+    if bits == 4:
+        q, state = F.quantize_4bit(x.float().contiguous(), blocksize=BNB_BLOCK, quant_type="nf4")
+        values = F.dequantize_4bit(q, state)
+    else:
+        codes, scales, _ = F.int8_vectorwise_quant(x.to(torch.float16).contiguous())
+        values = F.int8_vectorwise_dequant(codes, scales)
+    return values.float().reshape(x.shape).to(device=w.device, dtype=w.dtype)
+
+
 def round_to_nearest(model: nn.Module, bits: int, method: str = "rtn") -> list[str]:
     """Post-training quantization, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
-    weights rounded by `rtn_weight` (`method` "rtn") or HQQ's quantizer (`hqq_weight`, "hqq"), as plain values a
+    weights rounded by `rtn_weight` (`method` "rtn"), HQQ's quantizer (`hqq_weight`, "hqq") or bitsandbytes'
+    (`bnb_weight`, "bnb": NF4 at 4 bits, LLM.int8() at 8), as plain values a
     saved folder keeps; the embeddings and the output layer stay as they are (as GPTQ leaves them). Experts stacked
     in 3-D tensors are refused by name. Returns the layers."""
-    weight = {"rtn": rtn_weight, "hqq": hqq_weight}[method]
+    weight = {"rtn": rtn_weight, "hqq": hqq_weight, "bnb": bnb_weight}[method]
     stacked = expert_targets(model)
     if stacked:
         raise LmlabError(f"{method} quantizes linear layers; this model's experts are stacked in 3-D tensors "

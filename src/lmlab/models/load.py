@@ -14,6 +14,7 @@ import hashlib
 import json
 import inspect
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -27,7 +28,7 @@ from transformers.utils import logging as hf_logging
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
 from lmlab.hub import hub_reachable
-from lmlab.models import embedded, gguf_once, tiny
+from lmlab.models import embedded, gguf_once, quantized, tiny
 from lmlab.models.catalog import (check_hub_model, check_model_spec,  # noqa: F401  (lmlab.models exports
                                   known_names)  # known_names)
 from lmlab.models.batch import module_device, pad_sequences
@@ -143,13 +144,20 @@ def _auto_from_pretrained(path_or_id: str, *, head, num_labels, dtype, trust_rem
     config = AutoConfig.from_pretrained(path_or_id, **kwargs)
     cls = _auto_class(config, head)
     extra = {"num_labels": num_labels} if (head == "classifier" and num_labels) else {}
+    extra.update(quantized.load_options(config))  # a library's checkpoint (GPTQ, AWQ, NF4...): read de-quantized
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # keep GGUF/weight-loading chatter out of the user's terminal
     hf_logging.disable_progress_bar()
     try:
         if placement is not None:  # the weights stream to their devices (accelerate's big-model loading)
+            if "device_map" in extra:
+                raise LmlabError("a bitsandbytes checkpoint is read de-quantized on the host first; load it without "
+                                 "--device-map")
             extra.update(placement.from_pretrained_kwargs())
-        model = cls.from_pretrained(path_or_id, dtype=dtype, **kwargs, **extra)
+        with warnings.catch_warnings():  # (that the folder's quantization_config is used, with lmlab's de-quantize)
+            warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+            model = cls.from_pretrained(path_or_id, dtype=dtype, **kwargs, **extra)
+        model._lmlab_quantized = quantized.to_plain(model, config)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -167,6 +175,8 @@ def _finish(model, tokenizer, name, source, device, dtype, t0, placement: Placem
         placement.check_resolved(model.hf_device_map)
     else:  # built or loaded in memory: dispatched now
         model = dispatch(model.to(dtype=dtype), placement, dtype).eval()
+    if getattr(model, "_lmlab_quantized", None):
+        meta["quantized"] = model._lmlab_quantized
     if placement is not None:
         # as a --device-map file says it (a GPU's index stays a number, so the recorded map loads the same way)
         meta["device_map"] = {k: v if isinstance(v, int) else str(v) for k, v in model.hf_device_map.items()}

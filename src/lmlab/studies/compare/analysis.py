@@ -470,14 +470,20 @@ def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
     return ""
 
 
+# a cell at one bit width of a method: made in the run (`rtn-4bit`), or a variant folder so named (`.../gptq-4bit`,
+# made elsewhere), the method its name without the width
+WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
+
+
 def fewest_bits(keeps) -> list[str]:
-    """Per method made at several bit widths (cells `METHOD-Bbit`, --make rtn:8,4,3,2) and task: the fewest bits that
+    """Per method made at several bit widths (cells `METHOD-Bbit`, --make rtn:8,4,3,2, or variant folders named so)
+    and task: the fewest bits that
     keep the circuit, read down from the widest: the last of the unbroken run of "keeps" from the top, and what the
     next width says (a width that does not keep, or cannot tell, ends the run)."""
     widths: dict[tuple[str, str], dict[int, str]] = {}
     for c in keeps:
         cell, _, task = c.group.partition(" / ")
-        found = re.fullmatch(r"(.+)-(\d+)bit", cell)
+        found = re.fullmatch(WIDTH, cell)
         if found:
             widths.setdefault((found.group(1), task), {})[int(found.group(2))] = c.decision
     lines = []
@@ -733,10 +739,11 @@ def _overlap_panel(ax, result, task, cells, color) -> None:
 
 
 def _by_bits(comparison: pd.DataFrame) -> pd.DataFrame:
-    """The comparison rows of methods made at two or more bit widths (cells `METHOD-Bbit`), with method and bits."""
+    """The comparison rows of methods at two or more bit widths (cells `METHOD-Bbit`, made or folders so named), with
+    method and bits."""
     if not len(comparison):
         return comparison
-    found = comparison["cell"].astype(str).str.extract(r"^(.+)-(\d+)bit$")
+    found = comparison["cell"].astype(str).str.extract("^" + WIDTH + "$")
     rows = comparison.assign(method=found[0], bits=pd.to_numeric(found[1], errors="coerce"))
     rows = rows[rows["method"].notna()]
     widths = rows.groupby("method")["bits"].transform("nunique")

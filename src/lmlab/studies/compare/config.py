@@ -19,8 +19,14 @@ SWAP_HALF = "swap:half"
 PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
 # what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
 # training: the post-training baseline), each kind's bits
-MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1)}
-POST_TRAINING = ("rtn", "hqq")  # the kinds made from the original without training, a model folder each
+MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1), "bnb": (8, 4)}
+POST_TRAINING = ("rtn", "hqq", "bnb")  # the kinds made from the original without training, a model folder each
+# kinds a user may ask for that lmlab cannot make in its own environment: why, and the way round
+NOT_MADE = {
+    "gptq": "llm-compressor, the maintained GPTQ, requires transformers <= 5.17 and compressed-tensors 0.19 (lmlab "
+            "needs transformers 5.24)",
+    "awq": "llm-compressor, the maintained AWQ, requires transformers <= 5.17 and compressed-tensors 0.19 (lmlab "
+           "needs transformers 5.24)"}
 
 
 class Config(StudyConfig):
@@ -35,8 +41,8 @@ class Config(StudyConfig):
 
     variant: list[str] | None = Field(
         None, description="a model to compare with the original (repeatable): a folder or hub id of the same "
-                          "architecture and tokenizer (a fine-tune; a GPTQ, AWQ or bitsandbytes checkpoint where "
-                          "transformers loads it); a packed student (.safetensors) of lmlab quantize; a quantize or "
+                          "architecture and tokenizer (a fine-tune; a compressed-tensors checkpoint, as llm-compressor's "
+                          "GPTQ and AWQ write them, or a bitsandbytes one, NF4 or LLM.int8: read de-quantized); a packed student (.safetensors) of lmlab quantize; a quantize or "
                           "sparse-circuits run folder (each of its students or sparse models, their replicates "
                           "pooled per cell); 'same' (the original itself: the positive control); 'ablate' (the "
                           "original with every task's circuit zeroed, its top-k heads ranked on other prompt pairs) or "
@@ -51,8 +57,10 @@ class Config(StudyConfig):
                           "rtn:8,4,3,2 (the original rounded to nearest, each row of every linear layer on its own "
                           "grid of 2 to 8 bits, no training: the post-training baseline); hqq:4,2 (the original "
                           "quantized by Half-Quadratic Quantization, groups of 64 weights, 8, 4, 3, 2 or 1 bits: the "
-                          "hqq extra), each saved as a model folder with its recipe and its perplexity on held-out "
-                          "text",
+                          "hqq extra); bnb:8,4 (bitsandbytes' quantizers: NF4 in blocks of 64 at 4 bits, "
+                          "LLM.int8()'s int8 rows at 8: the bnb extra), each saved as a model folder with its "
+                          "recipe and its perplexity on held-out text. GPTQ and AWQ are made with llm-compressor "
+                          "in an environment of its own and compared as --variant DIR",
         json_schema_extra={"repeatable": True})
     tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
                                                        "pairs of your own, one JSON object a line with the texts clean, "
@@ -103,23 +111,32 @@ class Config(StudyConfig):
 
             if importlib.util.find_spec("hqq") is None:
                 raise LmlabError(HQQ)
+        if self.made_bits("bnb"):
+            from lmlab.models.quantized import bnb_functional
+
+            bnb_functional()  # (one sentence where the bnb extra is missing)
         if self.pathway_datasets:
             from lmlab.studies.base import get_study  # S1's own check, through the registry
 
             get_study("knockout").config(model=self.model, datasets=self.pathway_datasets).check_inputs(models=False)
 
     def made_bits(self, kind: str = "quantized") -> list[int]:
-        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...], hqq:B[,B...]); one sentence for anything
-        else."""
+        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...], hqq:B[,B...], bnb:B[,B...]); one sentence
+        for anything else."""
         from lmlab.errors import LmlabError
 
         made: dict[str, list[int]] = {k: [] for k in MAKE_KINDS}
         for item in self.make or []:
             name, _, rest = item.partition(":")
+            if name in NOT_MADE:
+                raise LmlabError(f"--make {item}: lmlab cannot make {name.upper()} variants here: {NOT_MADE[name]}; "
+                                 f"make the checkpoint with llm-compressor in an environment of its own and pass its "
+                                 f"folder as --variant DIR (it is read de-quantized)")
             if name not in MAKE_KINDS:
                 raise LmlabError(f"--make {item}: unknown kind '{name}'; use quantized:BITS (students, e.g. "
-                                 f"quantized:2,1), rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2) or hqq:BITS "
-                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2)")
+                                 f"quantized:2,1), rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2), hqq:BITS "
+                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2) or bnb:BITS (bitsandbytes: NF4 at 4, "
+                                 f"LLM.int8 at 8)")
             try:
                 parts = [int(b) for b in rest.split(",") if b.strip()]
             except ValueError:
@@ -166,6 +183,9 @@ def check_variant(spec: str) -> None:
     if path.is_dir() and (holds_packed_students(path) or holds_sparse_models(path)):
         return  # a quantize or sparse-circuits run folder
     check_model_available(spec)
+    from lmlab.models.quantized import of_folder
+
+    of_folder(spec)  # a library's checkpoint lmlab cannot read (its method, or its package missing): one sentence
 
 
 def check_same_architecture(original: str, spec: str) -> None:

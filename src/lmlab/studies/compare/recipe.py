@@ -49,6 +49,7 @@ from lmlab.evaluation import causal_lm_ce
 from lmlab.files import atomic_write
 from lmlab.interventions.quant import load_packed, round_to_nearest
 from lmlab.models import LoadedModel, layout_of, save_model
+from lmlab.models.quantized import of_folder
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
 from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, POST_TRAINING, SAME, Config
@@ -153,7 +154,7 @@ PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a ma
 
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
-    """--make rtn:B and hqq:B: the original quantized after training at each B, a model folder each in this run's
+    """--make rtn:B, hqq:B and bnb:B: the original quantized after training at each B, a model folder each in this run's
     made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
     return [Variant(f"{method}-{b}bit", 0, str(_rounded_folder(run_dir, method, b)), "model")
             for method in POST_TRAINING for b in config.made_bits(method)]
@@ -168,7 +169,10 @@ _GRIDS = {"rtn": "asymmetric, one per row of each linear layer (min to max, zero
                  "baseline",
           "hqq": "Half-Quadratic Quantization (the hqq package's quantizer with its settings for the width): groups of "
                  "64 weights along the input, a scale and a zero point each, the zero points optimized; stored "
-                 "de-quantized"}
+                 "de-quantized",
+          "bnb": "bitsandbytes' own quantizers: at 4 bits NF4 (blocks of 64 consecutive weights, each scaled by its "
+                 "absmax onto the 16 NormalFloat levels), at 8 bits LLM.int8()'s weights (each row in int8 on its "
+                 "absmax; its activation rounding at inference not applied); stored de-quantized"}
 
 
 def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
@@ -181,7 +185,7 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
 
 
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
-    """Each --make rtn:B and hqq:B variant's folder (made where it is not whole yet: an interrupted run makes it again)
+    """Each --make rtn:B, hqq:B and bnb:B variant's folder (made where it is not whole yet: an interrupted run makes it again)
     and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
     jobs = [(method, b) for method in POST_TRAINING for b in config.made_bits(method)]
     if not jobs:
@@ -293,7 +297,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             for r in rs]
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
-              "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made)} for v in variants]
+              "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
+              "quantized": (of_folder(v.spec) or "") if v.kind == "model" else ""} for v in variants]
     rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
     return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
 
