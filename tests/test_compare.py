@@ -306,13 +306,16 @@ def test_make_reads_every_bit_once():
     assert made.made_bits() == [2, 1] and made.made_bits("rtn") == [8, 3, 2]
     with pytest.raises(LmlabError, match=r"^--make rtn:9: give the bits, each one of 8, 7, 6, 5, 4, 3, 2"):
         Config(model="tiny-llama", make=["rtn:9"]).check_inputs(models=False)
-    with pytest.raises(LmlabError, match=r"^--make int4:4: unknown kind 'int4'; use quantized:BITS .* or bnb:BITS"):
+    with pytest.raises(LmlabError, match=r"^--make int4:4: unknown kind 'int4'; use quantized:BITS .* or sparse "):
         Config(model="tiny-llama", make=["int4:4"]).check_inputs(models=False)
     for kind in ("gptq", "awq"):  # what lmlab cannot make beside itself: why, and the way round
         with pytest.raises(LmlabError, match=rf"^--make {kind}:4: lmlab cannot make {kind.upper()} variants here: "
                                              r"llm-compressor.* transformers <= 5.17.* as --variant DIR"):
             Config(model="tiny-llama", make=[f"{kind}:4"]).check_inputs(models=False)
     assert Config(model="tiny-llama", make=["bnb:4,8", "bnb:4"]).made_bits("bnb") == [4, 8]
+    both = Config(model="tiny-llama", make=["sparse", "rtn:4"])
+    assert both.made_sparse() and both.made_bits("rtn") == [4]
+    assert not Config(model="tiny-llama", make=["rtn:4"]).made_sparse()
     with pytest.raises(LmlabError, match=r"^--make bnb:3: give the bits, each one of 8, 4"):
         Config(model="tiny-llama", make=["bnb:3"]).check_inputs(models=False)
     assert Config(model="tiny-llama", make=["hqq:4,1", "rtn:4"]).made_bits("hqq") == [4, 1]
@@ -693,3 +696,39 @@ def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():
     assert said == ["rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep)",
                     "rtn / greater-than: the circuit kept down to 8 bits (4 bits: open)",
                     "rtn / docstring: the circuit not kept at any width tried (8 bits: open)"]
+
+
+def test_make_sparse_composes_the_sparse_circuits_model_half(tiny_smol_folder, tmp_path, monkeypatch):
+    """--make sparse: lmlab sparse-circuits through the registry, its model half alone (no toy), at sizes set here
+    to seconds; each post-trained replicate is a variant of the cell `sparse`, loaded with its sparse attention."""
+    import dataclasses
+    from pathlib import Path
+
+    import lmlab
+    import lmlab.studies.base as base
+
+    small = dict(sparse_steps=2, sparse_batch=2, n_text=4, n_docstrings=0, text_tokens=16, n_eval_text=2,
+                 eval_tokens=32, rank_draws=0, verify_heads=2, n_prompts=4)
+    registered, made = base.get_study, []
+
+    def with_small_sizes(name):
+        spec = registered(name)
+        if name != "sparse-circuits":
+            return spec
+
+        def config(**kw):
+            made.append(spec.config(**{**small, **kw}))
+            return made[-1]
+        return dataclasses.replace(spec, config=config)
+
+    monkeypatch.setattr(base, "get_study", with_small_sizes)
+    result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", make=["sparse"], tasks=["ioi"],
+                       n_prompts=4, verify_heads=2, seeds=2)
+    assert len(made) == 1 and made[0].circuits and not made[0].toy and made[0].tasks == ["ioi"]
+    variants = result.table("variant")
+    assert list(variants["cell"]) == ["sparse", "sparse"] and list(variants["replicate"]) == [0, 1]
+    assert variants["made"].all() and (variants["variant_kind"] == "sparse").all()
+    run = Path(variants["source"].iloc[0]).parents[2]  # .../made/sparse-circuits-*/post_training/rep0/sparse_model
+    assert run.parent.name == "made" and not (run / "toy").exists()
+    assert set(result.table("comparison")["cell"]) == {"sparse"}
+    assert json.loads((Path(variants["source"].iloc[0]) / "lmlab.json").read_text())["sparse_attention"]

@@ -767,6 +767,16 @@ def test_placebo_refuses_a_sparse_model_from_an_earlier_run():
         study.Config(model="smollm2-135m", placebo=True, sparse_model="x", circuits=True).check_inputs(models=False)
 
 
+def test_the_model_half_alone_keeps_the_run_folder_of_a_run_with_the_toy():
+    """--toy false (compare --make sparse's way) needs the model half; --toy left on names the run folder as before
+    the option existed."""
+    with pytest.raises(LmlabError, match="^--toy false leaves nothing to run without the model's half"):
+        study.Config(model="smollm2-135m", toy=False, circuits=False).check_inputs(models=False)
+    study.Config(model="smollm2-135m", toy=False, circuits=True).check_inputs(models=False)
+    assert "toy" not in study.Config(model="smollm2-135m").identity()
+    assert study.Config(model="smollm2-135m", toy=False).identity()["toy"] is False
+
+
 def test_heads_needed_ignores_an_early_spike():
     values = np.array([[0.0], [0.95], [0.5], [0.92], [1.0]])
     curve = circuits.EffectCurve([0, 1, 2, 4, 8], values, values[-1], values[0])

@@ -460,8 +460,10 @@ def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
     patching), or ""."""
     if not bool(orig["has_effect"]):
         return "the original shows no effect on this task to explain (clean metric = every head patched)"
-    checked = [("the original", orig["verify_rho"])] + [(f"replicate {int(r.replicate)}", r.verify_rho)
-                                                       for r in rows.itertuples()]
+    # (a column of NaN only, where no model had three heads checked, is not in the table)
+    rhos = rows["verify_rho"] if "verify_rho" in rows else pd.Series(np.nan, index=rows.index)
+    checked = [("the original", orig.get("verify_rho", np.nan))] + [
+        (f"replicate {int(r)}", rho) for r, rho in zip(rows["replicate"], rhos)]
     weak = [(who, rho) for who, rho in checked if np.isfinite(rho) and rho < min_verify]
     if weak:
         return ("attribution does not track activation patching on the top heads of "

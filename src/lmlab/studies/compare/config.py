@@ -20,6 +20,7 @@ PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
 # what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
 # training: the post-training baseline), each kind's bits
 MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1), "bnb": (8, 4)}
+SPARSE = "sparse"  # --make sparse: S4's model half through the registry, its sparse models the variants
 POST_TRAINING = ("rtn", "hqq", "bnb")  # the kinds made from the original without training, a model folder each
 # kinds a user may ask for that lmlab cannot make in its own environment: why, and the way round
 NOT_MADE = {
@@ -41,8 +42,9 @@ class Config(StudyConfig):
 
     variant: list[str] | None = Field(
         None, description="a model to compare with the original (repeatable): a folder or hub id of the same "
-                          "architecture and tokenizer (a fine-tune; a compressed-tensors checkpoint, as llm-compressor's "
-                          "GPTQ and AWQ write them, or a bitsandbytes one, NF4 or LLM.int8: read de-quantized); a packed student (.safetensors) of lmlab quantize; a quantize or "
+                          "architecture and tokenizer (a fine-tune; a compressed-tensors checkpoint, as "
+                          "llm-compressor's GPTQ and AWQ write them, or a bitsandbytes one, NF4 or LLM.int8: read "
+                          "de-quantized); a packed student (.safetensors) of lmlab quantize; a quantize or "
                           "sparse-circuits run folder (each of its students or sparse models, their replicates "
                           "pooled per cell); 'same' (the original itself: the positive control); 'ablate' (the "
                           "original with every task's circuit zeroed, its top-k heads ranked on other prompt pairs) or "
@@ -59,7 +61,9 @@ class Config(StudyConfig):
                           "quantized by Half-Quadratic Quantization, groups of 64 weights, 8, 4, 3, 2 or 1 bits: the "
                           "hqq extra); bnb:8,4 (bitsandbytes' quantizers: NF4 in blocks of 64 at 4 bits, "
                           "LLM.int8()'s int8 rows at 8: the bnb extra), each saved as a model folder with its "
-                          "recipe and its perplexity on held-out text. GPTQ and AWQ are made with llm-compressor "
+                          "recipe and its perplexity on held-out text; sparse (lmlab sparse-circuits' model half at "
+                          "this profile's --circuits sizes, without its toy: the original post-trained with sparse "
+                          "attention, --seeds replicates). GPTQ and AWQ are made with llm-compressor "
                           "in an environment of its own and compared as --variant DIR",
         json_schema_extra={"repeatable": True})
     tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
@@ -128,6 +132,8 @@ class Config(StudyConfig):
         made: dict[str, list[int]] = {k: [] for k in MAKE_KINDS}
         for item in self.make or []:
             name, _, rest = item.partition(":")
+            if item == SPARSE:
+                continue
             if name in NOT_MADE:
                 raise LmlabError(f"--make {item}: lmlab cannot make {name.upper()} variants here: {NOT_MADE[name]}; "
                                  f"make the checkpoint with llm-compressor in an environment of its own and pass its "
@@ -135,8 +141,8 @@ class Config(StudyConfig):
             if name not in MAKE_KINDS:
                 raise LmlabError(f"--make {item}: unknown kind '{name}'; use quantized:BITS (students, e.g. "
                                  f"quantized:2,1), rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2), hqq:BITS "
-                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2) or bnb:BITS (bitsandbytes: NF4 at 4, "
-                                 f"LLM.int8 at 8)")
+                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2), bnb:BITS (bitsandbytes: NF4 at 4, "
+                                 f"LLM.int8 at 8) or sparse (lmlab sparse-circuits' sparse-attention models)")
             try:
                 parts = [int(b) for b in rest.split(",") if b.strip()]
             except ValueError:
@@ -147,6 +153,11 @@ class Config(StudyConfig):
                                  f"{name}:{allowed[0]},{allowed[-1]})")
             made[name] += [b for b in parts if b not in made[name]]
         return made[kind]
+
+    def made_sparse(self) -> bool:
+        """--make sparse: lmlab sparse-circuits' post-trained sparse-attention models, one per replicate."""
+        return SPARSE in (self.make or [])
+
 
 def circuit_k(heads_needed: float, total: int, min_k: int) -> int:
     """The k the overlap is read at: the heads the original needs for the threshold's effect, at least `min_k` and at

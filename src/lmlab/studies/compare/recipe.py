@@ -129,16 +129,26 @@ def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list, perm
 
 
 def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
-    """--make quantized:B: lmlab quantize's own run (its decoder option) through the registry, into this run's
-    made/ folder; its run folder is then a variant like any other."""
-    bits = config.made_bits()
-    if not bits:
-        return []
+    """--make quantized:B: lmlab quantize's own run (its decoder option) through the registry, and --make sparse:
+    lmlab sparse-circuits' model half, into this run's made/ folder; each run folder is then a variant like any
+    other (the students a cell per bits, the sparse models the cell `sparse`, a replicate each)."""
     from lmlab.studies.base import get_study
     from lmlab.studies.runner import run_study
 
+    generated = [t for t in config.size("tasks") if t in CIRCUIT_TASKS]  # the made run measures these
+    runs = []
+    if config.made_sparse():  # S4's model half (its toy left out): post-trained on a copy, never on `lm` itself
+        spec = get_study("sparse-circuits")
+        sparse = spec.config(model=config.model, profile=config.profile, seed=config.seed, seeds=config.n_seeds,
+                             circuits=True, toy=False, device=config.device, dtype=config.dtype,
+                             **({"tasks": generated} if generated else {}))
+        run_dir.log(f"making sparse-attention models with lmlab sparse-circuits ({config.profile}, "
+                    f"{config.n_seeds} replicates)")
+        runs.append(str(run_study(spec, sparse, run_dir.path / "made", lm=lm).path))
+    bits = config.made_bits()
+    if not bits:
+        return runs
     spec = get_study("quantize")
-    generated = [t for t in config.size("tasks") if t in CIRCUIT_TASKS]  # quantize scores its students on these
     made = spec.config(model=config.model, profile=config.profile, seed=config.seed, seeds=config.n_seeds,
                        bits=bits, n_prompts=config.size("n_prompts"), device=config.device, dtype=config.dtype,
                        **({"tasks": generated} if generated else {}))
@@ -146,7 +156,7 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
                 f"{config.n_seeds} replicates a cell)")
     # a model passed in is copied: quantize turns its teacher to float32 for training
     result = run_study(spec, made, run_dir.path / "made", lm=copy.deepcopy(lm) if lm is not None else None)
-    return [str(result.path)]
+    return runs + [str(result.path)]
 
 
 RECIPE = "lmlab-recipe.json"  # written last into a made variant's folder: the folder is whole once it is there

@@ -37,6 +37,8 @@ class Config(StudyConfig):
     tasks: list[str] = Field(default_factory=lambda: list(TASKS), description=f"circuit tasks ({', '.join(TASKS)})")
     circuits: bool | None = Field(None, description="run the model's circuit discovery and sparse post-training "
                                                     "(false: the addition toy alone, judged on its own)")
+    toy: bool = Field(True, description="with --circuits: also train the addition toy (false: the model's half "
+                                        "alone, its sparse models and circuits without the toy's minutes)")
     sparse_model: str | None = Field(None, description="the sparse_model folder of an earlier run on this model: "
                                                        "measure it instead of post-training (the study then "
                                                        "only runs the model, and takes --device-map)")
@@ -114,11 +116,21 @@ class Config(StudyConfig):
         for name in self.tasks:
             if name not in TASKS:
                 raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+        if not self.toy and not self.size("circuits"):
+            raise LmlabError("--toy false leaves nothing to run without the model's half: add --circuits true")
         if self.sparse_model:
             if self.placebo:
                 raise LmlabError("--placebo post-trains the model with the edge term off; --sparse-model measures a "
                                  "model post-trained earlier: give one or the other")
             self.sparse_training()
+
+    def identity(self) -> dict:
+        """As every study's, and --toy where it is on (the default), so that a run's folder is the one it had before
+        the option existed."""
+        settings = super().identity()
+        if self.toy:
+            settings.pop("toy", None)
+        return settings
 
     def placement_refusal(self) -> str | None:
         """With --sparse-model nothing trains the model, so it may be spread over devices (the toy, a model of

@@ -241,7 +241,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         discover(sparse_lm, "sparse", config, run_dir, replicate=r)
         del sparse_lm
     del lm, dense_state
-    run_toy(config, run_dir)
+    if config.toy:
+        run_toy(config, run_dir)
     parallel.sync()
     parallel.main_only()
     rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
