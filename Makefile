@@ -77,9 +77,10 @@ placebo: setup
 	$(LMLAB) report $(OUT) --out $(OUT)/report.html
 	@echo "report: $(OUT)/report.html"
 
-# lmlab compare on the embedded SmolLM2: 8- and 2-bit students distilled in the run (lmlab quantize's recipe, two of each) beside the
-# positive control (the original itself) and the negative one (the original with its circuits zeroed); then the report
-# of OUT (with make demo's studies, where they ran there).
+# lmlab compare on the embedded SmolLM2: the original quantized after training, rounded to nearest and by HQQ at 8, 4,
+# 3 and 2 bits, made in the run, beside the positive control (the original itself) and the negative one (the original
+# with its circuits zeroed); the verdict reads the fewest bits that keep each circuit per method. Then the report of
+# OUT (with make demo's studies, where they ran there).
 compare-demo: setup
 	$(LMLAB) compare --model smollm2-135m --profile demo --make rtn:8,4,3,2 --make hqq:8,4,3,2 --variant same --variant ablate --out $(OUT)
 	$(LMLAB) report $(OUT) --out $(OUT)/report.html
