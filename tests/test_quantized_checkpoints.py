@@ -62,9 +62,15 @@ def test_a_checkpoint_lmlab_cannot_read_is_refused_before_its_weights(tmp_path):
 
 def test_a_gptq_checkpoint_is_compared_with_its_original_as_a_variant(tmp_path):
     """`compare --variant DIR` on the llm-compressor checkpoint: measured like any variant, its variant row saying
-    what quantized it."""
+    what quantized it; a folder named at a width (`gptq-4bit`) has its perplexity read beside the original's, as
+    the variants made in the run do."""
     pytest.importorskip("compressed_tensors", reason="the export extra (compressed-tensors) is not installed")
+    import shutil
+
     import lmlab
+
+    folder = tmp_path / "gptq-4bit"
+    shutil.copytree(GPTQ, folder)
 
     names = [("Mary", "John"), ("Anna", "Tom"), ("John", "Mary"), ("Tom", "Anna"), ("Mary", "Tom"), ("Anna", "John")]
     pairs = tmp_path / "pairs.jsonl"
@@ -72,14 +78,17 @@ def test_a_gptq_checkpoint_is_compared_with_its_original_as_a_variant(tmp_path):
         "clean": f"When {a} and {b} went to the store, {b} gave a drink to",
         "corrupted": f"When {a} and {b} went to the store, {a} gave a drink to",
         "answer": f" {a}", "distractor": f" {b}"}) for a, b in names) + "\n")
-    result = lmlab.run("compare", "tiny-llama", profile="demo", out=tmp_path / "runs", variant=[str(GPTQ)],
+    result = lmlab.run("compare", "tiny-llama", profile="demo", out=tmp_path / "runs", variant=[str(folder)],
                        tasks=[f"file:{pairs}"], n_prompts=6, verify_heads=3)
-    variant = result.table("variant").set_index("cell").loc[str(GPTQ)]
+    variant = result.table("variant").set_index("cell").loc[str(folder)]
     assert variant["variant_kind"] == "model" and "4-bit int weights" in variant["quantized"]
     models = result.table("model")
-    assert set(models["cell"]) == {"original", str(GPTQ)} and (models["n_prompts"] == 6).all()
+    assert set(models["cell"]) == {"original", str(folder)} and (models["n_prompts"] == 6).all()
     clean = models.set_index("cell")["clean_metric"]
-    assert clean["original"] != clean[str(GPTQ)]  # (the variant's own weights were measured)
+    assert clean["original"] != clean[str(folder)]  # (the variant's own weights were measured)
+    made = result.table("made").set_index("cell").loc[str(folder)]
+    assert (made["method"], made["bits"], made["origin"], made["n_text"]) == ("gptq", 4, "folder", 64)
+    assert 1 < made["original_perplexity"] != made["perplexity"] > 1
 
 
 def _bnb_model(folder: Path, bits: int):

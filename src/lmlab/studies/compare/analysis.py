@@ -63,6 +63,7 @@ from lmlab.circuit_overlap import (SPLITS, chance, half_splits, jaccard, self_ov
 from lmlab.claims import Declared, declared, evidence, judge
 from lmlab.resampling import Resampler
 from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.compare.config import WIDTH
 from lmlab.studies.compare.config import circuit_k as config_circuit_k
 
 WHY = ("no paper claims this: lmlab's own question, whether compression keeps the mechanism and not only the accuracy "
@@ -95,7 +96,7 @@ COLUMNS = {
     "per_prompt": ("model_key", "cell", "replicate", "task", "n_heads", "values"),
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
     "variant": ("cell", "replicate", "model_key", "source", "variant_kind", "made"),
-    "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text"),
+    "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text", "origin"),
     "curve": ("model_key", "cell", "replicate", "task", "n_heads", "value"),
     "overlap": ("cell", "replicate", "task", "k", "split_jaccard", "jaccard", "spearman"),
     "reference": ("task", "k", "value", "lo", "hi", "chance"),
@@ -470,11 +471,6 @@ def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
                 + ", ".join(f"{who} (Spearman {rho:.2f})" for who, rho in weak)
                 + f", below {min_verify:g}: its ranking cannot be compared")
     return ""
-
-
-# a cell at one bit width of a method: made in the run (`rtn-4bit`), or a variant folder so named (`.../gptq-4bit`,
-# made elsewhere), the method its name without the width
-WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
 
 
 def fewest_bits(keeps) -> list[str]:

@@ -20,6 +20,9 @@ PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
 # what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
 # training: the post-training baseline), each kind's bits
 MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1), "bnb": (8, 4)}
+# a variant at one bit width of a method: made in the run (`rtn-4bit`), or a folder so named (`.../gptq-4bit`, made
+# elsewhere); the method is its name without the width
+WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
 SPARSE = "sparse"  # --make sparse: S4's model half through the registry, its sparse models the variants
 POST_TRAINING = ("rtn", "hqq", "bnb")  # the kinds made from the original without training, a model folder each
 # kinds a user may ask for that lmlab cannot make in its own environment: why, and the way round

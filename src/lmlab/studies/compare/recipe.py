@@ -52,7 +52,7 @@ from lmlab.models import LoadedModel, layout_of, save_model
 from lmlab.models.quantized import of_folder
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
-from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, POST_TRAINING, SAME, Config
+from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, POST_TRAINING, SAME, WIDTH, Config
 from lmlab.studies.compare.measure import measure, select, top_heads
 from lmlab.studies.compare.pathways import measure_pathway
 from lmlab.studies.compare.placebo import HALF, moved_heads, moves
@@ -222,8 +222,27 @@ def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
         recipe = json.loads((folder / RECIPE).read_text())
         rows.append({"kind": "made", "cell": cell, "method": method, "bits": b, "folder": str(folder),
                      "perplexity": recipe["perplexity"], "original_perplexity": recipe["original_perplexity"],
-                     "n_text": len(texts)})
+                     "n_text": len(texts), "origin": "made"})
     return rows
+
+
+def _width_perplexity(variant: Variant, model: LoadedModel, lm: LoadedModel, config: Config,
+                      run_dir: RunDir) -> None:
+    """A variant folder named at a bit width (`.../gptq-4bit`, made elsewhere): its perplexity and the original's on
+    the held-out text the made variants are read on, recorded as a `made` row (origin "folder"; "made" for those
+    made in the run), so the curve against bits draws it beside theirs."""
+    found = re.fullmatch(WIDTH, variant.spec)
+    if variant.kind != "model" or found is None or variant.key in run_dir.done("width-perplexity"):
+        return
+    texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
+    if "original" not in run_dir.done("width-perplexity"):
+        run_dir.record("width-perplexity", "original", [{"kind": "original_perplexity",
+                                                         "perplexity": _perplexity(lm, texts)}])
+    original = run_dir.done("width-perplexity")["original"][0]["perplexity"]
+    run_dir.record("width-perplexity", variant.key, [{
+        "kind": "made", "cell": variant.cell, "method": found.group(1), "bits": int(found.group(2)),
+        "folder": variant.spec, "perplexity": _perplexity(model, texts), "original_perplexity": original,
+        "n_text": len(texts), "origin": "folder"}])
 
 
 def _swap_rows(variant: Variant, task: str, top: list, moved: list, perms: dict, stuck: list, other: bool,
@@ -298,6 +317,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
             n = int(variant.spec.partition(":")[2] or 0) or None  # None: each task's circuit (the claim's k)
             ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k, chosen[t])})
         model = _load(variant, lm, config, ablated)
+        if not any(variant.spec.startswith(f) for f in made):
+            _width_perplexity(variant, model, lm, config, run_dir)
         for t in tasks:
             measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
         if pathways:
@@ -310,6 +331,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
               "quantized": (of_folder(v.spec) or "") if v.kind == "model" else ""} for v in variants]
     rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
+    rows += [r for key, rs in run_dir.done("width-perplexity").items() if key != "original" for r in rs]
     return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
 
 
