@@ -656,8 +656,9 @@ def figure(result, fig=None):
     over its replicates (band: lowest to highest), the original's split-half self-overlap R (grey band), chance
     (dotted), and at the claim's k the variant's V with the claim's interval and the bar (R + C) / 2 (a tick); (3)
     the explained-effect curves on one axis (each model along its own ranking); and (4), where a method was made at
-    several bit widths (--make rtn:8,4,3,2), its D against bits with the claim's interval, the bar 0, a cross where
-    the variant lost the task itself, and each width's perplexity on held-out text (grey, its own log axis)."""
+    several bit widths (--make rtn:8,4,3,2, or variant folders named METHOD-Bbit), its D against bits with the
+    claim's interval, the bar 0, a cross where the variant lost the task itself, and each width's perplexity on
+    held-out text (dashed, in the method's colour, on its own log axis)."""
     models = result.table("model")
     tasks = list(dict.fromkeys(models["task"])) if len(models) else []
     bits = _by_bits(result.table("comparison"))
@@ -749,20 +750,25 @@ def _by_bits(comparison: pd.DataFrame) -> pd.DataFrame:
 
 
 def _bits_panel(ax, bits: pd.DataFrame, task: str, made: pd.DataFrame) -> None:
-    if len(made):  # each width's perplexity on held-out text, on its own (log) axis
+    methods = list(dict.fromkeys(bits[bits["task"] == task]["method"]))
+    color = {m: COLORS[i % len(COLORS)] for i, m in enumerate(methods)}
+    if len(made):  # each width's perplexity on held-out text, on its own (log) axis, in its method's colour
         other = ax.twinx()
         for method, sub in made.sort_values("bits").groupby("method", sort=False):
-            other.plot(sub["bits"], sub["perplexity"], color="grey", ls="--", marker="s", ms=3, lw=0.8)
+            other.plot(sub["bits"], sub["perplexity"], color=color.get(method, "grey"), ls="--", marker="s", ms=3,
+                       lw=0.8, alpha=0.6)
         other.set_yscale("log")
-        other.set_ylabel("perplexity, held-out text (grey, dashed)", fontsize=8)
-    for i, (method, sub) in enumerate(bits[bits["task"] == task].groupby("method", sort=False)):
+        other.set_ylabel("perplexity, held-out text (dashed)", fontsize=8)
+    said = False
+    for method, sub in bits[bits["task"] == task].groupby("method", sort=False):
         sub = sub.sort_values("bits")
         ax.errorbar(sub["bits"], sub["estimate"], yerr=[sub["estimate"] - sub["lo"], sub["hi"] - sub["estimate"]],
-                    marker="o", capsize=3, color=COLORS[i % len(COLORS)], label=method)
+                    marker="o", capsize=3, color=color[method], label=method)
         lost = sub[sub["task_lost"].fillna(False).astype(bool)] if "task_lost" in sub else sub.iloc[:0]
         if len(lost):
             ax.scatter(lost["bits"], lost["estimate"], marker="x", s=70, color="black", zorder=3,
-                       label="the task itself lost")
+                       label=None if said else "the task itself lost")
+            said = True
     ax.axhline(0, color="grey", ls=":", lw=1)
     ax.invert_xaxis()
     ax.set_xlabel("bits")
