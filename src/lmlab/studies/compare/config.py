@@ -26,11 +26,9 @@ WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
 SPARSE = "sparse"  # --make sparse: S4's model half through the registry, its sparse models the variants
 POST_TRAINING = ("rtn", "hqq", "bnb")  # the kinds made from the original without training, a model folder each
 # kinds a user may ask for that lmlab cannot make in its own environment: why, and the way round
-NOT_MADE = {
-    "gptq": "llm-compressor, the maintained GPTQ, requires transformers <= 5.17 and compressed-tensors 0.19 (lmlab "
-            "needs transformers 5.24)",
-    "awq": "llm-compressor, the maintained AWQ, requires transformers <= 5.17 and compressed-tensors 0.19 (lmlab "
-           "needs transformers 5.24)"}
+_LLM_COMPRESSOR = ("llm-compressor, which makes them, requires transformers <= 5.17 and compressed-tensors 0.19 "
+                   "(lmlab needs transformers 5.24)")
+NOT_MADE = {"gptq": _LLM_COMPRESSOR, "awq": _LLM_COMPRESSOR}
 
 
 class Config(StudyConfig):

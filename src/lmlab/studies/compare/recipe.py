@@ -164,8 +164,8 @@ PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a ma
 
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
-    """--make rtn:B, hqq:B and bnb:B: the original quantized after training at each B, a model folder each in this run's
-    made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
+    """--make rtn:B, hqq:B and bnb:B: the original quantized after training at each B, a model folder each in this
+    run's made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
     return [Variant(f"{method}-{b}bit", 0, str(_rounded_folder(run_dir, method, b)), "model")
             for method in POST_TRAINING for b in config.made_bits(method)]
 
@@ -195,8 +195,8 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
 
 
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
-    """Each --make rtn:B, hqq:B and bnb:B variant's folder (made where it is not whole yet: an interrupted run makes it again)
-    and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
+    """Each --make rtn:B, hqq:B and bnb:B variant's folder (made where it is not whole yet: an interrupted run makes it
+    again) and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
     jobs = [(method, b) for method in POST_TRAINING for b in config.made_bits(method)]
     if not jobs:
         return []
