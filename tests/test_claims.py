@@ -320,3 +320,64 @@ def test_one_arm_at_the_ceiling_blocks_a_gain():
     assert c.decision == "open" and "ceiling" in c.reason
     assert blocks_gain(np.ones((3, 5)), np.full((3, 5), 0.5)) == ""  # the rising arm at the ceiling: a gain shows
     assert "floor" in blocks_gain(np.zeros((3, 5)), np.full((3, 5), 0.5))
+
+
+def _with_failed(rates, failed, n=400, seed=3):
+    """A paper claim over the replicates of `rates` (0/1 outcomes, bar >= 0.6) with `failed` more replicates that
+    failed their recipe (no statistic: NaN), the statistic a share in [0, 1]."""
+    per = np.vstack([_items(rates, n=n, seed=seed), np.full((failed, n), np.nan)])
+    sampler = Resampler(n, len(rates) + failed, seed=seed)
+    claim = sampler.weighted_claim("share", lambda r, w: (w @ np.nan_to_num(per[r])) / w.sum(1)
+                                   if np.isfinite(per[r]).all() else np.full(len(w), np.nan),
+                                   Bar(">=", 0.6), source="paper", failed=failed, bounds=(0.0, 1.0))
+    return claim
+
+
+def test_one_failed_replicate_of_twenty_is_counted_at_its_worst_and_the_answer_stands():
+    """The rule of docs/claims.md: an answer stands if it stands without the failed replicates and with each of them
+    counted at the worst case for it (the statistic's bound on the bar's other side). One failure among 20
+    replicates moves the mean by a twentieth of the range, so the answer stands; the same failure among 4 does not
+    let it stand, and more replicates never decide less."""
+    rates = [0.80, 0.82, 0.78, 0.81, 0.79, 0.83, 0.80, 0.77, 0.82, 0.80,
+             0.81, 0.79, 0.80, 0.82, 0.78, 0.81, 0.80, 0.79, 0.83]
+    many = _with_failed(rates, failed=1)
+    status, text = judge([many])
+    assert many.replicates == 19 and many.failed == 1 and many.decision == "yes" and status == "reproduced"
+    assert "1 more failed" in many.text()
+    few = _with_failed(rates[:3], failed=1)
+    judge([few])
+    assert few.decision == "open" and "worst" in few.reason  # 3 good, 1 at 0: the mean falls to about 0.6
+    # without the failed replicate the three would decide: the failure is what holds it open
+    assert _with_failed(rates[:3], failed=0).decide() == "yes"
+    # a "no" stands or falls the same way: at its worst a failed replicate is at the top of the range
+    low = [0.30, 0.28, 0.32, 0.31, 0.29, 0.30, 0.27, 0.33, 0.30, 0.31, 0.29, 0.30, 0.28, 0.32, 0.31, 0.30, 0.29,
+           0.31, 0.30]
+    no = _with_failed(low, failed=1)
+    assert judge([no])[0] == "not reproduced" and no.decision == "no"
+    shaky = _with_failed(low[:2], failed=2)
+    judge([shaky])
+    assert shaky.decision == "open"
+
+
+def test_a_scoped_gate_blocks_only_the_claims_it_is_about():
+    """A gate about one dataset's claims sets them aside (not read) and leaves the others to decide; a gate about
+    the whole run still blocks everything; a scoped gate that blocks 'yes' turns only its claims' 'yes' open."""
+    sampler = Resampler(400, 3)
+    good = lambda group: sampler.mean_claim("share", _items([0.9, 0.91, 0.89], n=400), Bar(">=", 0.6),  # noqa: E731
+                                            source="paper", group=group)
+    a, b = good("set-a"), good("set-b")
+    gate = Gate("set-b: probes", False, why="too few answers", group="set-b")
+    status, text = judge([a, b], [gate])
+    assert status == "reproduced" and a.decision == "yes" and b.decision == "open" and b.set_aside
+    assert "not read: set-b: probes" in b.text() and "set-b: probes: FAILED" in text
+    assert judge([a, b], [Gate("replicates", False)])[0] == "inconclusive"
+    only_b = Gate("set-b: a weak test", False, blocks="yes", group="set-b", claims=("share",))
+    assert judge([a, b], [only_b])[0] == "inconclusive" and a.decision == "yes" and b.decision == "open"
+    assert judge([a, b], [Gate("set-c: probes", False, group="set-c")])[0] == "reproduced"
+    other = Resampler(400, 3).mean_claim("other", _items([0.9, 0.91, 0.89], n=400), Bar(">=", 0.6), source="paper",
+                                         group="set-a")
+    status, text = judge([a, b, other], [Gate("no other", False, group="set-a", claims=("other",))])
+    assert status == "inconclusive" and "not read in any group" in text  # a paper claim read nowhere: not reproduced
+    every = Gate("all sets", False, group="set-a"), Gate("x", False, group="set-b")
+    status, _ = judge([a, b], list(every))
+    assert status == "inconclusive" and all(c.set_aside for c in (a, b))

@@ -22,7 +22,13 @@ gives one) or "lmlab" (our reading, a stricter margin, a validity check; `where`
 a paper's claim is labelled in `bar_note`; it may be more lenient than the paper's own size (then its "no" is the
 paper's "no" too), never stricter (a stricter margin makes the claim ours).
 
-`judge(claims, gates)`: a failed gate that blocks everything -> inconclusive; any decisive *paper* claim "no" (and
+Gates are scoped like claims (`Gate.group`, `Gate.claims`): a failed scoped gate acts on the claims it covers only
+(`Gate.apply`: "all" sets them aside, unread; "no"/"yes" turn that answer open), and "reproduced" needs each decisive
+paper claim read in at least one group (`unread_claims`). A replicate that failed (`Claim.failed`, left out of the
+estimate) is counted: an answer stands only if it also stands with each failed replicate at its worst
+(`Claim._worst_case`, at the statistic's `bounds`), so more replicates never decide less.
+
+`judge(claims, gates)`: a failed unscoped gate that blocks everything -> inconclusive; any decisive *paper* claim "no" (and
 no failed gate blocking "no") -> not reproduced; every decisive claim "yes", at least one of them the paper's (and
 no failed gate blocking "yes") -> reproduced; else inconclusive. A decisive claim of ours at "no" holds the verdict
 at inconclusive and never makes it "not reproduced". A claim marked `reported` is shown and never decides; a claim
@@ -56,6 +62,31 @@ def t_quantile(df: float, confidence: float = 0.95) -> float:
     from scipy import stats as _st
 
     return float(_st.t.ppf(0.5 + confidence / 2, max(df, 1.0)))
+
+
+def interval_parts(per, se_item: float, n: int) -> dict:
+    """A claim's estimate and interval from its replicates' statistics `per` (NaN: a replicate without one, left out)
+    and the items' part of the standard error: estimate, se, df, replicates, replicate_estimates, se_seed, se_item,
+    method (see lmlab.claims: the between-replicate part on k - 1 degrees of freedom, the items' from their
+    resamples, combined by Welch-Satterthwaite)."""
+    per = np.asarray(per, dtype=float)
+    good = per[np.isfinite(per)]
+    k = len(good)
+    estimate = float(good.mean()) if k else float("nan")
+    if k > 1:
+        se_seed = float(np.std(good, ddof=1) / np.sqrt(k))
+        a, b = se_seed ** 2, se_item ** 2 if np.isfinite(se_item) else 0.0
+        denom = (a * a / (k - 1) if a else 0.0) + (b * b / max(n - 1, 1) if b else 0.0)
+        df = (a + b) ** 2 / denom if denom > 0 else float(k - 1)
+        method = f"t over {k} replicates and {n} items (Satterthwaite df {df:.1f}; item resamples shared)"
+    else:
+        se_seed, df = 0.0, float(max(n - 1, 1))
+        method = f"one replicate: items only ({n} items, bootstrap SE, normal t)"
+    se = math.sqrt(se_seed ** 2 + (se_item if np.isfinite(se_item) else 0.0) ** 2) if k else float("nan")
+    if k and not np.isfinite(se_item) and k < 2:
+        se = float("nan")
+    return dict(estimate=estimate, se=se, df=df, replicates=k, replicate_estimates=[float(x) for x in per],
+                se_seed=se_seed, se_item=se_item if np.isfinite(se_item) else 0.0, method=method)
 
 
 @dataclass(frozen=True)
@@ -132,6 +163,9 @@ class Claim:
     reason: str = ""
     no_confidence: float = 0.95
     decides_at: dict = field(default_factory=dict)
+    failed: int = 0  # replicates that failed their recipe or could not compute the statistic: not in the estimate
+    bounds: tuple[float, float] | None = None  # the statistic's range: where a failed replicate counts at its worst
+    set_aside: str = ""  # the failed gate, scoped to this claim, that kept it from being read (it decides nothing)
 
     # --- intervals
     def interval(self, confidence: float = 0.95) -> tuple[float, float]:
@@ -176,12 +210,38 @@ class Claim:
                            f"bar ({self.across()} of {self.replicates} across)")
         else:
             self.decision = "yes" if yes else ("no" if no else "open")
+            if self.decision != "open" and self.failed:
+                self._worst_case(no_confidence)
             if self.decision == "open" and not self.reason:
                 self.reason = (("the interval includes the bar" if bar.margin is None else
                                 "the interval is not clear of the bar, nor past our margin for 'no'")
                                if not short(low, high) else
                                f"short of the bar at 95% but not at the {100 * no_confidence:.4g}% that 'no' is read at")
         return self.decision
+
+    def _worst_case(self, no_confidence: float) -> None:
+        """The rule for replicates that failed (`failed`, left out of the estimate): an answer stands only if it also
+        stands with each failed replicate counted at the worst case for it, the bound of the statistic's range
+        (`bounds`) on the other side of the bar; else the claim is open. Without bounds no worst case exists and
+        the answer is open. One failure among many replicates moves the mean by 1/k of the range, so more
+        replicates never decide less."""
+        answer = self.decision
+        if self.bounds is None:
+            self.decision, self.reason = "open", (f"{self.failed} replicate(s) failed and the statistic has no bound "
+                                                  "to count them at")
+            return
+        low, high = self.bounds
+        worst = (low if self.bar.direction == ">=" else high) if answer == "yes" else \
+            (high if self.bar.direction == ">=" else low)
+        kept = [x for x in self.replicate_estimates if np.isfinite(x)]
+        parts = interval_parts(kept + [worst] * self.failed, self.se_item, self.n)
+        parts.pop("method")
+        other = Claim(name=self.name, bar=self.bar, n=self.n, **parts)
+        if other.decide(no_confidence) != answer:
+            self.decision = "open"
+            self.reason = (f"'{answer}' without the {self.failed} failed replicate(s), but not with them counted at "
+                           f"their worst ({self.fmt(worst)}{self.unit} each: {self.fmt(other.estimate)}{self.unit} "
+                           f"[{self.fmt(other.low)}, {self.fmt(other.high)}])")
 
     def across(self) -> int:
         """How many replicates lie on the bar's other side from the rest (the smaller side), counted only when they
@@ -260,8 +320,10 @@ class Claim:
         head = f"{self.name}{f' ({self.group})' if self.group else ''} [{self.source}]"
         body = (f"{self.fmt(self.estimate)}{self.unit} [{self.fmt(low)}, {self.fmt(high)}]"
                 f" (bar {bar}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
-                f"x {self.n:,} {self.n_unit})")
+                f"x {self.n:,} {self.n_unit}{f'; {self.failed} more failed' if self.failed else ''})")
         tail = self.decision + (f": {self.reason}" if self.decision == "open" and self.reason else "")
+        if self.set_aside:
+            tail = f"not read: {self.set_aside}"
         return f"{head}: {body}: {'reported only' if self.reported else tail}"
 
     def as_dict(self) -> dict:
@@ -281,6 +343,27 @@ class Gate:
     why: str = ""
     remedy: str = ""
     blocks: Literal["no", "yes", "all"] = "all"
+    group: str = ""  # the dataset, task or arm it is about ("" every group)
+    claims: tuple[str, ...] = ()  # the claims it is about (() every claim)
+
+    @property
+    def scoped(self) -> bool:
+        """A gate about some claims (a group, named claims) rather than the whole run."""
+        return bool(self.group or self.claims)
+
+    def covers(self, c: "Claim") -> bool:
+        return (not self.group or c.group == self.group) and (not self.claims or c.name in self.claims)
+
+    def apply(self, c: "Claim") -> None:
+        """A failed scoped gate on a claim it covers: "all" sets the claim aside (not read: it decides nothing),
+        "no" turns its "no" open, "yes" its "yes"."""
+        if self.passed or not self.covers(c):
+            return
+        if self.blocks == "all":
+            c.decision, c.set_aside = "open", self.name
+            c.reason = f"not read: {self.name}" + (f" ({self.why})" if self.why else "")
+        elif c.decision == self.blocks:
+            c.decision, c.reason = "open", f"a gate keeps its '{self.blocks}' from deciding: {self.name}"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -398,37 +481,51 @@ def blocks_gain(higher, lower, low: float = 0.0, high: float = 1.0) -> str:
 
 
 def _status(claims: Sequence[Claim], gates: Sequence[Gate]) -> str:
-    """The one rule, on claims already decided (see the module's docstring)."""
-    decisive = [c for c in claims if not c.reported]
-    failed = [g for g in gates if not g.passed]
+    """The one rule, on claims already decided (see the module's docstring). Scoped gates acted on their claims
+    when they were decided (`Gate.apply`); the claims they set aside decide nothing."""
+    decisive = [c for c in claims if not c.reported and not c.set_aside]
+    failed = [g for g in gates if not g.passed and not g.scoped]
     if not decisive or any(g.blocks == "all" for g in failed):
         return "inconclusive"
     paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
     if paper_no and not any(g.blocks == "no" for g in failed):
         return "not reproduced"
+    unread = unread_claims(claims)
     if (all(c.decision == "yes" for c in decisive) and any(c.source == "paper" for c in decisive)
-            and not any(g.blocks == "yes" for g in failed)):
+            and not any(g.blocks == "yes" for g in failed) and not unread):
         return "reproduced"
     return "inconclusive"
+
+
+def unread_claims(claims: Sequence[Claim]) -> list[str]:
+    """The decisive paper claims that a scoped gate set aside in every group: "reproduced" needs each of the paper's
+    claims read somewhere (a set the run cannot read leaves the others to decide; a claim read nowhere does not)."""
+    decisive = [c for c in claims if not c.reported and c.source == "paper"]
+    read = {c.name for c in decisive if not c.set_aside}
+    return list(dict.fromkeys(c.name for c in decisive if c.name not in read))
 
 
 def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 0.0,
           seconds_per_replicate: float | None = None) -> tuple[str, str]:
     """(status, text): decide each claim (Bonferroni over the decisive ones for "no"), apply the gates and the rule
     of whose claim decides what, and say what would decide the open ones."""
-    decisive = [c for c in claims if not c.reported]
-    m = max(len(decisive), 1)
+    m = max(len([c for c in claims if not c.reported]), 1)
     for c in claims:
+        c.set_aside = ""
         c.decide(1 - 0.05 / m if not c.reported else 0.95)
-    failed = [g for g in gates if not g.passed]
+        for g in gates:
+            if g.scoped:
+                g.apply(c)
+    decisive = [c for c in claims if not c.reported and not c.set_aside]
+    failed = [g for g in gates if not g.passed and not g.scoped]
     blocks_all = [g for g in failed if g.blocks == "all"]
     blocks_no = [g for g in failed if g.blocks == "no"]
     blocks_yes = [g for g in failed if g.blocks == "yes"]
     decisions = [c.decision for c in decisive]
     status = _status(claims, gates)
     parts = [c.text() for c in claims]
-    if failed:
-        parts.append("gates: " + "; ".join(g.text() for g in failed))
+    if any(not g.passed for g in gates):
+        parts.append("gates: " + "; ".join(g.text() for g in gates if not g.passed))
     ours_no = [c for c in decisive if c.decision == "no" and c.source == "lmlab"]
     paper_no = [c for c in decisive if c.decision == "no" and c.source == "paper"]
     if status == "inconclusive":
@@ -441,6 +538,10 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
                          "at inconclusive, and says nothing against the paper, whose own claims do not fail here")
         if decisive and not any(c.source == "paper" for c in decisive):
             parts.append("no claim of the paper's decides in this run: ours alone cannot reproduce it")
+        unread = unread_claims(claims)
+        if unread and not paper_no:
+            parts.append("not read in any group (a gate set it aside): " + ", ".join(unread) + "; the paper's claims "
+                         "must each be read to call it reproduced")
         if sized and not blocks_all:
             parts.append("to decide: " + "; ".join(f"{_label(c)} needs {c.decides_at['text']}" for c in sized))
         elif paper_no and blocks_no:
@@ -458,12 +559,12 @@ def _label(c: Claim) -> str:
 
 def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     """What decided the verdict, on claims already decided: for "not reproduced" the first decisive paper claim at
-    "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed gate that blocks
-    everything, else the first decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or
+    "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed unscoped gate that
+    blocks everything, else the scoped gate that left nothing (or a paper claim nowhere) read, else the first decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or
     every claim's "yes") from deciding, else the first open decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its name, source, where and bar."""
     status = _status(claims, gates)
-    decisive = [c for c in claims if not c.reported]
-    failed = [g for g in gates if not g.passed]
+    decisive = [c for c in claims if not c.reported and not c.set_aside]
+    failed = [g for g in gates if not g.passed and not g.scoped]
     pick: Claim | Gate | None = None
     if status == "not reproduced":
         pick = next(c for c in decisive if c.decision == "no" and c.source == "paper")
@@ -472,7 +573,11 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     else:
         paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
         all_yes = bool(decisive) and all(c.decision == "yes" for c in decisive)
+        unread = unread_claims(claims)
+        aside = next((c.set_aside for c in claims if unread and c.name == unread[0] and c.set_aside), "")
         pick = (next((g for g in failed if g.blocks == "all"), None)
+                or (next((g for g in gates if not g.passed and g.scoped), None) if not decisive else None)
+                or next((g for g in gates if g.name == aside), None)
                 or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
                 or (next((g for g in failed if g.blocks == "no"), None) if paper_no else None)
                 or (next((g for g in failed if g.blocks == "yes"), None) if all_yes else None)

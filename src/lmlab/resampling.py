@@ -16,13 +16,12 @@ claim's method, and a study that trains adds a gate (one training run cannot dec
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Callable, Sequence
 
 import numpy as np
 
-from lmlab.claims import Bar, Claim
+from lmlab.claims import Bar, Claim, interval_parts
 
 
 def replicate_seed(seed: int, replicate: int) -> int:
@@ -90,27 +89,11 @@ class Resampler:
         return self.combine(name, per, boot, bar, **kwargs)
 
     def combine(self, name: str, per: np.ndarray, boot: np.ndarray, bar: Bar, **kwargs) -> Claim:
-        per = np.asarray(per, dtype=float)
-        good = per[np.isfinite(per)]
-        k = len(good)
-        estimate = float(good.mean()) if k else float("nan")
         boot = boot[np.isfinite(boot)]
         se_item = float(np.std(boot, ddof=1)) if len(boot) > 1 else float("nan")
-        if k > 1:
-            se_seed = float(np.std(good, ddof=1) / np.sqrt(k))
-            a, b = se_seed ** 2, se_item ** 2
-            denom = (a * a / (k - 1) if a else 0.0) + (b * b / max(self.n - 1, 1) if b else 0.0)
-            df = (a + b) ** 2 / denom if denom > 0 else float(k - 1)
-            method = f"t over {k} replicates and {self.n} items (Satterthwaite df {df:.1f}; item resamples shared)"
-        else:
-            se_seed, df = 0.0, float(max(self.n - 1, 1))
-            method = f"one replicate: items only ({self.n} items, bootstrap SE, normal t)"
-        se = math.sqrt(se_seed ** 2 + (se_item if np.isfinite(se_item) else 0.0) ** 2) if k else float("nan")
-        if k and not np.isfinite(se_item) and k < 2:
-            se = float("nan")
-        return Claim(name=name, estimate=estimate, se=se, df=df, bar=bar, method=kwargs.pop("method", method),
-                     n=self.n, replicates=k, replicate_estimates=[float(x) for x in per], se_seed=se_seed,
-                     se_item=se_item if np.isfinite(se_item) else 0.0, **kwargs)
+        parts = interval_parts(per, se_item, self.n)
+        method = kwargs.pop("method", parts.pop("method"))
+        return Claim(name=name, bar=bar, method=method, n=self.n, **parts, **kwargs)
 
 
 def _mean_of_finite(values) -> float:
