@@ -605,7 +605,7 @@ def test_pathways_compose_the_knockout_study_per_model(tiny_smol_folder, tmp_pat
     import lmlab.studies.knockout.recipe as s1_recipe
 
     # a tiny random model answers nothing right: label its answers by a rule, as S1's own tiny tests do
-    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")
+    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases, exact=False: aliases[0][0] < "M")
     result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path, variant=["same"],
                        tasks=["ioi"], n_prompts=4, verify_heads=3, pathways=True, pathway_datasets=["geo-capital"],
                        pathway_questions=48)

@@ -59,7 +59,7 @@ def both_answer_classes(monkeypatch):
     sweep and split all run."""
     import lmlab.studies.knockout.recipe as s1_recipe
 
-    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases: aliases[0][0] < "M")
+    monkeypatch.setattr(s1_recipe, "alias_match", lambda text, aliases, exact=False: aliases[0][0] < "M")
 
 
 def _run(study: str, tmp_path: Path, **settings):

@@ -233,7 +233,7 @@ TINY = dict(model="tiny-llama", datasets=["geo-capital", "geo-city-country"], pe
             min_per_class=3)
 
 
-def _label(text, aliases):
+def _label(text, aliases, exact=False):
     return aliases[0][0] < "M"  # a labelling rule for a tiny random model, so that both classes exist
 
 
@@ -401,7 +401,7 @@ def test_a_whole_question_dataset_gets_extracted_exact_tokens_and_a_real_control
              "answer": [c[::-1]]}
             for c in countries for year in (1990, 2000, 2010, 2020)]
     (tmp_path / "nq.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: aliases[0][0] < "n")
+    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases, exact=False: aliases[0][0] < "n")
     config = s1.Config(model="tiny-llama", datasets=[f"nq:{tmp_path / 'nq.jsonl'}"], per_dataset=40, sweep_every=1,
                        min_per_class=3, seeds=2)
     result = run_study(s1.SPEC, config, tmp_path / "run")
@@ -464,14 +464,14 @@ def _decisions(v):
 
 
 DECISIVE = ("E_Q ΔP - control ΔP", "E_Q flips - control flips", "patching flips beyond random, Q - A",
-            "patching flips, E_Q - random")
+            "patching flips, E_Q - random", "patching beyond random, Q - A, like margins")
 
 
 def test_the_decisive_claims_are_the_four_against_the_papers_controls():
     from lmlab.studies.knockout.analysis import CLAIMS
 
     assert tuple(c.name for c in CLAIMS if c.decisive) == DECISIVE
-    assert {c.source for c in CLAIMS if c.decisive} == {"paper"}
+    assert {c.name for c in CLAIMS if c.decisive and c.source != "paper"} == {DECISIVE[-1]}  # the like-margin check
 
 
 def test_verdict_on_planted_effects_decides_on_the_papers_controls():
@@ -480,16 +480,18 @@ def test_verdict_on_planted_effects_decides_on_the_papers_controls():
     assert good.status == "reproduced", good.summary
     assert good.evidence["layers_compared"] == [4, 6, 7]
     assert {c["replicates"] for c in good.evidence["claims"]} == {3}
-    assert {c["source"] for c in good.evidence["claims"] if not c["reported"]} == {"paper"}
+    assert {c["name"] for c in good.evidence["claims"] if not c["reported"] and c["source"] != "paper"} == \
+        {"patching beyond random, Q - A, like margins"}
     assert {n for (_, n), d in _decisions(good).items() if d == "yes"} >= set(DECISIVE)
     assert good.evidence["deciding"]["source"] == "paper" and "Scope: this run" in good.summary
     # too few samples to split: inconclusive, naming the counts, never "reproduced"
     thin = verdict(_result(_planted(n=6)))
     assert thin.status == "inconclusive" and "Q- and A-Anchored samples: FAILED" in thin.summary
-    # one set without probes leaves the verdict inconclusive, with its counts
+    # one set without probes is named with its counts, and leaves the set that has them to decide (a gate blocks
+    # what it is about: a set the run cannot read does not silence the others)
     rows = _planted() + [dict(kind="probe_skipped", probe_set="e", correct_train=3, incorrect_train=40, needed=10)]
     skipped = verdict(_result(rows))
-    assert skipped.status == "inconclusive" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
+    assert skipped.status == "reproduced" and "e: probes: FAILED (3 correct / 40 incorrect" in skipped.summary
     # a mixture of probes left untrained in two of three replicates: one clause for the set, not one a replicate
     notes = [dict(kind="detection", replicate=r, probe_set="d", method=method, layer=4, n_test=20,
                   note=f"not trained: each pathway group needs 10 ({r} correct)" if r and method != "probe" else None)
@@ -617,19 +619,37 @@ def test_the_patching_difference_of_differences_equals_a_plain_computation_per_r
         assert got["patching beyond random, Q - A, like margins"][r] == pytest.approx(num / den)
 
 
-def test_a_replicate_whose_patched_questions_sit_on_one_side_fails_a_gate_not_a_claim():
-    """Every patched question of one replicate Q-Anchored (its E_Q knockout flips the best-layer probe on each):
-    Q - A is undefined there; a gate says so in words."""
-    rows = _planted()
+def _one_sided(rows, replicates):
+    """Every patched question of these replicates Q-Anchored (the E_Q knockout flips the best-layer probe on each)."""
     for row in rows:
-        if row["kind"] == "knockout" and row["replicate"] == 1 and row["condition"] == "eq" and row["layer"] == BEST:
+        if row["kind"] == "knockout" and row["replicate"] in replicates and row["condition"] == "eq" and \
+                row["layer"] == BEST:
             row["flipped"] = 1
-    thin = verdict(_result(rows))
-    assert thin.status == "inconclusive", thin.summary
-    assert ("d: patched Q- and A-Anchored samples in every replicate: FAILED (in 1 of 3 replicates the questions "
-            "patched both ways hold no Q- or no A-Anchored sample") in thin.summary
+    return rows
+
+
+def test_a_replicate_whose_patched_questions_sit_on_one_side_is_counted_at_its_worst():
+    """One replicate of three with every patched question Q-Anchored: Q - A is undefined there. It is counted and
+    shown, and the Q - A claim's answer stands only if it stands with that replicate at its worst (-200 points):
+    at three replicates it does not, so the claim is open and says why; the other claims still decide. Two of three
+    without both groups fail the gate, which sets aside the Q - A claims alone; a paper claim read nowhere keeps the
+    verdict from "reproduced"."""
+    thin = verdict(_result(_one_sided(_planted(), {1})))
+    claims = {c["name"]: c for c in thin.evidence["claims"]}
+    qa = claims["patching flips beyond random, Q - A"]
+    assert qa["failed"] == 1 and qa["replicates"] == 2 and qa["decision"] == "open" and "worst" in qa["reason"]
+    assert claims["E_Q ΔP - control ΔP"]["decision"] == "yes" and thin.status == "inconclusive", thin.summary
+    gates = {g["name"]: g for g in thin.evidence["gates"]}
+    assert gates["d: patched Q- and A-Anchored samples"]["passed"] is True
+    assert "in 1 of 3 replicates the questions patched both ways hold no Q- or no A-Anchored sample" in \
+        gates["d: patched Q- and A-Anchored samples"]["why"]
+    two = verdict(_result(_one_sided(_planted(), {1, 2})))
+    claims = {c["name"]: c for c in two.evidence["claims"]}
+    assert claims["patching flips beyond random, Q - A"]["set_aside"] == "d: patched Q- and A-Anchored samples"
+    assert claims["patching flips, E_Q - random"]["set_aside"] == "" and two.status == "inconclusive", two.summary
+    assert "not read in any group (a gate set it aside): patching flips beyond random, Q - A" in two.summary
     gates = {g["name"]: g["passed"] for g in verdict(_result(_planted())).evidence["gates"]}
-    assert gates["d: patched Q- and A-Anchored samples in every replicate"] is True
+    assert gates["d: patched Q- and A-Anchored samples"] is True
 
 
 def test_no_control_draw_is_never_the_clean_row_and_leaves_the_verdict_open():
@@ -796,7 +816,7 @@ def _two_pathway_model(monkeypatch, n, question_anchored, device):
             label[item.aliases[0]], answer[key] = score[item.id] > median, [constant, constant]
         else:
             label[item.aliases[0]], answer[key] = bool(coins[n_item]), [constant, yes if coins[n_item] else no]
-    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases: label[aliases[0]])
+    monkeypatch.setattr(s1.recipe, "alias_match", lambda text, aliases, exact=False: label[aliases[0]])
     monkeypatch.setattr(s1.recipe, "greedy_answers", lambda lm_, prompts, *a, **k: [answer[tuple(p)] for p in prompts])
     lm.name = "tiny-two-pathways" if question_anchored else "tiny-answer-only"
     return lm, anchored
@@ -807,8 +827,8 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     """End to end through answers, probes, the knockout sweep, the per-layer split and the verdict: where half
     the items' truthfulness is read from E_Q, the E_Q knockout flips the probe far more often than the control
     and drops the flipped items' confidence; where every item's truthfulness is in its answer, it cannot."""
-    config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=80, sweep_every=1, min_per_class=5)
-    lm, anchored = _two_pathway_model(monkeypatch, 80, question_anchored=True, device=device)
+    config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=160, sweep_every=1, min_per_class=5)
+    lm, anchored = _two_pathway_model(monkeypatch, 160, question_anchored=True, device=device)
     both = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert both.verdict.status == "reproduced", both.verdict.summary
     ko = both.table("knockout")
@@ -820,7 +840,7 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     assert flips["eq"] > 0.15 and flips["eq"] > 3 * flips["control"], flips  # about half the anchored half
     eq = late[late.condition == "eq"]
     assert set(eq[eq.flipped == 1].id) <= anchored  # only question-anchored items flip (the Q-Anchored ones)
-    lm, _ = _two_pathway_model(monkeypatch, 80, question_anchored=False, device=device)
+    lm, _ = _two_pathway_model(monkeypatch, 160, question_anchored=False, device=device)
     answer_only = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert answer_only.verdict.status in ("inconclusive", "not reproduced"), answer_only.verdict.summary
     assert answer_only.table("knockout").query("condition == 'eq'").flipped.sum() == 0

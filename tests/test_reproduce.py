@@ -108,7 +108,7 @@ def tiny_demo(tmp_path_factory):
     small = dict(SMALL, **{"sparse-circuits": dict(toy_steps=3, toy_sparse_steps=2, toy_width=32, toy_rank_draws=5),
                            "latent": dict(rates=[16], n_train=300, n_test=12, steps=12, seeds=2,
                                           vq_steps=10, d_model=32, n_layers=2, batch_size=16)})
-    small["knockout"] = dict(per_dataset=12)  # the demo's own dataset (geo-continent)
+    small["knockout"] = dict(per_dataset=12)  # the demo's own dataset (geo-facts)
     seen = []
     outcomes = reproduce(tmp_path, profile="demo", models=models, overrides=small, say=lambda s: None,
                          progress=lambda names, done, running, left: seen.append((running, len(done), left)))
@@ -128,7 +128,7 @@ def test_reproduce_demo_on_tiny_models_writes_a_report_with_every_verdict(tiny_d
     assert all(o.status == "ok" and o.verdict in ("reproduced", "not reproduced", "inconclusive") for o in outcomes)
     assert seen[0] == ([names[0]], 0, seen[0][2]) and seen[-1] == ([], len(names), 0.0)
     knockout = load_result(outcomes[0].path)
-    assert sorted(knockout.table("answer").dataset.unique()) == ["geo-continent"]  # the demo's own set
+    assert sorted(knockout.table("answer").dataset.unique()) == ["geo-facts"]  # the demo's own set
     toy = load_result(outcomes[[o.study for o in outcomes].index("sparse-circuits")].path)
     assert toy.table("curve").empty and len(toy.table("toy")) == 2 * 3 and toy.verdict.evidence.get("part") == "toy"
     from helpers import check_declared_columns

@@ -29,7 +29,7 @@ def build(study: str, out: str):
 
         import lmlab.studies.knockout.recipe as recipe
 
-        recipe.alias_match = lambda text, aliases: aliases[0][0] < "M"
+        recipe.alias_match = lambda text, aliases, exact=False: aliases[0][0] < "M"
         spec, config = s1.SPEC, s1.Config(model="tiny-llama", datasets=["geo-capital", "geo-continent"],
                                           per_dataset=30, sweep_every=1, min_per_class=3, device="cpu")
     elif study == "filler":

@@ -2,7 +2,8 @@
 
 A prompt is a 3-shot completion prompt ("Q: ...\\nA: ...\\n" three times, then "Q: {question}\\nA:").
 E_Q is the subject entity and the property word of the target question when the dataset names them
-(the generated sets, PopQA); otherwise (TriviaQA, NQ-open, HotpotQA) it is extracted from the question by a rule of
+(the generated sets, PopQA; where the question words the property otherwise, as PopQA's "place of birth" in "In what
+city was X born?", the subject alone); otherwise (TriviaQA, NQ-open, HotpotQA) it is extracted from the question by a rule of
 ours (`key_spans`: the named entities, numbers and quoted titles, and the first content word the question asks
 about). The paper extracted these "exact tokens" with an LLM; the whole question is never E_Q, since the
 random-token control needs question tokens outside it. Spans are character offsets into the prompt, turned into token positions
@@ -28,6 +29,8 @@ class QAItem:
     prop: str | None = None
     popularity: float | None = None
     shots: tuple[tuple[str, str], ...] = DEFAULT_SHOTS
+    relation: str | None = None  # the property asked (a set of several relations); token patching swaps within one
+    exact: bool = False  # a closed class of answers (continents): correct only when the answer is a gold alias
 
 
 @dataclass
@@ -49,19 +52,26 @@ def build_prompt(item: QAItem) -> QAPrompt:
     text = f"{shots}Q: {item.question}\nA:"
     q_start = len(shots) + 3
     q_end = q_start + len(item.question)
-    spans = []
-    for piece in (item.subject, item.prop):
-        if piece:
-            found = _find_in(text, piece, q_start, q_end)
-            if found is None:
-                return QAPrompt(text, (q_start, q_end), [], eq_source=f"missing:{piece}")
+    spans, source = [], "subject+property"
+    if item.subject:
+        found = _find_in(text, item.subject, q_start, q_end)
+        if found is None:
+            return QAPrompt(text, (q_start, q_end), [], eq_source=f"missing:{item.subject}")
+        spans.append(found)
+    if item.prop:
+        found = _find_in(text, item.prop, q_start, q_end)
+        if found is not None:
             spans.append(found)
+        elif item.subject:  # a property the question words otherwise (PopQA's "place of birth"): the subject alone
+            source = "subject"
+        else:
+            return QAPrompt(text, (q_start, q_end), [], eq_source=f"missing:{item.prop}")
     if not spans:
         found = [(q_start + a, q_start + b) for a, b in key_spans(item.question)]
         if not found:
             return QAPrompt(text, (q_start, q_end), [], eq_source="missing:extracted")
         return QAPrompt(text, (q_start, q_end), found, eq_source="extracted")
-    return QAPrompt(text, (q_start, q_end), sorted(spans))
+    return QAPrompt(text, (q_start, q_end), sorted(spans), eq_source=source)
 
 
 # words a question is built of, never its key tokens (the wh-words, auxiliaries, articles, prepositions, and the

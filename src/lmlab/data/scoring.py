@@ -23,12 +23,15 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
-def alias_match(prediction: str, aliases: Iterable[str]) -> bool:
-    """True when a normalised gold alias occurs in the normalised prediction, on word boundaries."""
-    pred = f" {normalize_answer(prediction)} "
+def alias_match(prediction: str, aliases: Iterable[str], exact: bool = False) -> bool:
+    """True when a normalised gold alias occurs in the normalised prediction, on word boundaries; with `exact`
+    (a closed class of answers, such as continents), only when the normalised prediction is one ("South Asia" does
+    not answer "Asia")."""
+    norm = normalize_answer(prediction)
+    pred = f" {norm} "
     for alias in aliases:
         gold = normalize_answer(alias)
-        if gold and f" {gold} " in pred:
+        if gold and (norm == gold if exact else f" {gold} " in pred):
             return True
     return False
 

@@ -27,11 +27,10 @@ sets against its own controls, each a direction (the paper gives no size, so eac
 
   What it does not rule out: a subject swap that is only a larger perturbation than the random patch flips
   near-margin probes more than the random patch does, so its excess also gathers in the near-margin (Q) group. A
-  check of ours, reported beside, takes the same difference within strata of the best-layer probe's clean margin
-  (Q- and A-Anchored questions of like margin). It is reported, not decisive: the knockout's flips are themselves
-  near-margin, so the two groups overlap little in margin and the strata leave few comparisons (a model built with
-  both pathways, in the tests, reproduces on the plain difference and scatters on the strata); where it disagrees
-  with the decisive claim, the report shows both.
+  claim of ours, decisive beside it, takes the same difference within strata of the best-layer probe's clean
+  margin (Q- and A-Anchored questions of like margin), so "reproduced" holds only where the excess survives at
+  like margins. Being ours, it can hold the verdict at inconclusive and never make it "not reproduced". On the
+  embedded SmolLM2 with the mixed fact set both read alike (+50.1 and +50.6 points at 420 questions, 8 replicates).
 
 The paper's figure puts the A-Anchored lines' level nowhere in a number we could cite, so that level is reported,
 not claimed. The patching claims follow the paper's figure (each group under both kinds of patching), not a reading
@@ -39,6 +38,8 @@ that sets the groups' flip rates under exact-question patching against each othe
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pandas as pd
@@ -84,9 +85,9 @@ CLAIMS = [
              f"{STRATA} strata of the best-layer probe's clean margin (quantiles over the patched questions), each "
              "weighted n_Q n_A / (n_Q + n_A)", ">=", 0.0, "lmlab",
              "a check of ours that a subject swap which is only a larger perturbation than the random patch (and "
-             "so flips near-margin probes more) is not read as anchoring; reported only: the knockout's flips are "
-             "near-margin themselves, so few questions of like margin sit in both groups", null=0.0, unit=" pts",
-             scale=100, decisive=False),
+             "so flips near-margin probes more) is not read as anchoring: Q- and A-Anchored questions compared at "
+             "like clean margins; decisive as ours (it can hold the verdict at inconclusive, never make it 'not "
+             "reproduced')", null=0.0, unit=" pts", scale=100),
     Declared("Q-A gap", "mean ΔP of the Q-Anchored minus the A-Anchored samples, per layer, mean over the "
              "middle-to-last layers", "<=", FAR, "lmlab",
              "the figure's Q-vs-A lines as a number; reported only: under the per-layer flip split it holds by "
@@ -341,11 +342,12 @@ def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed
 
     common = dict(group=dataset, n_unit="patched questions", unit=" pts", scale=100)
     spec = lambda name: declared(CLAIMS, name)  # noqa: E731
+    split_claims = dict(failed=thin, bounds=(-2.0, 2.0))  # a replicate without both groups: counted at its worst
     claims = [
         spec("patching flips beyond random, Q - A").attach(sampler.weighted_claim(
             "patching flips beyond random, Q - A",
             lambda i, w: _within_strata(per[i]["d"], per[i]["q"], per[i]["a"], per[i]["one"], w),
-            spec("patching flips beyond random, Q - A").make_bar(), **common)),
+            spec("patching flips beyond random, Q - A").make_bar(), **split_claims, **common)),
         spec("patching flips, E_Q - random").attach(sampler.weighted_claim(
             "patching flips, E_Q - random", lambda i, w: _paired(per[i]["d"][:, None], w),
             spec("patching flips, E_Q - random").make_bar(), **common)),
@@ -354,7 +356,7 @@ def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed
         spec("patching beyond random, Q - A, like margins").attach(sampler.weighted_claim(
             "patching beyond random, Q - A, like margins",
             lambda i, w: _within_strata(per[i]["d"], per[i]["q"], per[i]["a"], per[i]["strata"], w),
-            spec("patching beyond random, Q - A, like margins").make_bar(), **common))]
+            spec("patching beyond random, Q - A, like margins").make_bar(), **split_claims, **common))]
     return claims, (thin, len(reps))
 
 
@@ -449,11 +451,13 @@ def verdict(result) -> Verdict:
             gates.append(Gate(f"{dataset}: knockout rows", False,
                               why="none of its questions was swept (the placebo sweeps a question only where it has "
                                   "as many question tokens outside E_Q as E_Q has, to draw E_Q's stand-in from)",
-                              remedy="questions whose exact tokens are a smaller part of the question"))
+                              remedy="questions whose exact tokens are a smaller part of the question",
+                              group=dataset))
     for row in skipped.drop_duplicates("probe_set").itertuples() if len(skipped) else ():
         gates.append(Gate(f"{row.probe_set}: probes", False, why=f"{int(row.correct_train)} correct / "
                           f"{int(row.incorrect_train)} incorrect training answers (need {int(row.needed)} of each)",
-                          remedy="more questions, or an easier set"))
+                          remedy="more questions, or an easier set",
+                          group="" if row.probe_set == "pooled" else row.probe_set))
     k = _replicate(ko).replicate.nunique()
     gates.append(replicates_gate(k, trains=False))
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
@@ -468,23 +472,34 @@ def verdict(result) -> Verdict:
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
 
 
+SPLIT_CLAIMS = ("patching flips beyond random, Q - A", "patching flips, Q - A",
+                "patching beyond random, Q - A, like margins")  # the claims that need patched questions in both groups
+CONTROL_CLAIMS = ("E_Q ΔP - control ΔP", "E_Q flips - control flips")
+GAP_CLAIMS = ("Q-A gap", "Q-A gap beyond the control's")
+
+
 def set_gates(dataset: str, counts: dict, thin, answers: pd.DataFrame, ko: pd.DataFrame) -> list[Gate]:
-    """One dataset's gates: patched questions on both sides of the split in every replicate, a control of E_Q's
-    size, and enough Q- and A-Anchored samples per layer."""
+    """One dataset's gates, each scoped to the claims it is about: patched questions on both sides of the split (the
+    Q - A patching claims; a replicate whose split leaves one side empty is counted at its worst, and the gate fails
+    only where fewer than two replicates have both), a control of E_Q's size (the E_Q-vs-control claims), and enough
+    Q- and A-Anchored samples per layer (the Q-A gaps)."""
     gates = []
     if thin is not None:
-        gates.append(Gate(f"{dataset}: patched Q- and A-Anchored samples in every replicate", thin[0] == 0,
+        have = thin[1] - thin[0]
+        gates.append(Gate(f"{dataset}: patched Q- and A-Anchored samples", have >= 2,
                           why=(f"in {thin[0]} of {thin[1]} replicates the questions patched both ways hold no Q- "
-                               "or no A-Anchored sample, so Q - A is undefined there") if thin[0] else
+                               "or no A-Anchored sample, so Q - A is undefined there: each is counted at the worst "
+                               "case for the claim's answer") if thin[0] else
                               f"in each of the {thin[1]} replicates the questions patched both ways hold both "
                               "Q- and A-Anchored samples",
                           remedy="more questions (--per-dataset), so that each replicate's split puts patched "
-                                 "questions on both sides"))
-    gates.append(control_gate(answers, ko, dataset, counts["n_control"], counts["n_samples"]))
+                                 "questions on both sides", group=dataset, claims=SPLIT_CLAIMS))
+    gate = control_gate(answers, ko, dataset, counts["n_control"], counts["n_samples"])
+    gates.append(dataclasses.replace(gate, group=dataset, claims=CONTROL_CLAIMS))
     gates.append(Gate(f"{dataset}: Q- and A-Anchored samples", min(counts["q_mean_count"], counts["a_mean_count"])
                       >= MIN_GROUP, why=f"{counts['q_mean_count']:.1f} Q / {counts['a_mean_count']:.1f} A per layer "
                                        f"on average (needs {MIN_GROUP} each)",
-                      remedy="more questions (--per-dataset)"))
+                      remedy="more questions (--per-dataset)", group=dataset, claims=GAP_CLAIMS))
     return gates
 
 

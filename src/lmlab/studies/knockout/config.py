@@ -18,7 +18,7 @@ class Config(StudyConfig):
         "tokens outside E_Q: a draw of the random-token control's kind, independent of the control's own draws")
     device_map_refusal = None  # inference only: the model may be spread over devices and disk
     launch_refusal = None  # its units are shared out by rank (lmlab.parallel)
-    datasets: list[str] | None = Field(None, description="generated sets (" + ", ".join(geo_qa.RELATIONS) + "), hub "
+    datasets: list[str] | None = Field(None, description="generated sets (" + ", ".join(geo_qa.SETS) + "), hub "
                                        "ids (popqa, triviaqa, nq, hotpotqa), or FORMAT:PATH for a real file or saved "
                                        "dataset folder")
     per_dataset: int | None = Field(None, ge=1, description="questions per dataset")
@@ -39,7 +39,7 @@ class Config(StudyConfig):
 
         for entry in self.size("datasets"):
             kind, _, path = entry.partition(":")
-            if entry in geo_qa.RELATIONS or entry in READERS:
+            if entry in geo_qa.SETS or entry in READERS:
                 continue
             if path and kind in READERS:
                 read_qa(kind, path)
@@ -51,5 +51,5 @@ def unknown_dataset(entry: str):
     from lmlab.data.formats import READERS
     from lmlab.errors import LmlabError
 
-    return LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.RELATIONS)}; from the hub: "
+    return LmlabError(f"unknown dataset '{entry}'; generated: {', '.join(geo_qa.SETS)}; from the hub: "
                       f"{', '.join(READERS)}; or a file or saved dataset folder as FORMAT:PATH")

@@ -177,7 +177,8 @@ def naive_sweep(lm: LoadedModel, ids: list[int], eq_pos: list[int], layers: list
 
 def patching_features(lm, answered, answers, correct, config, layers: list[int]) -> tuple[list, np.ndarray | None]:
     """Token patching and its control, for each correctly answered question whose set has another subject:
-    - "eq": the subject is replaced by another question's subject of the same set (the model's answer kept);
+    - "eq": the subject is replaced by another question's subject of the same set and relation whose gold answers
+      differ (`donors_for`; the model's answer kept, so it becomes false);
     - "random": as many random question tokens outside E_Q as the subject has are replaced, in place, by random
       tokens of the same donor's question outside its E_Q (the paper's comparison: patching random tokens).
     In the placebo (`config.placebo`) the "eq" arm is a second random patch of the same kind and size, drawn
@@ -187,13 +188,13 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
     rng = random.Random(config.seed + 1)
     control_rng = random.Random(config.seed + 2)
     placebo_rng = random.Random(placebo_seed(config.seed, "patching"))
-    by_set: dict[str, list] = {}
+    by_set: dict[tuple, list] = {}
     for item in answered:
         if item.subject:
-            by_set.setdefault(item.dataset, []).append(item)
+            by_set.setdefault(_kind(item), []).append(item)
     jobs = []
     for n, item in enumerate(answered):
-        donors = [d for d in by_set.get(item.dataset, []) if d.subject != item.subject]
+        donors = donors_for(item, by_set.get(_kind(item), []))
         if not correct[n] or not item.subject or not donors:
             continue
         donor = rng.choice(donors)
@@ -223,6 +224,22 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
     feats = last_token_features(lm, [seq for *_, seq in jobs], layers, config.batch_size,
                                 description="token patching")
     return [(n, item, cond) for n, item, cond, _ in jobs], feats
+
+
+def _kind(item: QAItem) -> tuple:
+    """The questions a subject swap may take its donor from: the same set and the same relation (the property
+    asked: a country's capital is not swapped into a question about a city's state)."""
+    return item.dataset, item.relation or item.prop
+
+
+def donors_for(item: QAItem, same_kind: list[QAItem]) -> list[QAItem]:
+    """The subjects `item`'s subject may be swapped for: another subject of its kind whose gold answers share none
+    with `item`'s (normalised), so that the swap changes the true answer and the model's own answer, kept, becomes
+    false (a donor on the same continent would leave it true, with nothing for the probe to flip)."""
+    from lmlab.data.scoring import normalize_answer
+
+    gold = {normalize_answer(a) for a in item.aliases}
+    return [d for d in same_kind if d.subject != item.subject and not gold & {normalize_answer(a) for a in d.aliases}]
 
 
 def placebo_seed(seed: int, part: str) -> int:

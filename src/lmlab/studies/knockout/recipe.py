@@ -25,7 +25,7 @@ Recipe (checked against the paper's text):
     `control_tokens`). The split itself is the analysis's, made from these recorded flips; the recipe
     makes it only where a fit needs it (the mixture of probes, step 7);
  6. token patching: the subject of a correctly answered question is replaced by another subject of the
-    same set (the model's own answer kept), and, as the control, as many random question tokens outside
+    same set and relation whose gold answers differ (the model's own answer kept), and, as the control, as many random question tokens outside
     E_Q are replaced by tokens of the same donor's question (the paper's figure sets random-token
     patching beside exact-question patching for each group); each job's flip of the best-layer probe
     is recorded, and the analysis splits them by group;
@@ -80,7 +80,7 @@ def load_items(config: Config) -> list[QAItem]:
     items: list[QAItem] = []
     for entry in config.size("datasets"):
         kind, _, path = entry.partition(":")
-        if entry in geo_qa.RELATIONS:
+        if entry in geo_qa.SETS:
             items += geo_qa.generate(entry, n, seed=config.seed)
             continue
         if path and kind in READERS:
@@ -248,7 +248,7 @@ def _labelled(lm, items, encoded, answers, skipped: int, config: Config):
     (the answered items, their labels, one `answer` row each, the counts)."""
     answered = [i for i in items if answers[i.id]]
     texts = {i.id: lm.tokenizer.decode(answers[i.id]).strip() for i in answered}
-    correct = np.array([alias_match(texts[i.id], i.aliases) for i in answered], dtype=int)
+    correct = np.array([alias_match(texts[i.id], i.aliases, i.exact) for i in answered], dtype=int)
     base = [dict(kind="answer", id=i.id, dataset=i.dataset, subject=i.subject, popularity=i.popularity,
                  answer=texts[i.id], correct=int(c), eq_tokens=len(encoded[i.id]["eq"]),
                  pool_tokens=len(pool(encoded[i.id])), eq_source=encoded[i.id]["eq_source"])
