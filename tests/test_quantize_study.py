@@ -596,3 +596,14 @@ def test_decoder_option_quantizes_a_mixture_of_experts_and_refuses_its_export_be
                                              r"linear layers and embeddings, and this model's experts are stacked"):
             run_study(s2.SPEC, s2.Config(**sizes, export="compressed-tensors"), tmp_path / "exported")
         assert not any((tmp_path / "exported").glob("*/"))
+
+
+def test_an_unlearned_student_sets_aside_the_claims_that_read_it_and_no_other():
+    """A 1-bit Budget-A student at the majority class: the claims that read it (C - A at 1 bit, the C-A gap) are not
+    read, named with the gate; the 2-bit closeness claim still decides, and its 'no' still makes 'not reproduced'."""
+    unlearned = verdict(from_rows("quantize", _table({**GOOD, (1, "A"): 0.5}, n=1000)))
+    claims = {c["name"]: c for c in unlearned.evidence["claims"]}
+    assert claims["Budget-C - Budget-A at 1 bit"]["set_aside"] == "students learned"
+    assert claims["teacher - 2-bit Budget-C"]["set_aside"] == "" and claims["teacher - 2-bit Budget-C"]["decision"] == "yes"
+    far = verdict(from_rows("quantize", _table({**GOOD, (1, "A"): 0.5, (2, "C"): 0.80}, n=2000)))
+    assert far.status == "not reproduced", far.summary

@@ -260,18 +260,31 @@ def _teachers_gate(teachers: pd.DataFrame, cells) -> Gate:
 
 
 def _learned_gate(students: pd.DataFrame, cells) -> Gate:
-    """Every student at least LEARNED_MARGIN points above its task's majority-class predictor."""
-    unlearned = []
+    """Every student at least LEARNED_MARGIN points above its task's majority-class predictor. A student that has not
+    learned decides nothing either way (it fails "close to the teacher" and flatters "C above A" whatever the method
+    does), so the gate sets aside the claims that read it (`_reading`), and only those."""
+    unlearned, cells_read = [], set()
     for row in students.itertuples():
         floor = _floor(row, cells)
         if row.score < floor + LEARNED_MARGIN:
             unlearned.append(f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate "
                              f"{int(row.replicate) if pd.notna(getattr(row, 'replicate', np.nan)) else 0}: "
                              f"{row.score:.1f} vs {floor:.1f} predicting the majority class")
+            cells_read.add((int(row.bits), row.budget))
     return Gate("students learned", not unlearned, why="; ".join(unlearned) or
                 f"every student at least {LEARNED_MARGIN:.0f} points above the majority class",
                 remedy="a student at the majority rate has not converged: a larger budget (--epochs-a) or "
-                       "learning rate (--student-lr)")
+                       "learning rate (--student-lr)", claims=_reading(cells_read))
+
+
+def _reading(cells: set[tuple[int, str]]) -> tuple[str, ...]:
+    """The names of the claims (as `_claims` labels them) that read a student of these (bits, budget) cells."""
+    names = []
+    for bits, budget in sorted(cells):
+        names += [f"teacher - {bits}-bit Budget-{budget}", f"2-bit - 1-bit, Budget-{budget}"]
+        if budget in ("A", "C"):
+            names += [f"Budget-C - Budget-A at {bits} bit", "C-A gap at 1 bit - at 2 bits"]
+    return tuple(dict.fromkeys(names))
 
 
 def _converged_gate(students: pd.DataFrame, budget: str | None) -> Gate:
