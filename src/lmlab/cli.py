@@ -280,7 +280,8 @@ def _bf16_note(dtype: str, device: str) -> None:
 
 def _progress_table(profile: str, started: float, names: list[str], outcomes: list, running: list[str],
                     left: float | None) -> None:
-    """The whole run as one table: each study's state, time and verdict, and the time left."""
+    """The whole run as one table: each study, what its run at this profile can give on a CPU (an answer, or its
+    figure and the price of its answer), its state, time and verdict, and the time left."""
     from lmlab.reproduce import expected_seconds
     from lmlab.stats import duration
     from lmlab.studies import STUDIES
@@ -295,11 +296,13 @@ def _progress_table(profile: str, started: float, names: list[str], outcomes: li
         else:
             state = "reused" if o.resumed else o.status
             took, verdict = duration(o.seconds), (o.verdict or o.reason or "")
-        rows.append([STUDIES[name].title, state, took, duration(expected) if expected else "", verdict])
+        rows.append([STUDIES[name].title, STUDIES[name].answers.get(profile, ""), state, took,
+                     duration(expected) if expected else "", verdict])
     elapsed = time.perf_counter() - started  # wall time: with --jobs the studies' own times overlap
     title = f"lmlab reproduce --profile {profile}: {duration(elapsed)} so far" + (
         "" if left is None else f", about {duration(left)} left" if left else ", done")
-    out.print(_table(title, ["study", "state", "took", "measured", "verdict"], rows, keep=("state",)))
+    out.print(_table(title, ["study", "at this size", "state", "took", "measured", "verdict"], rows,
+                     keep=("state",)))
 
 
 @app.command()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -276,6 +276,9 @@ class StudySpec:
     loads_model: bool = True  # False: the study builds its own model in the run (it takes no LoadedModel)
     # False: `lmlab reproduce` leaves it out (a study that needs inputs of its own, e.g. the variants compare takes)
     in_reproduce: bool = True
+    # profile -> what a run at that size gives on a CPU, in a few words: "answers", or that it shows its figure and
+    # prices its answer (and where the answer is had); `lmlab reproduce` prints it beside each verdict
+    answers: dict[str, str] = field(default_factory=dict)
 
 
 def define(package: str, config: type[StudyConfig], *, derives: bool = False, more_figures: bool = False,

@@ -10,6 +10,9 @@ SPEC = define(__name__, Config,
     citation=("Shi, Wan, Wang, Wang, Yang, Kreiss and Tang, "
               "\"Meaningless Tokens, Meaningful Gains: How Activation Shifts Enhance LLM Reasoning\", "
               "arXiv 2510.01032"),
+    answers={"demo": "figure; prices its answer (no answers are generated at this size)",
+             "quick": "answers where the problems are generated at speed (a GPU)",
+             "full": "the paper's sizes (a GPU)"},
     default_model="smollm2-135m", full_models=("smollm2-135m", "gemma3-270m"),
     paper_figure=("Math-500 accuracy w/o, w/ Mless, w/ Mful: Qwen2.5-Math-1.5B about 64 / 66 / 66%, "
                   "Qwen2.5-Math-7B about 73 / 76 / 74%, Llama-3.1-8B-Instruct about 44 / 46 / 48%. "

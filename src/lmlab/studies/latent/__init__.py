@@ -10,6 +10,8 @@ SPEC = define(__name__, Config,
     citation=("Su, Zhu, Xu, Jiao, Tian and Zheng, "
               "\"Token Assorted: Mixing Latent and Text Tokens for Improved Language Model Reasoning\", "
               "arXiv 2502.03275"),
+    answers={"demo": "figure; prices its answer", "quick": "figure; prices its answer",
+             "full": "the paper's sizes (a GPU)"},
     default_model="scratch",
     paper_figure="Llama-3.2-3B, average math accuracy and reasoning-trace tokens vs latent compression rate r: "
                  "tokens fall from about 590 to 480 as r rises, accuracy rises from 27.1 to a peak of 28.1 near "

@@ -10,6 +10,9 @@ SPEC = define(__name__, Config, derives=True, more_figures=True,
     citation=("Draye, Lei, Pan, Posner and Schölkopf, "
               "\"Sparse Attention Post-Training for Mechanistic Interpretability\", "
               "arXiv 2512.05865"),
+    answers={"demo": "the addition toy only (claims of ours): figure; prices the model half",
+             "quick": "the model half answers on a GPU; on a CPU it is priced",
+             "full": "the paper's sizes (a GPU)"},
     default_model="smollm2-135m",
     full_models=("smollm2-135m", "gemma3-270m"),
     paper_figure="Explained effect vs number of heads kept, dense vs sparse model, four tasks. Multipliers "
