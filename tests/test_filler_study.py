@@ -275,6 +275,8 @@ def test_without_answers_the_attention_claims_are_reported_and_the_gains_are_pri
     t = result.long()
     assert "answer" not in set(t.kind) and {"profile", "mlp", "pace"} <= set(t.kind)
     assert result.table("pace").seconds_per_answer.iloc[0] > 0
+    assert result.table("pace").batch.iloc[0] == config.size("batch_size")  # priced at the accuracy run's batch
+    assert f"in batches of {config.size('batch_size')}" in result.verdict.summary
     claims = result.verdict.evidence["claims"]
     assert [c["name"] for c in claims] == ["Mless - None peak attention", "Mful - None peak attention"]
     assert all(c["reported"] for c in claims)

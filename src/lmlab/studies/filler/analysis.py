@@ -183,6 +183,7 @@ def claims_and_gates(result):
     if not len(answers):
         pace = result.table("pace")
         per = float(pace.seconds_per_answer.iloc[0]) if len(pace) else float("nan")
+        batch = int(pace.batch.iloc[0]) if len(pace) and "batch" in pace and pd.notna(pace.batch.iloc[0]) else 0
         sd = np.sqrt(ASSUMED_DISCORDANCE)
         needed = int(np.ceil((Z_80 * sd / PAPER_GAIN) ** 2))
         cost = needed * 4 * per  # w/o, Mless, Mful and ARM on every problem
@@ -190,8 +191,9 @@ def claims_and_gates(result):
                           why="the accuracy gains are not generated in this profile",
                           remedy=f"the paper's +{100 * PAPER_GAIN:.0f}-point gain at 80% power needs about {needed:,} "
                                  f"paired problems (if {100 * ASSUMED_DISCORDANCE:.0f}% of pairs disagree), about "
-                                 f"{duration(cost)} here at {per:.1f} s an answer of "
-                                 f"{int(meta.get('max_new_tokens', 0) or 0)} tokens (--accuracy true)"))
+                                 f"{duration(cost)} here at {per:.2f} s an answer of "
+                                 f"{int(meta.get('max_new_tokens', 0) or 0)} tokens"
+                                 + (f" in batches of {batch}" if batch else "") + " (--accuracy true)"))
     return claims, gates
 
 

@@ -139,14 +139,17 @@ def _profiles(lm, config: Config, test) -> list[dict]:
 
 
 def _pace(lm, config: Config, test) -> dict:
-    """What one answer costs here: two problems decoded greedily at the profile's budget (w/o and Mless, one batch),
-    so the verdict can price the accuracy gains it does not run."""
+    """What one answer costs here, at the pace the accuracy run would go: one batch of `batch_size` problems (the
+    test problems in turn, w/o and Mless alternating) decoded greedily at the profile's budget, the time shared
+    out over its answers, so the verdict can price the accuracy gains it does not run. (One answer at a time would
+    price the run at many times its cost: a batch's step costs little more than one row's.)"""
     import time
 
     from lmlab.generation import greedy_answers
 
-    item = test[0]
-    built = [build_ids(lm, item.question), build_ids(lm, item.question, FILLERS["Mless"], config.insert_count)]
+    built = [build_ids(lm, item.question) if n % 2 == 0 else
+             build_ids(lm, item.question, FILLERS["Mless"], config.insert_count)
+             for n, item in ((n, test[(n // 2) % len(test)]) for n in range(config.size("batch_size")))]
     prompts = [ids for ids, _ in built]
     budget = config.size("max_new_tokens")
     t0 = time.perf_counter()
@@ -154,4 +157,4 @@ def _pace(lm, config: Config, test) -> dict:
                           masked=[inserted for _, inserted in built] if config.placebo else None)
     seconds = time.perf_counter() - t0
     return dict(kind="pace", seconds_per_answer=seconds / len(prompts), max_new_tokens=budget,
-                tokens=float(sum(len(o) for o in outs) / len(outs)))
+                tokens=float(sum(len(o) for o in outs) / len(outs)), batch=len(prompts))
