@@ -381,3 +381,17 @@ def test_a_scoped_gate_blocks_only_the_claims_it_is_about():
     every = Gate("all sets", False, group="set-a"), Gate("x", False, group="set-b")
     status, _ = judge([a, b], list(every))
     assert status == "inconclusive" and all(c.set_aside for c in (a, b))
+
+
+def test_what_would_decide_stays_within_the_items_the_data_hold():
+    """A claim whose items are the noise asks for more items; where the data hold fewer, it asks for more seeds at
+    the most items there are, or says that nothing within the data decides it."""
+    rates = [0.63, 0.64, 0.62]
+    free = Resampler(100, 3, seed=1).mean_claim("share", _items(rates, n=100, seed=1), Bar(">=", 0.6), source="paper")
+    judge([free])
+    assert free.decision == "open" and free.decides_at["items"] > 150
+    held = Resampler(100, 3, seed=1).mean_claim("share", _items(rates, n=100, seed=1), Bar(">=", 0.6), source="paper",
+                                               pool=150)
+    judge([held])
+    assert held.decides_at["items"] <= 150
+    assert "the data hold at most 150" in held.decides_at["text"] or "than the data hold" in held.decides_at["text"]

@@ -827,7 +827,8 @@ def test_positive_control_a_model_with_both_pathways_reproduces_and_one_without_
     """End to end through answers, probes, the knockout sweep, the per-layer split and the verdict: where half
     the items' truthfulness is read from E_Q, the E_Q knockout flips the probe far more often than the control
     and drops the flipped items' confidence; where every item's truthfulness is in its answer, it cannot."""
-    config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=160, sweep_every=1, min_per_class=5)
+    config = s1.Config(model="tiny", datasets=["geo-capital"], per_dataset=160, sweep_every=1, min_per_class=5,
+                       seeds=5)
     lm, anchored = _two_pathway_model(monkeypatch, 160, question_anchored=True, device=device)
     both = run_study(s1.SPEC, config, tmp_path, lm=lm)
     assert both.verdict.status == "reproduced", both.verdict.summary

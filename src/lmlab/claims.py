@@ -166,6 +166,7 @@ class Claim:
     failed: int = 0  # replicates that failed their recipe or could not compute the statistic: not in the estimate
     bounds: tuple[float, float] | None = None  # the statistic's range: where a failed replicate counts at its worst
     set_aside: str = ""  # the failed gate, scoped to this claim, that kept it from being read (it decides nothing)
+    pool: int = 0  # the most items the run's data could give (0: not known); "what would decide" stays within it
 
     # --- intervals
     def interval(self, confidence: float = 0.95) -> tuple[float, float]:
@@ -290,13 +291,25 @@ class Claim:
             scale = (a + b) / target
             seeds = int(math.ceil(k * scale)) if k > 1 else max(3, int(math.ceil(3 * scale ** 0.5)))
             items = int(math.ceil(n * scale))
+        capped = ""
+        if self.pool and items > self.pool:  # more items than the data hold: the rest from seeds, or not at all
+            items = max(self.pool, n)
+            room = target - b * n / items
+            if k < 2 or room <= 0 or a <= 0:
+                self.decides_at = {**out, "items": items, "text": (
+                    f"more {self.n_unit} than the data hold: at most {self.pool:,} here, and at that size "
+                    + ("more seeds would not decide it either" if k > 1 else "one replicate cannot decide it")
+                    + "; a larger source of items (another data set, or a model that answers more of them)")}
+                return self.decides_at
+            seeds = max(seeds, int(math.ceil(a * k / room)))
+            capped = f"; the data hold at most {self.pool:,} {self.n_unit}"
         seeds = max(seeds, 3) if k > 1 and seeds != k else seeds
         factor = max(seeds / k, items / n)
         cost = (seconds_per_replicate * max(seeds - k, 0) if seconds_per_replicate and items == n
                 else seconds * factor)
         text = (f"about {seeds} seeds x {items:,} {self.n_unit}" if seeds != k or k > 1 else
                 f"about {items:,} {self.n_unit}")
-        text += f" (this run: {k} x {n:,})" if k > 1 else f" (this run: {n:,})"
+        text += (f" (this run: {k} x {n:,}" if k > 1 else f" (this run: {n:,}") + capped + ")"
         if cost:
             from lmlab.stats import duration
 

@@ -210,6 +210,11 @@ def _us_state(cities, shot_subjects) -> list[tuple[str, list[str], float]]:
     return out
 
 
+def available(name: str) -> int:
+    """How many questions the set can give at most (a mixed set: its relations' together)."""
+    return sum(len(_candidates(rel)) for rel in MIXED.get(name, (name,)))
+
+
 def generate(name: str, n: int, seed: int = 0, strata: int = 5) -> list[QAItem]:
     """`n` items of one set, spread evenly over `strata` population quantiles of each relation, seeded; a mixed set
     (geo-facts) takes as many of each of its relations."""

@@ -304,7 +304,7 @@ def _within_strata(d: np.ndarray, q: np.ndarray, a: np.ndarray, strata: np.ndarr
         return np.where(den > 0, num / den, np.nan)
 
 
-def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed: int = 0):
+def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed: int = 0, pool: int = 0):
     """The token-patching claims of one dataset, over the replicates (each its own best-layer probe, split and
     margins) and the patched questions: Q - A of (E_Q patching's flip - random patching's) (decisive), E_Q patching
     minus random-token patching (decisive), the plain Q - A of E_Q patching and the like-margin check (reported).
@@ -340,7 +340,7 @@ def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed
         with np.errstate(invalid="ignore", divide="ignore"):
             return (w @ (q * f)) / (w @ q) - (w @ (a * f)) / (w @ a)
 
-    common = dict(group=dataset, n_unit="patched questions", unit=" pts", scale=100)
+    common = dict(group=dataset, n_unit="patched questions", unit=" pts", scale=100, pool=pool)
     spec = lambda name: declared(CLAIMS, name)  # noqa: E731
     split_claims = dict(failed=thin, bounds=(-2.0, 2.0))  # a replicate without both groups: counted at its worst
     claims = [
@@ -364,7 +364,7 @@ def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
     return ko.assign(replicate=ko["replicate"] if "replicate" in ko else 0)
 
 
-def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
+def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0, pool: int = 0):
     """One dataset's claims over the late layers, each over the replicates (probe splits and control draws) and
     the questions they share; and its counts."""
     ko = _replicate(ko)
@@ -393,7 +393,7 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0):
     def flips(i, w):
         return _paired(mats[i]["fl_e"] - mats[i]["fl_c"], w)
 
-    common = dict(group=dataset, n_unit="questions")
+    common = dict(group=dataset, n_unit="questions", pool=pool)
     spec = lambda name: declared(CLAIMS, name)
     claims = [spec("E_Q ΔP - control ΔP").attach(sampler.weighted_claim(
                   "E_Q ΔP - control ΔP", dp, spec("E_Q ΔP - control ΔP").make_bar(), unit=" pp", **common)),
@@ -438,9 +438,10 @@ def verdict(result) -> Verdict:
     ko = matched_control(ko_all)
     answers = result.table("answer")
     for dataset in sorted(ko.dataset.unique()):
-        set_c, counts = set_claims(ko[ko.dataset == dataset], late, dataset, seed)
+        pool, patched_pool = pools(meta, answers, patch, dataset)
+        set_c, counts = set_claims(ko[ko.dataset == dataset], late, dataset, seed, pool)
         sets[dataset] = counts
-        patch_c, thin = patching_claims(patch, split, dataset, seed)
+        patch_c, thin = patching_claims(patch, split, dataset, seed, patched_pool)
         claims += set_c + patch_c
         notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
                      f"{100 * counts['control_flip_rate']:.0f}%")
@@ -476,6 +477,19 @@ SPLIT_CLAIMS = ("patching flips beyond random, Q - A", "patching flips, Q - A",
                 "patching beyond random, Q - A, like margins")  # the claims that need patched questions in both groups
 CONTROL_CLAIMS = ("E_Q ΔP - control ΔP", "E_Q flips - control flips")
 GAP_CLAIMS = ("Q-A gap", "Q-A gap beyond the control's")
+
+
+def pools(meta: dict, answers: pd.DataFrame, patch: pd.DataFrame, dataset: str) -> tuple[int, int]:
+    """The most questions the dataset could give a run (the run's record, or a generated set's size), and the most
+    patched questions at this run's share of patched to asked ones: what "what would decide" may ask for (0:
+    not known)."""
+    from lmlab.data.generated import geo_qa
+
+    pool = int((meta.get("available") or {}).get(dataset) or (geo_qa.available(dataset) if dataset in geo_qa.SETS
+                                                               else 0))
+    asked = int((answers.dataset == dataset).sum()) if len(answers) else 0
+    patched = patch[(patch.dataset == dataset)].id.nunique() if len(patch) and "id" in patch else 0
+    return pool, int(pool * patched / asked) if asked else 0
 
 
 def set_gates(dataset: str, counts: dict, thin, answers: pd.DataFrame, ko: pd.DataFrame) -> list[Gate]:

@@ -75,13 +75,17 @@ from lmlab.studies.knockout.probes import (PROBE_ARRAYS, detection_rows, fit_lay
                                            probe_weights, restored_probe)
 
 
-def load_items(config: Config) -> list[QAItem]:
+def load_items(config: Config, available: dict | None = None) -> list[QAItem]:
+    """`per_dataset` questions of each dataset, seeded; `available` (a dict) learns how many each could give, so that
+    "what would decide" stays within the data."""
     n = config.size("per_dataset")
     items: list[QAItem] = []
+    available = {} if available is None else available
     for entry in config.size("datasets"):
         kind, _, path = entry.partition(":")
         if entry in geo_qa.SETS:
             items += geo_qa.generate(entry, n, seed=config.seed)
+            available[entry] = geo_qa.available(entry)
             continue
         if path and kind in READERS:
             found = read_qa(kind, path)
@@ -92,6 +96,7 @@ def load_items(config: Config) -> list[QAItem]:
         else:
             raise unknown_dataset(entry)
         items += random.Random(config.seed).sample(found, min(n, len(found)))
+        available.update({i.dataset: len(found) for i in found[:1]})
     return items
 
 
@@ -206,7 +211,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     """The paper's method, step by step: answers labelled correct or not (1), a truthfulness probe per layer (2) in
     each replicate, the E_Q knockout sweep with its random-token control and the per-layer Q/A split (3-5), then
     token patching and hallucination detection (6-7)."""
-    items = load_items(config)  # a bad file or an unreachable hub fails before the model loads
+    available: dict[str, int] = {}
+    items = load_items(config, available)  # a bad file or an unreachable hub fails before the model loads
     lm = lm or config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the knockout study needs one")
@@ -219,7 +225,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     feats = last_token_features(lm, seqs, list(range(lm.layout.n_layers)), config.batch_size) if answered else None
     seeds = config.replicate_seeds()
     fits, probe_rows = _probes(config, run_dir, answered, correct, feats, lm.layout.n_layers, seeds, base)
-    run_dir.describe(**counts, seeds=len(seeds))
+    run_dir.describe(**counts, seeds=len(seeds), available=available)
     if not any(fits):
         return pd.DataFrame(base + probe_rows)
     probe_set_of = {n: name for fitted in fits for name, f in fitted.items() for n in f["idx"]}
