@@ -870,3 +870,38 @@ def test_random_token_patching_replaces_only_question_tokens_outside_eq():
     jobs, feats = s1m.patching_features(lm, items, answers, np.ones(len(items), int), s1.Config(model="tiny-llama"),
                                         [0, 1])
     assert feats.shape[:2] == (len(jobs), 2) and {c for *_, c in jobs} == {"eq", "random"}
+
+
+def test_the_fact_sets_check_their_gold_answers_and_swap_only_subjects_whose_answer_differs():
+    """A continent answer counts only when it is the continent; a capital is known by its other spellings but never
+    by the question's own country name; each item's question is one of its relation's forms and names the property;
+    a subject swap takes a donor of the same relation whose gold answers share none with the item's."""
+    from lmlab.data.scoring import alias_match
+    from lmlab.data.generated.geo_qa import MIXED, available
+
+    continent = generate("geo-continent", 40, seed=0)
+    asia = next(i for i in continent if i.aliases == ["Asia"])
+    assert asia.exact and alias_match("Asia", asia.aliases, asia.exact)
+    assert not alias_match("South Asia", asia.aliases, asia.exact) and alias_match("South Asia", asia.aliases)
+    capitals = {i.subject: i.aliases for i in generate("geo-capital", 400, seed=0)}
+    assert "Kiev" in capitals["Ukraine"] and "Mexico" not in capitals["Mexico"]
+    mixed = generate("geo-facts", 70, seed=4)
+    assert {i.relation for i in mixed} == set(MIXED["geo-facts"]) and len({i.id for i in mixed}) == 70
+    for item in mixed:
+        forms = RELATIONS[item.relation].forms
+        assert any(item.question == t.format(s=item.subject) and p == item.prop for t, p in forms), item
+        assert item.prop in item.question and item.dataset == "geo-facts"
+    assert available("geo-facts") == sum(available(r) for r in MIXED["geo-facts"]) > 1000
+    same = [i for i in generate("geo-continent", 60, seed=1)]
+    for item in same[:10]:
+        donors = s1m.donors_for(item, same)
+        assert donors and all(not set(d.aliases) & set(item.aliases) for d in donors)
+
+
+def test_a_property_the_question_words_otherwise_leaves_e_q_the_subject():
+    """PopQA's "place of birth" asked as "In what city was X born?": E_Q is the subject alone, not a skipped row."""
+    item = QAItem(id="p", dataset="popqa", question="In what city was Ada Lovelace born?", aliases=["London"],
+                  subject="Ada Lovelace", prop="place of birth")
+    prompt = build_prompt(item)
+    assert prompt.eq_source == "subject" and len(prompt.eq_spans) == 1
+    assert prompt.text[slice(*prompt.eq_spans[0])] == "Ada Lovelace"
