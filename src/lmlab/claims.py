@@ -293,15 +293,13 @@ class Claim:
             items = int(math.ceil(n * scale))
         capped = ""
         if self.pool and items > self.pool:  # more items than the data hold: the rest from seeds, or not at all
-            items = max(self.pool, n)
-            room = target - b * n / items
-            if k < 2 or room <= 0 or a <= 0:
+            seeds, items = self._within_pool(seeds, a, b, target)
+            if seeds is None:
                 self.decides_at = {**out, "items": items, "text": (
                     f"more {self.n_unit} than the data hold: at most {self.pool:,} here, and at that size "
                     + ("more seeds would not decide it either" if k > 1 else "one replicate cannot decide it")
                     + "; a larger source of items (another data set, or a model that answers more of them)")}
                 return self.decides_at
-            seeds = max(seeds, int(math.ceil(a * k / room)))
             capped = f"; the data hold at most {self.pool:,} {self.n_unit}"
         seeds = max(seeds, 3) if k > 1 and seeds != k else seeds
         factor = max(seeds / k, items / n)
@@ -316,6 +314,16 @@ class Claim:
             text += f", about {duration(cost)} here at this run's pace"
         self.decides_at = {**out, "seeds": seeds, "items": items, "seconds": cost, "text": text}
         return self.decides_at
+
+    def _within_pool(self, seeds: int, a: float, b: float, target: float) -> tuple[int | None, int]:
+        """(seeds, items) at the most items the data hold (`pool`): the seeds that then bring the seed part of the
+        variance `a` under what is left of `target` (None: no number of seeds does)."""
+        k, n = max(self.replicates, 1), max(self.n, 1)
+        items = max(self.pool, n)
+        room = target - b * n / items
+        if k < 2 or room <= 0 or a <= 0:
+            return None, items
+        return max(seeds, int(math.ceil(a * k / room))), items
 
     # --- words
     def fmt(self, x: float) -> str:
