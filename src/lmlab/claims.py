@@ -283,14 +283,7 @@ class Claim:
                                "text": f"more seeds, about {max(k + 2, 5)} (its spread would decide at this size, but "
                                        f"{why})"}
             return self.decides_at
-        if a < 0.5 * target and (k == 1 or b >= a):  # the seed part fits: more items alone
-            seeds, items = k, int(math.ceil(b * n / (target - a)))
-        elif k > 1 and b < 0.5 * target:  # the item part fits: more seeds alone
-            seeds, items = int(math.ceil(a * k / (target - b))), n
-        else:  # both levels: scale seeds and items together
-            scale = (a + b) / target
-            seeds = int(math.ceil(k * scale)) if k > 1 else max(3, int(math.ceil(3 * scale ** 0.5)))
-            items = int(math.ceil(n * scale))
+        seeds, items = self._size(a, b, target)
         capped = ""
         if self.pool and items > self.pool:  # more items than the data hold: the rest from seeds, or not at all
             seeds, items = self._within_pool(seeds, a, b, target)
@@ -314,6 +307,17 @@ class Claim:
             text += f", about {duration(cost)} here at this run's pace"
         self.decides_at = {**out, "seeds": seeds, "items": items, "seconds": cost, "text": text}
         return self.decides_at
+
+    def _size(self, a: float, b: float, target: float) -> tuple[int, int]:
+        """(seeds, items) that bring the variance's seed part `a` and item part `b` under `target`."""
+        k, n = max(self.replicates, 1), max(self.n, 1)
+        if a < 0.5 * target and (k == 1 or b >= a):  # the seed part fits: more items alone
+            return k, int(math.ceil(b * n / (target - a)))
+        if k > 1 and b < 0.5 * target:  # the item part fits: more seeds alone
+            return int(math.ceil(a * k / (target - b))), n
+        scale = (a + b) / target  # both levels: scale seeds and items together
+        return (int(math.ceil(k * scale)) if k > 1 else max(3, int(math.ceil(3 * scale ** 0.5))),
+                int(math.ceil(n * scale)))
 
     def _within_pool(self, seeds: int, a: float, b: float, target: float) -> tuple[int | None, int]:
         """(seeds, items) at the most items the data hold (`pool`): the seeds that then bring the seed part of the
