@@ -585,8 +585,10 @@ def _label(c: Claim) -> str:
 def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     """What decided the verdict, on claims already decided: for "not reproduced" the first decisive paper claim at
     "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed unscoped gate that
-    blocks everything, else the scoped gate that left nothing (or a paper claim nowhere) read, else the first decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or
-    every claim's "yes") from deciding, else the first open decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its name, source, where and bar."""
+    blocks everything, else the scoped gate that left nothing (or a paper claim nowhere) read, else the first
+    decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or every claim's "yes") from
+    deciding, else the first open decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its
+    name, source, where and bar."""
     status = _status(claims, gates)
     decisive = [c for c in claims if not c.reported and not c.set_aside]
     failed = [g for g in gates if not g.passed and not g.scoped]

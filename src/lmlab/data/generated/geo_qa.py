@@ -124,8 +124,8 @@ def _country(name: str) -> list[str]:
 
 @lru_cache(maxsize=1)
 def _capital_spellings() -> dict[tuple[str, str], list[str]]:
-    """(capital, country code) -> the capital's other spellings in geonames: ASCII, capitalised, at least 4 letters, the same
-    initial as the name and at least half its letters in common ("Kiev" for "Kyiv"; "Cdmx" is not kept)."""
+    """(capital, country code) -> the capital's other spellings in geonames: ASCII, capitalised, at least 4 letters,
+    the same initial as the name and at least half its letters in common ("Kiev" for "Kyiv"; "Cdmx" is not kept)."""
     countries, cities = _geonames()
     capitals = {(c["capital"], code) for code, c in countries.items() if c["capital"]}
     out: dict[tuple[str, str], list[str]] = {}

@@ -25,10 +25,10 @@ Recipe (checked against the paper's text):
     `control_tokens`). The split itself is the analysis's, made from these recorded flips; the recipe
     makes it only where a fit needs it (the mixture of probes, step 7);
  6. token patching: the subject of a correctly answered question is replaced by another subject of the
-    same set and relation whose gold answers differ (the model's own answer kept), and, as the control, as many random question tokens outside
-    E_Q are replaced by tokens of the same donor's question (the paper's figure sets random-token
-    patching beside exact-question patching for each group); each job's flip of the best-layer probe
-    is recorded, and the analysis splits them by group;
+    same set and relation whose gold answers differ (the model's own answer kept, now false), and, as the control,
+    as many random question tokens outside E_Q are replaced by tokens of the same donor's question (the paper's
+    figure sets random-token patching beside exact-question patching for each group); each job's flip of the
+    best-layer probe is recorded, and the analysis splits them by group;
  7. detection on the test split: the best-layer probe vs a mixture of two probes (trained on Q- and
     A-Anchored training samples) gated by a pathway classifier (soft gate); each test sample's scores
     are recorded, and the analysis computes the AUROCs and their intervals.
