@@ -102,7 +102,7 @@ def test_help_shows_types_choices_defaults_and_a_sentence_per_option(capsys, mon
     assert code == 0
     text = re.sub(r"[│╭╮╰╯─]", " ", out)
     assert "<demo|quick|full>" in text and "<auto|float32|bfloat16|float16>" in text and "<each|span>" in text
-    assert "demo 192, quick 128, full 1000" in text  # a profile size shows every profile's value
+    assert "demo 420, quick 600, full 1000" in text  # a profile size shows every profile's value
     assert "<int>" in text and "<float>" in text and "TEXT,..." in text
     assert "questions per dataset" in text and "FILE.yaml" in text
     code, out, _ = run_main(capsys, "sparse-circuits", "--help")

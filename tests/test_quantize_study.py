@@ -225,7 +225,11 @@ def test_two_bit_close_is_decided_on_the_interval():
     near = verdict(from_rows("quantize", _table({(32, "teacher"): 0.9, (2, "C"): 0.885, **base}, n=150)))
     claim = next(c for c in near.evidence["claims"] if c["name"] == "teacher - 2-bit Budget-C")
     assert claim["low"] <= 2 < claim["high"] and claim["decision"] == "open"
-    assert near.status == "inconclusive"
+    # at 150 examples the 1-bit Budget-A student sits under the learned mark: the gate sets aside the claims that
+    # read it, and the 1-bit Budget-C student, 15 points from its teacher, still says "no" (as in `far`)
+    assert near.status == "not reproduced"
+    assert {c["name"] for c in near.evidence["claims"] if c["set_aside"]} == {"Budget-C - Budget-A at 1 bit",
+                                                                             "C-A gap at 1 bit - at 2 bits"}
     # the same far student whose KD loss was still falling: no "not reproduced" from a training still learning
     table = _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000)
     falling = (table.kind == "score") & (table.bits == 2) & (table.budget == "C") & (table.replicate == 1)
