@@ -15,7 +15,9 @@ and items):
   (items: each task's prompt pairs, resampled with the heads ranked again on each draw: resample.py).
 Gates: the dense toys learned addition (exact match >= 90% each), every measured sparse toy at unchanged loss (its
 held-out answer CE, deterministic gate, at most its dense toy's plus the slack: the constraint read on the model whose
-edges and circuits are counted, `held_out_loss_gate`), and more than one replicate: each blocks every decision. Every
+edges and circuits are counted, `held_out_loss_gate`), and more than one replicate. A replicate that fails either of
+the first two is a failed replicate: left out of every claim's estimate and counted at its worst (lmlab.claims), so
+each of those gates blocks every decision only where fewer than two replicates are left. Every
 sparse post-training held its constraint over the last quarter of its steps (the sampled gate's training CE, its
 mean excess over its bound there at most a tenth of the slack, as `constraint_held` reads it) and its kept edges
 settled (no longer falling by more than 10% over the last quarter): each blocks "not reproduced" only
@@ -118,43 +120,71 @@ def _matrix(seq: pd.DataFrame, column: str) -> np.ndarray:
     return seq.pivot_table(index="replicate", columns="idx", values=column).sort_index().to_numpy(dtype=float)
 
 
+def _usable(dense: pd.DataFrame, sparse: pd.DataFrame, slack: float) -> tuple[list[int], list[Gate]]:
+    """The replicates every claim reads (their dense toy learned addition, their sparse toy kept its held-out loss)
+    and the two gates on them. A replicate that failed either is left out of each estimate and counted at its worst
+    (`Claim.failed`, lmlab.claims): a gate blocks every decision only where fewer than two replicates are left, so
+    one dense toy that did not learn among many no longer silences the rest."""
+    learned = [int(r) for r in dense.index if dense.loc[r, "value"] >= TOY_LEARNED]
+    over = sparse["ce"] - dense["ce"].reindex(sparse.index)
+    kept_loss = [int(r) for r, d in over.items() if d <= slack]
+    good = [r for r in learned if r in kept_loss]
+    missed = [int(r) for r in dense.index if int(r) not in learned]
+    gate = Gate("dense toys learned addition", len(learned) >= 2,
+                why="exact match " + ", ".join(f"{100 * v:.1f}%" for v in dense["value"])
+                    + f" (needs {100 * TOY_LEARNED:.0f}% each)"
+                    + (f"; replicate(s) {', '.join(map(str, missed))} not learned: counted as failed in every claim"
+                       if missed else ""),
+                remedy="more toy_steps before the sparse toys can be judged")
+    loss = held_out_loss_gate(over, slack, "more toy_sparse_steps before the sparsity can be judged")
+    if len(kept_loss) >= 2 and not loss.passed:
+        loss = Gate(loss.name, True, why=loss.why + ": counted as failed in every claim", remedy=loss.remedy)
+    return good, [gate, loss]
+
+
+def _count_failed(claims: list, failed: int, total_heads: int) -> None:
+    """Each claim's failed replicates and the range its statistic lies in (its worst case)."""
+    for c in claims:
+        c.failed = failed
+        c.bounds = ((-np.log2(max(total_heads, 1)), np.log2(max(total_heads, 1))) if "multiplier" in c.name
+                    else (-1.0, 1.0) if "exact match" in c.name else (0.0, 1.0))
+
+
 def toy_claims(result):
     """(claims, gates, numbers) of the toy's verdict."""
     toy = result.table("toy")
-    seq = result.table("toy_seq")
     reps = replicates_of(toy)
-    k = len(reps)
     sparse = toy[toy["variant"] == "sparse"].set_index("replicate").sort_index()
     dense = toy[toy["variant"] == "dense"].set_index("replicate").sort_index()
+    slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
+    good, gates = _usable(dense, sparse, slack)
+    usable = good if len(good) >= 2 else reps
+    seq = result.table("toy_seq")
+    seq = seq[seq["replicate"].isin(usable)]
     seed = int(result.config.get("seed", 0) or 0)
-    items = Resampler(seq["idx"].nunique(), k, seed=seed)
+    items = Resampler(seq["idx"].nunique(), len(usable), seed=seed)
     kept = declared(CLAIMS, "toy edges kept").attach(items.mean_claim(
-        "toy edges kept", _matrix(seq, "kept"), declared(CLAIMS, "toy edges kept").make_bar(), unit="%", scale=100, n_unit="test sequences",
-        group="addition toy"))
+        "toy edges kept", _matrix(seq, "kept"), declared(CLAIMS, "toy edges kept").make_bar(), unit="%", scale=100,
+        n_unit="test sequences", group="addition toy"))
     match = declared(CLAIMS, "toy exact match, sparse - dense").attach(items.mean_claim(
         "toy exact match, sparse - dense", _matrix(seq, "sparse_em") - _matrix(seq, "dense_em"),
-        declared(CLAIMS, "toy exact match, sparse - dense").make_bar(), unit=" pts", scale=100, n_unit="test sequences", group="addition toy"))
-    found = curves(result)
+        declared(CLAIMS, "toy exact match, sparse - dense").make_bar(), unit=" pts", scale=100,
+        n_unit="test sequences", group="addition toy"))
+    found = {key: c for key, c in curves(result).items() if key[1] in usable}
     several = len({t for t, _, _ in found}) > 1
     lacking = [f"replicate {r}, {v}{f', {t}' if several else ''}: {NO_EFFECT}" for (t, r, v), c in sorted(found.items())
                if not c.has_effect()]
     units = needed_per_unit(result.table("toy_rerank"), result.table("toy_rerank_draw"), found,
                             lambda t, v, r: (t, r, v), THRESHOLD)
-    mult, ranked = _multiplier_claims(found, reps, seed, units) if not lacking else ([], None)
+    mult, ranked = _multiplier_claims(found, usable, seed, units) if not lacking else ([], None)
     claims = [kept, match] + mult
-    gates = [
-        Gate("dense toys learned addition", bool((dense["value"] >= TOY_LEARNED).all()),
-             why="exact match " + ", ".join(f"{100 * v:.1f}%" for v in dense["value"]) + f" (needs {100 * TOY_LEARNED:.0f}% each)",
-             remedy="more toy_steps before the sparse toys can be judged"),
-    ]
-    slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
-    remedy = "more toy_sparse_steps before the sparsity can be judged"
-    gates.append(held_out_loss_gate(sparse["ce"] - dense["ce"].reindex(sparse.index), slack, remedy))
-    gates += post_training_gates(sparse, result.table("toy_geco"), slack, remedy)
+    if len(good) >= 2:
+        _count_failed(claims, len(reps) - len(good), max((c.grid[-1] for c in found.values()), default=1))
+    gates += post_training_gates(sparse, result.table("toy_geco"), slack, "more toy_sparse_steps before the "
+                                                                          "sparsity can be judged")
     gates += [ranked] if ranked is not None else []
-    gates.append(no_effect_gate(lacking))
-    gates.append(replicates_gate(k))
-    numbers = {"replicates": k, "kept_per_replicate": sparse["kept"].tolist(),
+    gates += [no_effect_gate(lacking), replicates_gate(len(usable))]
+    numbers = {"replicates": len(reps), "kept_per_replicate": sparse["kept"].tolist(),
                "exact_match_dense": dense["value"].tolist(), "exact_match_sparse": sparse["value"].tolist(),
                "edges_per_query": sparse["edges_per_query"].tolist(), "floor": float(sparse["floor"].iloc[0])}
     return claims, gates, numbers
