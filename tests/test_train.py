@@ -234,3 +234,42 @@ def test_the_loops_parts_each_do_their_one_thing(tmp_path):
     whole = train(copy.deepcopy(lm.model), data, torch.stack, _loss, cfg, tmp_path / "old")
     again, newest = _resume(tmp_path / "old", copy.deepcopy(lm.model), run.optimizer, cfg, None)
     assert again.resumed_from == 4 and newest.name == "step-0000004" and again.losses == whole.losses
+
+
+class _Patience:
+    """A hook and state ending the training at `stop_at` steps (as a patience rule does), its `stopped` kept in the
+    checkpoint."""
+
+    def __init__(self, stop_at: int):
+        self.stop_at, self.stopped, self.calls = stop_at, False, 0
+
+    def __call__(self, step, loss):
+        self.calls += 1
+        self.stopped = step + 1 >= self.stop_at
+        return self.stopped
+
+    def state_dict(self):
+        return {"stopped": self.stopped}
+
+    def load_state_dict(self, state):
+        self.stopped = state["stopped"]
+
+
+def test_a_hook_that_returns_true_ends_the_training_there_and_a_rerun_takes_no_step(tmp_path):
+    """A patience rule (a hook returning True) ends a 10-step training at step 3: three losses, `steps_done` 3, a
+    checkpoint where it ended; the same command again resumes there, takes no step and holds the same weights."""
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=10, batch_size=4, lr=3e-3, checkpoint_every=4, progress=False)
+    model = load_model("tiny-llama").model
+    hook = _Patience(3)
+    done = train(model, _data(lm), torch.stack, _loss, cfg, tmp_path / "run", on_step=hook, state=hook)
+    assert done.steps_done == 3 and len(done.losses) == 3 and done.checkpoint.name == "step-0000003"
+    again_model, again_hook = load_model("tiny-llama").model, _Patience(3)
+    again = train(again_model, _data(lm), torch.stack, _loss, cfg, tmp_path / "run", on_step=again_hook,
+                  state=again_hook)
+    assert again.resumed_from == 3 and again.steps_done == 3 and again_hook.calls == 0
+    assert again.losses == done.losses
+    for a, b in zip(model.state_dict().values(), again_model.state_dict().values()):
+        assert torch.equal(a, b)
+    whole = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "whole")
+    assert whole.steps_done == 10 and whole.losses[:3] == pytest.approx(done.losses, abs=1e-6)

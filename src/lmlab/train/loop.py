@@ -258,6 +258,8 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     `state`: an object with `state_dict()` / `load_state_dict()` (e.g. a GECO multiplier) saved in every
     checkpoint's state.json and restored on resume, so a resumed run continues exactly; where it also has
     `tensors()` / `load_tensors(dict)`, those tensors travel in the checkpoint's safetensors beside the optimizer's.
+    `on_step(step, loss)`: called after each step; a true return ends the training there (a patience rule), and
+    `steps_done` says how many steps it took.
     `after_update(step, model, optimizer)`: called after each optimizer step (the model unwrapped), before the
     checkpoint; it may change the weights and the optimizer's state (e.g. return a replicate to an earlier state).
 
@@ -282,15 +284,21 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
                               config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
     progress = _progress(config, run.acc.is_main_process, result.resumed_from or 0)
     try:
-        for step in range(result.resumed_from or 0, config.steps):
+        # a training its hook ended (`state.stopped`, restored from the checkpoint taken where it ended) takes no step
+        last = result.resumed_from if getattr(state, "stopped", False) else config.steps
+        for step in range(result.resumed_from or 0, last):
             _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
             if after_update:
                 after_update(step, run.acc.unwrap_model(model), run.optimizer)
-            if on_step:  # (before the checkpoint: it may move `state`, which the checkpoint keeps)
-                on_step(step, result.losses[-1])
+            # (before the checkpoint: it may move `state`, which the checkpoint keeps)
+            stop = bool(on_step(step, result.losses[-1])) if on_step else False
             progress.advance(result.losses[-1])
-            last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good)
-        result.steps_done = config.steps
+            last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good, stop)
+            if stop:  # the hook says the training is done (a patience rule): the steps taken are the steps done
+                result.steps_done = step + 1
+                break
+        else:
+            result.steps_done = last
         # the last step's checkpoint (or the one resumed from, when none was left): by its path, not by listing the
         # folder, which rank 0 may already be removing while another process reads it
         result.checkpoint = last_good
@@ -369,13 +377,13 @@ def _resume(out_dir: Path, model, optimizer, config: TrainConfig, state) -> tupl
     if not existing:
         return result, None
     info = load_checkpoint(existing[-1], model, optimizer)
-    if info["optimizer"] is None and info["step"] < config.steps:
+    if state is not None and info.get("extra"):
+        state.load_state_dict(info["extra"])
+    if info["optimizer"] is None and info["step"] < config.steps and not getattr(state, "stopped", False):
         raise LmlabError(f"{existing[-1]} ends a finished training of {info['step']} steps (no optimizer state "
                          f"kept); it cannot be continued to {config.steps}: use a new output folder")
     result.losses, result.resumed_from = list(info["losses"]), info["step"]
     result.replicate_losses = [list(x) for x in info.get("replicate_losses", [])]
-    if state is not None and info.get("extra"):
-        state.load_state_dict(info["extra"])
     if state is not None and hasattr(state, "load_tensors"):
         state.load_tensors(info["tensors"])
     result.checkpoint = existing[-1]
@@ -429,16 +437,17 @@ def _record(run: _Run, result: TrainResult, per_replicate: list[float], config: 
 
 
 def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step: int, out_dir: Path, state,
-                last_good) -> Path | None:
-    """A checkpoint when one is due (every `checkpoint_every` steps and at the end; rank 0 writes it); the newest
-    good checkpoint."""
+                last_good, stop: bool = False) -> Path | None:
+    """A checkpoint when one is due (every `checkpoint_every` steps, at the end, and where the hook ended the
+    training: `stop`; rank 0 writes it); the newest good checkpoint."""
     acc, done = run.acc, step + 1
-    if (config.checkpoint_every and done % config.checkpoint_every == 0) or done == config.steps:
+    end = done == config.steps or stop
+    if (config.checkpoint_every and done % config.checkpoint_every == 0) or end:
         acc.wait_for_everyone()
         if acc.is_main_process:
             save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
                             config.keep_checkpoints, extra=state.state_dict() if state is not None else None,
-                            replicate_losses=result.replicate_losses, final=done == config.steps,
+                            replicate_losses=result.replicate_losses, final=end,
                             extra_tensors=state.tensors() if hasattr(state, "tensors") else None)
         last_good = checkpoint_path(out_dir, done)  # (every process: the one rank 0 wrote)
         acc.wait_for_everyone()

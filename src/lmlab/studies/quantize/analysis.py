@@ -32,11 +32,13 @@ from lmlab.train.convergence import still_falling
 from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
-from lmlab.studies.quantize.config import UNDISTILLED, claims_budget
+from lmlab.studies.quantize.config import TEACHER_PLATEAU, UNDISTILLED, claims_budget
 from lmlab.studies.quantize.decoder.analysis import perplexities
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
-NEAR = 2.0  # "close to the teacher": within 2 points of the teacher's average (a margin of ours: see CLAIMS)
+# "close to the teacher", bounded by the paper's own figure: its largest gap of a Budget-C student to its teacher
+# across the figure's panels (QNLI at 2 bits, about 92.0 -> 91.6; CoLA at 1 bit, about 59.8 -> 57.5)
+NEAR = {2: 0.4, 1: 2.3}
 MIN_TEACHER = 50.0  # a teacher below this (metric x 100) did not learn its task: left out of the average
 PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in points
 C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
@@ -44,21 +46,19 @@ LEARNED_MARGIN = 5.0  # a student within this many points of the majority-class 
 STILL_LEARNING = 0.10  # a student whose KD loss still fell this share over its last quarter had not converged
 TEACHER_MARGIN = 10.0  # a teacher must clear the majority class by more: every student is measured against it
 STUDENT_PLATEAU = 1.0  # a student whose dev score still rose by this many points over its last quarter is still learning
-TEACHER_PLATEAU = 1.0  # a teacher whose dev score still rose by this many points over its last epoch is still learning
 
 
 PAPER_TABLE = ("the paper's GLUE results for BERT-base (its main table and the bit-width figure): teacher average "
                "83.95; 2-bit Budget-C 84.0; 1-bit Budget-C 83.44, Budget-A about 82.5")
-OURS_NEAR = ("ours: within 2 points, more lenient than the paper's near-zero gap (so a 'no' here is a 'no' at the "
-             "paper's size too); our tasks are small generated stand-ins for GLUE, and their test sets resolve a few "
-             "points, not the paper's hundredths")
+PAPER_NEAR = ("the bar is the paper's own largest gap across its figure's panels; our tasks are small generated "
+              "stand-ins for GLUE, so a student further off than any of the paper's is a 'no' on the paper's figure")
 CLAIMS = [
     Declared("teacher - 2-bit Budget-C", "teacher minus the best-budget 2-bit student, on the average of the learned "
-             "tasks", "<=", NEAR, "paper", PAPER_TABLE + ": the 2-bit student sits on its teacher (-0.05)",
-             unit=" points", bar_note=OURS_NEAR),
+             "tasks", "<=", NEAR[2], "paper", PAPER_TABLE + ": the 2-bit student sits on its teacher (-0.05 on "
+             "average; at most 0.4 below it on any panel, QNLI)", unit=" points", bar_note=PAPER_NEAR),
     Declared("teacher - 1-bit Budget-C", "teacher minus the best-budget 1-bit student, on the same average",
-             "<=", NEAR, "paper", PAPER_TABLE + ": the 1-bit student within about half a point (+0.51)",
-             unit=" points", bar_note=OURS_NEAR),
+             "<=", NEAR[1], "paper", PAPER_TABLE + ": the 1-bit student within about half a point on average (+0.51), "
+             "at most 2.3 below it on any panel (CoLA)", unit=" points", bar_note=PAPER_NEAR),
     Declared("2-bit - 1-bit", "the best-budget 2-bit student minus the 1-bit one", ">=", 0.0, "paper",
              PAPER_TABLE + ": 1-bit below 2-bit (84.0 vs 83.44)", null=0.0, unit=" points"),
     Declared("Budget-C - Budget-A", "at each bit width, the Budget-C student minus the Budget-A one", ">=", 0.0,
@@ -71,10 +71,12 @@ CLAIMS = [
              "points more); reported only: no CPU-sized run resolves 0.7 points", null=0.0, unit=" points",
              decisive=False),
     Declared("teacher - undistilled", "at each width, the teacher minus the student quantized from it with no KD "
-             "step", ">=", NEAR, "lmlab", "the reference of the closeness claims: where quantization alone stays "
-             "within 2 points of the teacher, a distilled student's 'close' holds whatever the method did, so a "
-             "closeness claim decides only where this one says 'yes' (its interval wholly past 2 points)",
-             unit=" points", decisive=False),
+             "step", ">=", None, "lmlab", "the reference of the closeness claims: where quantization alone stays "
+             "as close to the teacher as the closeness bar at its width (0.4 points at 2 bits, 2.3 at 1 bit), a "
+             "distilled student's 'close' holds whatever the method did, so a closeness claim decides only where "
+             "this one says 'yes' (its interval wholly past that bar)",
+             unit=" points", decisive=False, rule="the closeness bar at the width (+0.4 points at 2 bits, +2.3 at 1 "
+             "bit)"),
 ]
 
 # The tables the recipe hands to this analysis, and the columns each always carries (a test checks them on a run;
@@ -177,7 +179,7 @@ def _claims(cells, sampler, tasks: list[str], placebo: bool = False) -> tuple[li
     claims, missing = [], []
     reference = {bits: spec("teacher - undistilled").attach(sampler.claim(
         f"teacher - {bits}-bit undistilled (the reference)", diff((32, "teacher"), (bits, UNDISTILLED)),
-        spec("teacher - undistilled").make_bar(), **unit)) for bits in (2, 1) if cells.has(bits, UNDISTILLED)}
+        spec("teacher - undistilled").make_bar(NEAR[bits]), **unit)) for bits in (2, 1) if cells.has(bits, UNDISTILLED)}
     for bits, name in ((2, "teacher - 2-bit Budget-C"), (1, "teacher - 1-bit Budget-C")):
         if close and cells.has(bits, close):
             label = f"teacher - {bits}-bit " + (UNDISTILLED if placebo else f"Budget-{close}")
@@ -213,17 +215,17 @@ def _claims(cells, sampler, tasks: list[str], placebo: bool = False) -> tuple[li
 
 def _closeness_says_nothing(reference, bits: int) -> str:
     """Why a closeness claim at `bits` cannot decide, or "": its reference (teacher minus the undistilled student
-    at that width) is not wholly past NEAR, so a student can be that close with no distillation at all (or the run
-    has no reference to tell). Set as the claim's `ceiling`: open, whatever its interval says."""
+    at that width) is not wholly past the closeness bar at that width (NEAR), so a student can be that close with no
+    distillation at all (or the run has no reference to tell). Set as the claim's `ceiling`: open, whatever its interval says."""
     if reference is None:
         return (f"this run has no undistilled {bits}-bit student (the teacher quantized, no KD step), so nothing "
                 "shows that a student this close needed the method: a run from before the reference was scored")
     low, high = reference.interval()
-    if np.isfinite(low) and low >= NEAR:
+    if np.isfinite(low) and low >= NEAR[bits]:
         return ""
     return (f"the undistilled {bits}-bit student (the teacher quantized, no KD step) sits {reference.fmt(reference.estimate)}"
             f" points from the teacher [{reference.fmt(low)}, {reference.fmt(high)}], not clearly more than "
-            f"{NEAR:g}: a student is that close without any distillation, so 'close' says nothing of the method here "
+            f"{NEAR[bits]:g}: a student is that close without any distillation, so 'close' says nothing of the method here "
             "(a task where quantization alone costs more, or more test examples to resolve its cost)")
 
 
@@ -250,13 +252,15 @@ def _teachers_gate(teachers: pd.DataFrame, cells) -> Gate:
             bad.append(f"{row.task}: the teacher scored {row.score:.1f} vs {floor:.1f} predicting the majority class")
         elif np.isfinite(rise):
             if rise >= TEACHER_PLATEAU:
-                bad.append(f"{row.task}: the teacher's dev score still rose {rise:.1f} points over its last epoch")
+                epochs = getattr(row, "dev_readings", np.nan)
+                bad.append(f"{row.task}: the teacher's dev score still rose {rise:.1f} points over its last epoch"
+                           + (f" (at its cap, {int(epochs)} epochs)" if np.isfinite(epochs) else ""))
         elif still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING):
             bad.append(f"{row.task}: the teacher's loss still fell {row.loss_q3:.3g} -> {row.loss_q4:.3g} over its "
                        "last quarter (and it has no dev curve to read)")
     return Gate("teachers learned and converged", not bad, why="; ".join(bad) or
                 "every teacher above the majority class, its dev score settled",
-                remedy="more --teacher-epochs (or a larger --n-train): the teacher is what every student distils")
+                remedy="a larger --teacher-epochs cap (or a larger --n-train): the teacher is what every student distils")
 
 
 def _learned_gate(students: pd.DataFrame, cells) -> Gate:

@@ -49,6 +49,9 @@ def student_warmup(per_epoch: int, epochs_a: int) -> int:
     return max(1, min(per_epoch, -(-epochs_a * per_epoch // 3)))
 
 
+TEACHER_PLATEAU = 1.0  # a teacher whose dev score still rose by this many points over its last epoch is still learning
+
+
 class Config(StudyConfig):
     device_map_refusal = ("the quantize study trains a teacher and quantized students (KD) on one device per "
                           "process (docs/scaling.md)")
@@ -63,7 +66,11 @@ class Config(StudyConfig):
                                                         "inputs)")
     n_eval: int | None = Field(None, ge=1, description="generated: dev and test examples each")
     epochs_a: int | None = Field(None, ge=1, description="epochs of Budget-A (B = 3x, C = 6x)")
-    teacher_epochs: int | None = Field(None, ge=1, description="epochs the full-precision teacher fine-tunes")
+    teacher_epochs: int | None = Field(None, ge=1, description="the most epochs the full-precision teacher fine-tunes "
+                                                               "(its cap; the patience rule may end it sooner)")
+    teacher_patience: int = Field(1, ge=0, description="the teacher's fine-tuning ends once its dev score has risen "
+                                                       "less than TEACHER_PLATEAU points over its best at this many "
+                                                       "epochs' ends in a row (0: it trains every teacher epoch)")
     batch_size: int | None = Field(None, ge=1, description="examples per training step")
     teacher_lr: float = Field(2e-4, gt=0, description="teacher fine-tuning learning rate")
     student_lr: float | None = Field(None, gt=0, description="KD learning rate (quick: a DECISION; full: the paper's)")

@@ -128,30 +128,68 @@ class DevCurve:
     """`on_step` hook and training state (so a resumed training keeps it): the model's dev score, in points, after
     every `every` steps (the teacher: each epoch's end) and after each step count in `at` (a student: the start of
     its last quarter and its end), on the first `limit` dev examples. The gates read whether it still rose at the
-    end: the teacher's over its last epoch, a student's over its last quarter."""
+    end: the teacher's over its last epoch, a student's over its last quarter.
 
-    def __init__(self, model, collate, task: NLUTask, every: int = 0, at: Iterable[int] = (), limit: int | None = None):
+    `patience` (the teacher's rule): the training ends once the dev score has risen by less than `min_rise` points
+    over the best before it at `patience` readings in a row (the hook returns True, lmlab.train), and the model
+    goes back to its best reading's weights, kept in memory and in every checkpoint (`tensors`), as a fine-tuning
+    that keeps its best dev checkpoint does; a training the rule did not end keeps its last weights (it met its
+    cap still rising, which the teacher gate then says). `stopped` travels in the checkpoint, so a resumed training
+    ends where it ended."""
+
+    def __init__(self, model, collate, task: NLUTask, every: int = 0, at: Iterable[int] = (), limit: int | None = None,
+                 patience: int = 0, min_rise: float = 0.0):
         self.model, self.collate, self.every, self.at = model, collate, every, set(at)
         self.metric, self.dev = task.metric, tuple(task.dev[:limit])
         self.labels = np.array([e.label for e in self.dev])
+        self.patience, self.min_rise = patience, min_rise
         self.scores: list[float] = []
+        self.stopped = False
+        self.best: dict[str, torch.Tensor] = {}
 
-    def __call__(self, step: int, loss: float) -> None:
+    def __call__(self, step: int, loss: float) -> bool:
         n = step + 1
         if (self.every and n % self.every == 0) or n in self.at:
             self.scores.append(100 * _dev_score(self.model, self.collate, self.metric, self.dev, self.labels))
+            if self.patience and self.scores[-1] >= max(self.scores):
+                self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.stopped = self.settled()
+            if self.stopped and self.best:
+                self.model.load_state_dict(self.best)
+        return self.stopped
+
+    def settled(self) -> bool:
+        """The patience rule: each of the last `patience` scores under the best before it plus `min_rise`."""
+        p = self.patience
+        if not p or len(self.scores) <= p:
+            return False
+        return all(self.scores[i] - max(self.scores[:i]) < self.min_rise for i in range(len(self.scores) - p,
+                                                                                      len(self.scores)))
 
     def state_dict(self) -> dict:
-        return {"dev_scores": list(self.scores)}
+        return {"dev_scores": list(self.scores), "stopped": self.stopped}
 
     def load_state_dict(self, state: dict) -> None:
         self.scores = list(state.get("dev_scores", []))
+        self.stopped = bool(state.get("stopped", False))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.best)
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.best = dict(tensors)
 
     def reading(self) -> dict:
-        """The last dev score and its rise over the best one before it (none with one score)."""
-        if len(self.scores) < 2:
-            return {"dev_last": self.scores[-1]} if self.scores else {}
-        return {"dev_last": self.scores[-1], "dev_rise": self.scores[-1] - max(self.scores[:-1])}
+        """The last dev score and its rise over the best one before it (none with one score); with the patience
+        rule, the readings it took (the teacher: its epochs), whether the rule ended it (else it met its cap), and
+        the score of the weights it kept (its best reading, where the rule ended it)."""
+        out = {"dev_last": self.scores[-1]} if self.scores else {}
+        if len(self.scores) >= 2:
+            out["dev_rise"] = self.scores[-1] - max(self.scores[:-1])
+        if self.patience and self.scores:
+            out.update(dev_readings=len(self.scores), settled=self.stopped,
+                       dev_kept=max(self.scores) if self.stopped else self.scores[-1])
+        return out
 
 
 def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:

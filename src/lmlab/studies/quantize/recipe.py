@@ -23,9 +23,10 @@ loss's last two quarters only where a run has no dev curve. Under the linear dec
 as the rate falls, whether or not the student still gets better at its task, so it cannot say whether a student
 still learns.
 
-DECISIONS for CPU minutes (fewer cells, more steps each): the quick profile runs three tasks
-(fact-mnli, fact-qnli, fact-mrpc) with a pool of 2000 generated inputs each (our stand-in for XTC's TinyBERT data
-augmentation; the teacher fine-tunes on it for 4 epochs), 1000 test examples, Budget-A = 1 epoch = 62 KD
+DECISIONS for CPU minutes (fewer cells, more steps each): the quick profile runs one task with headroom
+(fact-mnli; fact-qnli's teacher sits at a ceiling of 99.8) with a pool of 2000 generated inputs (our stand-in for
+XTC's TinyBERT data augmentation; the teacher fine-tunes on it until its dev score stops rising, config.
+teacher_patience, at most teacher_epochs), 1000 test examples, Budget-A = 1 epoch = 62 KD
 steps and Budget-C = 372, at lr 1e-3 (budget compensation; the paper's 2e-5..5e-5 is for ~18 epochs; at 2e-4 the
 1-bit Budget-A students stayed at fact-qnli's majority class, at 1e-3 every student of every cell learned there).
 The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, lr 5e-5 with weight decay
@@ -72,7 +73,7 @@ from lmlab.files import atomic_write
 from lmlab.interventions.quant import check_bits
 from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
-from lmlab.studies.quantize.config import MULTIPLIER, UNDISTILLED, Config, placebo_seed
+from lmlab.studies.quantize.config import MULTIPLIER, TEACHER_PLATEAU, UNDISTILLED, Config, placebo_seed
 from lmlab.studies.quantize.decoder.run import run_decoder
 from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, run_unit, seed_unit,
                                             steps_per_epoch, teacher_cache, train_config)
@@ -103,7 +104,8 @@ def load_task(name: str, config: Config) -> NLUTask:
 def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | None, collate):
     """The task's teacher, fine-tuned (or read back from `teachers/<task>`) and frozen, with what the verdict's
     "teachers learned and converged" gate reads of its fine-tuning: its dev score at the last epoch and its rise
-    over the best epoch before, and its loss over the last two quarters of its steps."""
+    over the best epoch before, the epochs it took and whether the patience rule ended it (config.teacher_patience;
+    else it met its cap, teacher_epochs), and its loss over the last two quarters of its steps."""
     teacher_dir = run_dir.path / "teachers" / task.name
     teacher = (classifier_from(lm, task.num_labels, config.seed) if lm is not None else
                config.load(train=True, head="classifier", num_labels=task.num_labels, seed=config.seed).model)
@@ -112,7 +114,8 @@ def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | N
     else:
         seed_unit(config.seed, task.name, "teacher")
         work = run_dir.path / "work" / f"teacher-{task.name}"
-        curve = DevCurve(teacher, collate, task, steps_per_epoch(config, len(task.train)))
+        curve = DevCurve(teacher, collate, task, steps_per_epoch(config, len(task.train)),
+                         patience=config.teacher_patience, min_rise=TEACHER_PLATEAU)
         trained = train(teacher, task.train, collate, lambda m, b: m(**b).loss,
                         train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
                                      f"teacher {task.name}"), work, on_step=curve, state=curve)
