@@ -329,7 +329,8 @@ def results(run_dirs: list[Path] = typer.Argument(..., help="finished run folder
 
     from lmlab.results import update
 
-    args = [str(p) for p in run_dirs] + ["--records", str(records), "--out", str(out_file)]
+    # the run folders by name only: the page is read on other machines, where this one's paths mean nothing
+    args = [p.name for p in run_dirs] + ["--records", str(records), "--out", str(out_file)]
     command = "lmlab results " + " ".join(shlex.quote(a) for a in args + (["--timings", str(timings)] if timings else []))
     new = update(run_dirs, records, out_file, timings, command)
     out.print(f"results: {len(new)} run(s) recorded in {records}; {out_file}" + (f"; {timings}" if timings else ""))
