@@ -515,7 +515,9 @@ def test_negative_control_the_original_without_its_circuit_does_not_keep_it(cont
     verdict = controls.verdict
     assert "ablate / ioi: does not keep the circuit" in verdict.summary
     assert "same / ioi: keeps the circuit" in verdict.summary
-    assert verdict.status == "inconclusive"  # no paper's claim: lmlab's rule keeps the status there
+    # no paper's claim: never "reproduced"; "answered", its first line counting the comparisons
+    assert verdict.status == "answered"
+    assert verdict.summary.startswith("answered: of 2 comparisons, 1 keep the original's circuit, 1 do not, 0 open")
     # the figure draws from the tables alone (as the report draws it from a run folder)
     import matplotlib.pyplot as plt
 
@@ -732,3 +734,27 @@ def test_make_sparse_composes_the_sparse_circuits_model_half(tiny_smol_folder, t
     assert run.parent.name == "made" and not (run / "toy").exists()
     assert set(result.table("comparison")["cell"]) == {"sparse"}
     assert json.loads((Path(variants["source"].iloc[0]) / "lmlab.json").read_text())["sparse_attention"]
+
+
+def test_the_top_line_says_answered_with_its_counts_or_inconclusive_where_nothing_answered():
+    """compare checks no paper's claim: a run that answered at least one comparison is "answered" (never
+    "reproduced"), its first line counting keep / do not / open and the fewest bits that keep per method and task;
+    one whose comparisons are all open, or whose gate blocks every decision, is "inconclusive"."""
+    from types import SimpleNamespace
+
+    from lmlab.claims import Gate
+
+    def keeps(*decisions):
+        widths = [8, 4, 3, 2]
+        return [SimpleNamespace(group=f"rtn-{widths[i]}bit / ioi", decision=d) for i, d in enumerate(decisions)]
+
+    status, head = analysis.top_line("inconclusive", keeps("yes", "yes", "no", "open"), [])
+    assert status == "answered"
+    assert head == ("answered: of 4 comparisons, 2 keep the original's circuit, 1 do not, 1 open; the fewest bits "
+                    "that keep: rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep). ")
+    status, head = analysis.top_line("inconclusive", keeps("open", "open"), [])
+    assert status == "inconclusive" and head.startswith("nothing answered: of 2 comparisons, 0 keep")
+    blocked = Gate("replicates", False, why="1 training run(s)", blocks="all")
+    assert analysis.top_line("inconclusive", keeps("yes", "no"), [blocked])[0] == "inconclusive"
+    scoped = Gate("students learned", False, blocks="all", claims=("some other claim",))
+    assert analysis.top_line("inconclusive", keeps("yes", "no"), [scoped])[0] == "answered"

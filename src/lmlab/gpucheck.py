@@ -187,7 +187,7 @@ def study(name: str, args: list[str], env: dict, out: Path, limit: float, device
     if stats.is_file():
         row["peak_gib"] = round(json.loads(stats.read_text())["peak_bytes"] / 2**30, 2)
     text = log.read_text(errors="replace")
-    found = re.findall(r"\b(reproduced|not reproduced|inconclusive)\b", text)
+    found = re.findall(r"\b(reproduced|not reproduced|inconclusive|answered)\b", text)
     row["verdict"] = found[-1] if found else None
     wrote = re.findall(r"outputs in (\S+)", text)
     verdict_file = Path(wrote[-1]) / "verdict.json" if wrote else None

@@ -48,7 +48,7 @@ def bar_text(bar: dict, unit: str, scale: float) -> str:
         return f"{bar.get('direction', '')} {scale * float(bar.get('value', 0) or 0):+g}{unit}"
 
 
-_BADGE = {"reproduced": "#d4f4d4", "not reproduced": "#f8d7d7", "inconclusive": "#fcefc7"}
+_BADGE = {"reproduced": "#d4f4d4", "not reproduced": "#f8d7d7", "inconclusive": "#fcefc7", "answered": "#d6e6f8"}
 
 
 def verdict_html(status: str, claim: str, summary: str, evidence: dict) -> str:

@@ -33,7 +33,9 @@ from lmlab.lazy import Lazy, LazyValue, lazy_exports
 if TYPE_CHECKING:  # numpy, pandas and torch load on first use, so the CLI starts fast
     import pandas as pd
 
-Status = Literal["reproduced", "not reproduced", "inconclusive"]
+# "answered": a run of lmlab's own question, which no paper claims (compare), that answered at least one of its
+# comparisons; it never stands for a paper's claim, so it is neither "reproduced" nor "not reproduced"
+Status = Literal["reproduced", "not reproduced", "inconclusive", "answered"]
 
 
 DEVICE_HELP = "auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps"

@@ -46,8 +46,11 @@ comparisons), so the cell stays open unless it lies that many standard errors be
 for a recipe seen twice, not a defect to remove: the open claim says so, with its degrees of freedom and quantiles,
 and three or more replicates decide it.
 
-The verdict's status follows lmlab's rule of whose claim decides what: no paper's claim is checked here, so it stays
-"inconclusive"; the answer is per variant and task, in the verdict's summary, the `comparison` table and the figure.
+The verdict's status follows lmlab's rule of whose claim decides what: no paper's claim is checked here, so it is
+never "reproduced" nor "not reproduced". It is "answered" where at least one comparison answered (and no gate blocks
+every decision), its first line counting the comparisons that keep, do not and are open, and the fewest bits that
+keep per method and task; "inconclusive" where none answered. The answers are per variant and task, in the
+verdict's summary, the `comparison` table and the figure.
 """
 
 from __future__ import annotations
@@ -552,14 +555,11 @@ def verdict(result) -> Verdict:
                        f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
                        f"{o['original_hi']:+.1f}], {o['original_decision']}"
                      + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
-    lines += fewest_bits(keeps)
     notes = result.table("pathway_note")
     lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
-    counts = {d: sum(c.decision == d for c in keeps) for d in ("yes", "no", "open")}
-    head = (f"{counts['yes']} of {len(keeps)} comparisons keep the original's circuit, {counts['no']} do not, "
-            f"{counts['open']} open. ") if keeps else "no comparison could be made. "
-    summary = (head + "; ".join(lines) + ". No paper claims this: the status stays inconclusive by lmlab's rule (only a "
-               "paper's claim reproduces or fails); the answers above are lmlab's, per variant and task")
+    status, head = top_line(status, keeps, gates)
+    summary = (head + "; ".join(lines) + ". No paper claims this: 'answered' is lmlab's answer to its own question, "
+               "never 'reproduced' or 'not reproduced' (only a paper's claim reproduces or fails)")
     scope = f"this run: {result.models[0] if result.models else 'the model'} against its variants"
     found = evidence(claims, gates, scope=scope)
     if keeps:  # what decides here is the answer for each variant, not one claim: the line the report heads with
@@ -571,6 +571,22 @@ def verdict(result) -> Verdict:
                              "text": answers(keeps)}
     return Verdict(status=status, claim="Each variant keeps the original's circuit on each task (lmlab's question)",
                    summary=summary, evidence=found)
+
+
+def top_line(status: str, keeps, gates) -> tuple[str, str]:
+    """The run's status and its first line: "answered" where at least one comparison answered (keeps or does not
+    keep) and no gate blocks every decision, with the counts (keep, do not, open) and, per method made at several
+    widths and task, the fewest bits that keep; else the judged status ("inconclusive"), with the counts."""
+    counts = {d: sum(c.decision == d for c in keeps) for d in ("yes", "no", "open")}
+    if not keeps:
+        return status, "no comparison could be made. "
+    blocked = any(not g.passed and not g.scoped and g.blocks == "all" for g in gates)
+    answered = not blocked and counts["yes"] + counts["no"] > 0
+    fewest = fewest_bits(keeps)
+    head = (("answered" if answered else "nothing answered") + f": of {len(keeps)} comparisons, {counts['yes']} keep "
+            f"the original's circuit, {counts['no']} do not, {counts['open']} open"
+            + (f"; the fewest bits that keep: {'; '.join(fewest)}" if fewest else "") + ". ")
+    return ("answered" if answered else status), head
 
 
 def _judged_top(result, placebo: pd.DataFrame) -> dict[str, set[str]]:
