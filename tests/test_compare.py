@@ -684,6 +684,11 @@ def test_prompt_pairs_of_ones_own_from_a_file(tiny_smol_folder, tmp_path):
     with pytest.raises(LmlabError, match=r"split.jsonl, pair 1: .*tokens"):
         lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs2", variant=["same"],
                   tasks=[f"file:{split}"], n_prompts=4, verify_heads=3)
+    # refused before any variant is made: students to train (--make quantized) and copies to round alike
+    with pytest.raises(LmlabError, match=r"split.jsonl, pair 1: .*tokens"):
+        lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs3", variant=["same"],
+                  make=["quantized:2", "rtn:4"], tasks=[f"file:{split}"], n_prompts=4, verify_heads=3)
+    assert not list((tmp_path / "runs3").glob("*/made"))
 
 
 def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():

@@ -275,6 +275,14 @@ def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir,
 
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     tasks = list(config.size("tasks"))
+    # everything the inputs can tell is checked first, before any variant is made: the model kind, its heads, and
+    # each task's answers against the tokenizer (a prompt-pair file whose answer the tokenizer splits fails here)
+    lm = lm if lm is not None else config.load()
+    if not lm.layout.causal:
+        raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
+    lm.layout.check_heads_everywhere("compare")
+    for name in tasks:
+        make_task(name, lm.tokenizer, 2, config.seed)
     if config.placebo:  # the treatment (the variants given, the students --make trains) replaced by the swaps
         variants, made = [v for spec in PLACEBO_VARIANTS for v in expand(spec)], []
         run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
@@ -288,12 +296,6 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     keys = [v.key for v in variants]
     if len(set(keys)) != len(keys):
         raise LmlabError("two variants share a name and replicate; give each once")
-    lm = lm if lm is not None else config.load()
-    if not lm.layout.causal:
-        raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
-    lm.layout.check_heads_everywhere("compare")
-    for name in tasks:  # answer tokens the tokenizer splits fail here, before any measurement
-        make_task(name, lm.tokenizer, 2, config.seed)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
     # the controls' heads: the original's ranking on other prompt pairs of each task
