@@ -55,6 +55,30 @@ def test_embedded_model_solves_ioi(embedded_smollm):
     assert corrupted.mean() < 0  # the corruption flips the answer
 
 
+@pytest.mark.embedded
+def test_the_induction_task_repeats_a_sequence_and_the_embedded_model_completes_it(embedded_smollm):
+    """Induction: 8 words, then their first k again; the answer is the word that followed them the first time, the
+    corrupted prompt's first copy is 8 other words (so nothing says what comes next), the distractor a word of
+    neither copy; pairs repeat with the seed. SmolLM2-135M completes the clean repeat and not the corrupted one."""
+    from lmlab.data.generated.circuits import INDUCTION_LENGTH
+
+    tok = embedded_smollm.tokenizer
+    task = make_task("induction", tok, 16, seed=0)
+    assert [p.clean for p in task.prompts] == [p.clean for p in make_task("induction", tok, 16, seed=0).prompts]
+    for p in task.prompts:
+        assert len(p.clean) == len(p.corrupted)
+        words = p.clean_text.split()
+        k = len(words) - INDUCTION_LENGTH
+        assert 2 <= k < INDUCTION_LENGTH and words[INDUCTION_LENGTH:] == words[:k]
+        assert tok.decode([p.answer]).strip() == words[k]
+        other = p.corrupted_text.split()
+        assert not set(other[:INDUCTION_LENGTH]) & set(words) and other[INDUCTION_LENGTH:] == words[:k]
+        assert tok.decode([p.distractor]).strip() not in words + other
+    clean = circuits.metric_values(embedded_smollm, task)
+    corrupted = circuits.metric_values(embedded_smollm, task, corrupted=True)
+    assert (clean > 0).mean() >= 0.9 and clean.mean() > corrupted.mean() + 2
+
+
 def test_unknown_task_lists_registered(tiny_llama):
     with pytest.raises(LmlabError, match="registered tasks: ioi, greater-than"):
         make_task("ioi-short", tiny_llama.tokenizer, 4)

@@ -16,6 +16,11 @@ two runs line up position by position for patching.
                   ":param" -> the third. Corrupted: the second documented parameter is the third
                   argument, so the answer becomes the second argument. Metric: logit difference.
     ioi-long      IOI with 3-5 filler sentences (about 60 tokens) between the names and the end.
+    induction     The field's most studied circuit (Olsson et al. 2022): a sequence of 8 random common words, then
+                  its first 2-7 words again -> the word that followed them the first time. Corrupted: the first
+                  copy becomes 8 other words, so nothing earlier says what comes next. Metric: logit(answer) -
+                  logit(distractor), the distractor a word of neither copy. Not one of Draye et al.'s four
+                  (`TASKS`): compare reads it beside them (`ALL_TASKS`).
 
 Every answer must be a single token of the model's tokenizer; otherwise the error names the token.
 """
@@ -62,7 +67,17 @@ PARAMS = ["name", "value", "path", "size", "data", "key", "index", "count", "mod
 DESCRIPTIONS = ["the {p} to use", "the {p} of the {n}", "which {p} applies", "a {p} for the {n}",
                 "the new {p}", "how the {p} is set"]
 
-TASKS = ("ioi", "greater-than", "docstring", "ioi-long")
+TASKS = ("ioi", "greater-than", "docstring", "ioi-long")  # Draye et al.'s four (sparse-circuits)
+ALL_TASKS = TASKS + ("induction",)  # compare's: the four and the induction task
+# induction's words: common nouns that are one token (after a space) in most tokenizers; the task keeps those the
+# model's tokenizer holds as one
+WORDS = ["apple", "river", "table", "horse", "window", "garden", "paper", "music", "doctor", "island", "market",
+         "winter", "summer", "money", "letter", "forest", "bridge", "camera", "planet", "engine", "castle", "silver",
+         "dinner", "coffee", "flower", "mountain", "village", "student", "teacher", "animal", "ocean", "bottle",
+         "pencil", "kitchen", "button", "rocket", "jacket", "candle", "mirror", "ticket", "basket", "hammer",
+         "wallet", "pocket", "tiger", "rabbit", "monkey", "dragon", "orange", "lemon", "butter", "cheese", "bread",
+         "chair", "clock", "cloud", "stone", "sugar", "glass", "plate", "train", "truck", "phone", "piano"]
+INDUCTION_LENGTH = 8  # words in the sequence that repeats
 
 
 @dataclass(frozen=True)
@@ -164,6 +179,28 @@ def _docstring(tokenizer, rng: random.Random) -> CircuitPrompt:
                  distractor=single_token(tokenizer, " " + b))
 
 
+def induction_words(tokenizer) -> list[tuple[str, int]]:
+    """(" word", token id) for each of WORDS that the tokenizer holds as one token after a space."""
+    out = []
+    for w in WORDS:
+        ids = tokenizer(" " + w, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1:
+            out.append((" " + w, ids[0]))
+    if len(out) < 2 * INDUCTION_LENGTH + 1:
+        raise LmlabError(f"the induction task needs {2 * INDUCTION_LENGTH + 1} of its common words as one token each; "
+                         f"this tokenizer holds {len(out)} so")
+    return out
+
+
+def _induction(tokenizer, rng: random.Random, words: list[tuple[str, int]]) -> CircuitPrompt:
+    picked = rng.sample(words, 2 * INDUCTION_LENGTH + 1)
+    first, other, distractor = picked[:INDUCTION_LENGTH], picked[INDUCTION_LENGTH:-1], picked[-1]
+    k = rng.randint(2, INDUCTION_LENGTH - 1)
+    repeat = "".join(w for w, _ in first[:k])
+    return _pair(tokenizer, "".join(w for w, _ in first) + repeat, "".join(w for w, _ in other) + repeat,
+                 answer=first[k][1], distractor=distractor[1])
+
+
 FILE_PREFIX = "file:"  # a task name `file:PATH`: the user's own prompt pairs (read_pairs)
 PAIR_KEYS = ("clean", "corrupted", "answer", "distractor")
 
@@ -225,13 +262,15 @@ def make_task(name: str, tokenizer, n: int, seed: int = 0) -> CircuitTask:
     pairs, read_pairs)."""
     if pairs_file(name) is not None:
         return read_pairs(pairs_file(name), tokenizer, n)
-    if name not in TASKS:
-        raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}")
+    if name not in ALL_TASKS:
+        raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(ALL_TASKS)}")
     if n < 1:
         raise LmlabError("a circuit task needs at least one prompt")
     rng = random.Random(f"{name}|{seed}")
+    words = induction_words(tokenizer) if name == "induction" else []
     build = {"ioi": lambda: _ioi(tokenizer, rng, long=False), "ioi-long": lambda: _ioi(tokenizer, rng, long=True),
-             "greater-than": lambda: _greater_than(tokenizer, rng), "docstring": lambda: _docstring(tokenizer, rng)}
+             "greater-than": lambda: _greater_than(tokenizer, rng), "docstring": lambda: _docstring(tokenizer, rng),
+             "induction": lambda: _induction(tokenizer, rng, words)}
     task = CircuitTask(name, "prob_diff" if name == "greater-than" else "logit_diff")
     task.prompts = [build[name]() for _ in range(n)]
     return task

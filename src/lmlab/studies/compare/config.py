@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from lmlab.data.generated.circuits import TASKS, pairs_file, read_pair_rows
+from lmlab.data.generated.circuits import ALL_TASKS, pairs_file, read_pair_rows
 from lmlab.studies.base import StudyConfig
 
 # variants that name no model: the original itself (the positive control), the original with its top heads zeroed
@@ -67,7 +67,7 @@ class Config(StudyConfig):
                           "attention, --seeds replicates). GPTQ and AWQ are made with llm-compressor "
                           "in an environment of its own and compared as --variant DIR",
         json_schema_extra={"repeatable": True})
-    tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(TASKS)}), or file:PATH: prompt "
+    tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(ALL_TASKS)}), or file:PATH: prompt "
                                                        "pairs of your own, one JSON object a line with the texts clean, "
                                                        "corrupted, answer and distractor (one token each; a pair's "
                                                        "prompts the same length in tokens)")
@@ -97,8 +97,8 @@ class Config(StudyConfig):
         for name in self.size("tasks") or []:
             if pairs_file(name) is not None:
                 read_pair_rows(pairs_file(name))  # the file is read and each row checked now; its tokens when loaded
-            elif name not in TASKS:
-                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(TASKS)}, or "
+            elif name not in ALL_TASKS:
+                raise LmlabError(f"unknown circuit task '{name}'; registered tasks: {', '.join(ALL_TASKS)}, or "
                                  "file:PATH for prompt pairs of your own")
         if not (self.variant or self.make or self.placebo):
             raise LmlabError("give a variant to compare with the original: --variant DIR_OR_ID (repeatable), "
