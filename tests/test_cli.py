@@ -264,3 +264,14 @@ def test_a_cpu_with_amx_is_told_once_that_bf16_is_faster(monkeypatch, capsys):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     cli._bf16_note("auto", "cpu")
     assert capsys.readouterr().err == ""
+
+
+def test_claims_without_a_study_lists_what_the_registry_holds():
+    from lmlab.studies import STUDIES
+
+    result = invoke("claims")
+    assert result.exit_code == 0
+    for name, spec in STUDIES.items():
+        assert name in result.output
+    compare = next(line for line in result.output.splitlines() if line.startswith("│ compare"))
+    assert compare.split("│")[3].strip() == "0"  # no paper's claim: compare's are lmlab's alone

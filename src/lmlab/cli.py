@@ -338,12 +338,19 @@ def results(run_dirs: list[Path] = typer.Argument(..., help="finished run folder
 
 @app.command()
 @friendly
-def claims(study: str = typer.Argument(..., help="knockout, quantize, filler, sparse-circuits or latent"),
+def claims(study: Optional[str] = typer.Argument(None, help="a registered study (none: the list of them)"),
            markdown: bool = typer.Option(False, help="print the Markdown table the study's doc carries")):
     """What a study checks: each claim, its statistic and bar, whose it is (the paper's, with where the paper states
-    it, or ours, with why) and whether it decides the verdict or is reported."""
+    it, or ours, with why) and whether it decides the verdict or is reported. Without a study: every registered
+    study and how many claims of the paper's and of ours it declares."""
     from lmlab.report import claims_markdown, declared_claims
+    from lmlab.studies import STUDIES
 
+    if study is None:
+        rows = [[name, spec.title, str(sum(c.source == "paper" for c in spec.claims())),
+                 str(sum(c.source == "lmlab" for c in spec.claims()))] for name, spec in STUDIES.items()]
+        out.print(_table("the registered studies", ["study", "title", "paper's claims", "ours"], rows))
+        return
     if markdown:
         print(claims_markdown(study), end="")
         return
