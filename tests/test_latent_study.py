@@ -593,3 +593,25 @@ def test_placebo_end_to_end_is_the_same_run_with_codes_that_carry_nothing(tmp_pa
     decisive = {c["name"]: c["decision"] for c in v.evidence["claims"] if not c["reported"]}
     assert decisive and "yes" not in decisive.values(), decisive
     check_declared_columns(placebo)
+
+
+def test_a_turtle_walk_without_its_plan_lets_the_codes_replace_moves_the_answer_needs():
+    """With the plan (the default walk of 8 moves) every m a training example allows ends inside the restated prompt,
+    so the codes replace no computed word; without it (`plan: false`, 12 moves) the chain starts at the first move
+    and every allowed m replaces moves whose positions the rest of the walk needs."""
+    from lmlab.data.generated.planning import generate_turtle_problems
+
+    def replaced_computed(plan: bool) -> list[int]:
+        moves = 8 if plan else 12
+        problems = generate_turtle_problems(40, 0, 0, seed=3, min_moves=moves, max_moves=moves, plan=plan)["train"]
+        vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=16)
+        out = []
+        for p in problems:
+            ex = sequences.make_example(vocab, p)
+            out += [sum(ex.computed[:m]) for m in sequences.replacement_options(ex, 16)]
+        return out
+
+    with_plan, without = replaced_computed(True), replaced_computed(False)
+    assert with_plan and max(with_plan) == 0
+    assert without and min(without) >= 2 and not generate_turtle_problems(
+        3, 0, 0, seed=3, plan=False)["train"][0].chain.startswith("we start")

@@ -101,14 +101,14 @@ def _walk(rng: random.Random, size: int, min_moves: int, max_moves: int) -> Prob
 HEADINGS = ["up", "right", "down", "left"]  # clockwise: a right turn adds 1
 
 
-def _turtle(rng: random.Random, size: int, min_moves: int, max_moves: int) -> Problem:
+def _turtle(rng: random.Random, size: int, min_moves: int, max_moves: int, plan: bool = True) -> Problem:
     x, y, h = rng.randrange(size), rng.randrange(size), 0
     moves = [rng.choice(["left", "right", "forward", "forward"]) for _ in range(rng.randint(min_moves, max_moves))]
     question = f"start {x} {y} facing up . moves : {' '.join(moves)} . where do you end ?"
     steps = [f"we start at {x} {y} facing up and make {len(moves)} moves : {' '.join(moves)} . "
-             f"we go one move at a time ."]
+             f"we go one move at a time ."] if plan else []
     computed: list[int] = []
-    words = len(steps[0].split())
+    words = len(steps[0].split()) if plan else 0
     for move in moves:
         if move != "forward":
             h = (h + (1 if move == "right" else 3)) % 4
@@ -129,12 +129,13 @@ def _turtle(rng: random.Random, size: int, min_moves: int, max_moves: int) -> Pr
 
 
 def generate_turtle_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, size: int = 4,
-                             min_moves: int = 8, max_moves: int = 8) -> dict[str, list[Problem]]:
+                             min_moves: int = 8, max_moves: int = 8, plan: bool = True) -> dict[str, list[Problem]]:
     """Disjoint train/dev/test sets of turtle walks (turns and steps relative to a heading), the same for the
-    same seed."""
+    same seed. `plan` False: the chain starts at the first move, without the plan that restates the prompt, so
+    its early tokens are steps whose results the rest of the walk needs."""
     if size < 2 or not 1 <= min_moves <= max_moves or size > 10:
         raise LmlabError("the turtle walk needs 2 <= size <= 10 and 1 <= min_moves <= max_moves")
-    return _generate(lambda rng: _turtle(rng, size, min_moves, max_moves), n_train, n_dev, n_test, seed)
+    return _generate(lambda rng: _turtle(rng, size, min_moves, max_moves, plan), n_train, n_dev, n_test, seed)
 
 
 def generate_walk_problems(n_train: int, n_dev: int, n_test: int, seed: int = 0, size: int = 6,

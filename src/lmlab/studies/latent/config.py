@@ -36,6 +36,9 @@ class Config(StudyConfig):
                                                       "7-9 for the walk)")
     grid: int | None = Field(None, ge=2, le=10, description="turtle and walk: side of the walled square grid "
                                                           "(default: 4 for the turtle, 6 for the walk)")
+    plan: bool | None = Field(None, description="turtle: the chain opens with a plan restating the prompt (true, "
+                                                "the default) or at the first move (false: the codes then replace "
+                                                "moves whose results the rest of the walk needs)")
     max_steps_per_problem: int = Field(4, ge=2, description="arithmetic: reasoning steps per problem (2..this)")
     data: str = Field("turtle", description="turtle (a walk steered by turns, the default), walk (a maze-style "
                                             "grid walk), classes (ProsQA-style class chains), arithmetic (short "
@@ -86,6 +89,8 @@ def check_config(config: Config) -> None:
     if config.model not in ("scratch", *sorted(PRETRAINED)):
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "
                          f"or {', '.join(sorted(PRETRAINED))}, not '{config.model}'")
+    if config.task != "turtle" and config.plan is not None:
+        raise LmlabError(f"--plan sets the turtle task's chain, not {config.task}'s")
     if config.task not in ("turtle", "walk") and (config.moves is not None or config.grid is not None):
         raise LmlabError(f"--moves and --grid set the turtle and walk tasks' size, not {config.task}'s")
     if config.task not in (*DATA, "gsm8k"):

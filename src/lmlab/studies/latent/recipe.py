@@ -87,7 +87,9 @@ def load_problems(config: Config) -> dict:
         moves, grid = config.size("moves"), config.size("grid")
         walk = ({"min_moves": moves, "max_moves": moves} if moves else {}) | ({"size": grid} if grid else {})
     if config.task == "turtle":
-        return generate_turtle_problems(config.size("n_train"), n_dev, n_test, seed=config.seed, **walk)
+        plan = config.size("plan")
+        return generate_turtle_problems(config.size("n_train"), n_dev, n_test, seed=config.seed, **walk,
+                                        **({"plan": plan} if plan is not None else {}))
     if config.task == "walk":
         return generate_walk_problems(config.size("n_train"), n_dev, n_test, seed=config.seed, **walk)
     if config.task == "classes":
