@@ -294,21 +294,24 @@ def _reading(cells: set[tuple[int, str]]) -> tuple[str, ...]:
 def _converged_gate(students: pd.DataFrame, budget: str | None) -> Gate:
     """No student of `budget` (the one the claims read: C where it ran) still learning at its end: its dev score rose
     by less than STUDENT_PLATEAU points over its last quarter (the teacher's reading, on the same dev set); without a
-    dev curve, its KD loss fell by less than STILL_LEARNING over its last quarter. A shorter budget's students are
+    dev curve, its KD loss fell by less than STILL_LEARNING over its last quarter. Scoped like the claims: a failure
+    opens the "no" of the claims that read a cell with a student still learning (`_reading`), and only those. A shorter budget's students are
     not read: Budget-A is the under-trained budget by design (XTC's point), and a claim can only say "no" on them
     where more training would widen the gap (C below A, with A still rising). The dev score, not the loss: under a
     linear decay to zero the KD loss keeps falling as the rate falls, so the loss cannot tell a settled student from
     one still learning."""
-    falling = []
+    falling, cells = [], set()
     for row in students[students.budget == budget].fillna({"replicate": 0}).itertuples():
         name = f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate {int(row.replicate)}"
         rise = getattr(row, "dev_rise", np.nan)
         if np.isfinite(rise):
             if rise >= STUDENT_PLATEAU:
                 falling.append(f"{name}: dev score +{rise:.1f} points")
+                cells.add((int(row.bits), row.budget))
         elif still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING):
             falling.append(f"{name}: KD loss {row.loss_q3:.3g} -> {row.loss_q4:.3g}")
-    return Gate(f"Budget-{budget} students converged", not falling, why=(
+            cells.add((int(row.bits), row.budget))
+    return Gate(f"Budget-{budget} students converged", not falling, claims=_reading(cells), why=(
                 f"still learning over the last quarter (the dev score up {STUDENT_PLATEAU:.0f} point or more; without "
                 f"a dev curve, the KD loss down more than {STILL_LEARNING:.0%}): " + "; ".join(falling)) if falling
                 else f"no Budget-{budget} student still learning over its last quarter", blocks="no",
