@@ -302,3 +302,15 @@ def test_every_study_declares_its_placebo():
     for name, spec in STUDIES.items():
         assert len(spec.config.placebo_treatment) > 20, f"{name}: no placebo_treatment"
         assert "placebo" in spec.config.model_fields
+
+
+def test_the_usage_guides_layout_is_the_codes():
+    """docs/usage.md's layout table is generated from the package (every module and package, its docstring's first
+    sentence): a module added, removed or redescribed fails here until the table is written again."""
+    from pathlib import Path
+
+    from lmlab.report import layout_markdown
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text(encoding="utf-8")
+    inside = text.split("<!-- layout:begin -->\n")[1].split("<!-- layout:end -->")[0]
+    assert inside == layout_markdown(), "docs/usage.md: splice lmlab.report.layout_markdown() between its markers"

@@ -111,6 +111,27 @@ def claims_markdown(study: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layout_markdown() -> str:
+    """The package's layout as a Markdown table (docs/usage.md carries it; a test keeps the two equal): every module
+    and package under lmlab, and every study's package, with the first sentence of its docstring."""
+    import ast
+    import re
+
+    root = Path(__file__).resolve().parent
+
+    def first_sentence(path: Path) -> str:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        paragraph = " ".join(doc.split("\n\n")[0].split())
+        return re.split(r"(?<=[.?])\s", paragraph)[0].replace("|", "\\|")
+
+    entries = [(p.name, p) for p in sorted(root.glob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
+    entries += [(f"{p.parent.name}/", p) for p in sorted(root.glob("*/__init__.py"))]
+    entries += [(f"studies/{p.parent.name}/", p) for p in sorted((root / "studies").glob("*/__init__.py"))]
+    lines = ["| in src/lmlab/ | what it holds |", "|---|---|"]
+    lines += [f"| `{name}` | {first_sentence(path)} |" for name, path in sorted(entries, key=lambda e: e[0])]
+    return "\n".join(lines) + "\n"
+
+
 def forest_png(claims: list[dict]) -> str:
     """The verdict's claims as a forest plot, one row each on its own scale: the estimate (a dot, coloured by the
     decision), its 95% interval over replicates and items, the bar it is checked against (dashed, the side the
