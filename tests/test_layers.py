@@ -133,3 +133,37 @@ def test_no_function_is_over_sixty_lines():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, long
+
+
+def may_import() -> dict[str, list[str]]:
+    """{a study's file: the module prefixes docs/extending.md's table says it may import}: each backticked name, with
+    `lmlab.` put before a bare one; "what `F` may" takes F's row too; "its own X" names the study's own module (the
+    study's package is always its own)."""
+    out = {}
+    for line in (ROOT / "docs" / "extending.md").read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and re.fullmatch(r"`\w+\.py`", cells[0]):
+            column = re.sub(r"its own `\w+`( and `\w+`)?", "", cells[2].split(";")[0])
+            inherits = re.match(r"what `(\w+\.py)` may", column)
+            column = column[inherits.end():] if inherits else column
+            out[cells[0].strip("`")] = ([n if n.startswith("lmlab") else f"lmlab.{n}"
+                                         for n in re.findall(r"`([^`]+)`", column)]
+                                        + (out[inherits.group(1)] if inherits else []))
+    return out
+
+
+def test_a_studys_files_import_what_docs_extending_says_they_may():
+    """Each study's config, measure, recipe and analysis imports only what docs/extending.md's "may import" column
+    names (and its own package): the table a reader adds a study by is the one the code keeps."""
+    allowed, known = may_import(), modules()
+    assert {"config.py", "measure.py", "recipe.py", "analysis.py"} <= set(allowed)
+    bad = []
+    for name, path in known.items():
+        study = study_of(name)
+        if study is None or path.name not in allowed or name.count(".") != 3:
+            continue
+        for target in imports(name, path, known):
+            if not (target.startswith(study + ".") or target == study
+                    or any(target == p or target.startswith(p + ".") for p in allowed[path.name])):
+                bad.append(f"{name} imports {target}")
+    assert not bad, "not in docs/extending.md's 'may import' column: " + "; ".join(sorted(bad))

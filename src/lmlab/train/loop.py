@@ -284,8 +284,7 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
                               config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
     progress = _progress(config, run.acc.is_main_process, result.resumed_from or 0)
     try:
-        # a training its hook ended (`state.stopped`, restored from the checkpoint taken where it ended) takes no step
-        last = result.resumed_from if getattr(state, "stopped", False) else config.steps
+        last = result.resumed_from if getattr(state, "stopped", False) else config.steps  # (a hook ended it: no step)
         for step in range(result.resumed_from or 0, last):
             _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
             if after_update:

@@ -273,16 +273,22 @@ def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir,
     return rows
 
 
-def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
-    tasks = list(config.size("tasks"))
-    # everything the inputs can tell is checked first, before any variant is made: the model kind, its heads, and
-    # each task's answers against the tokenizer (a prompt-pair file whose answer the tokenizer splits fails here)
+def _checked(config: Config, lm: LoadedModel | None, tasks: list[str]) -> LoadedModel:
+    """The original, loaded, with everything the inputs can tell checked before any variant is made: the model kind,
+    its heads, and each task's answers against the tokenizer (a prompt-pair file whose answer the tokenizer splits
+    fails here)."""
     lm = lm if lm is not None else config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
     lm.layout.check_heads_everywhere("compare")
     for name in tasks:
         make_task(name, lm.tokenizer, 2, config.seed)
+    return lm
+
+
+def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
+    tasks = list(config.size("tasks"))
+    lm = _checked(config, lm, tasks)
     if config.placebo:  # the treatment (the variants given, the students --make trains) replaced by the swaps
         variants, made = [v for spec in PLACEBO_VARIANTS for v in expand(spec)], []
         run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
