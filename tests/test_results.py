@@ -68,3 +68,12 @@ def test_a_folder_without_a_finished_run_is_one_sentence(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LmlabError, match="no finished run folders"):
         update([tmp_path / "empty"], tmp_path / "r.jsonl", None, None, "c")
+
+
+def test_a_size_no_profile_names_still_makes_the_runs_sizes_its_own(tmp_path):
+    """The latent study's --moves and --plan are read through config.size but named in no profile: a run that set
+    them is not the profile's run (its row would otherwise stand in the page for the profile's own)."""
+    _run(tmp_path, "latent-a", study="latent", model="scratch", moves=12, plan=False)
+    _run(tmp_path, "latent-b", study="latent", model="scratch")
+    assert read_record(tmp_path / "latent-a").sizes == "moves 12, plan False"
+    assert read_record(tmp_path / "latent-b").sizes == "profile"

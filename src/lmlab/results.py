@@ -55,18 +55,27 @@ class Record:
 
 
 def _size_fields(study: str) -> set[str]:
+    """The study's sizes: every field its profiles.yaml names, and every field its code reads through
+    `config.size(...)` (a size no profile sets, such as the latent study's --moves, still makes a run's sizes its
+    own, not the profile's)."""
+    import re
+
     from lmlab.studies import STUDIES
     from lmlab.studies.base import load_profiles
 
     spec = STUDIES[study]
-    table = load_profiles(spec.config.__module__.rpartition(".")[0])
+    package = spec.config.__module__.rpartition(".")[0]
+    table = load_profiles(package)
     names: set[str] = set()
     for profile in ("demo", "quick", "full"):
         names |= set(table.get(profile) or {})
     for variant in (table.get("variants") or {}).values():
         for sizes in variant.values():
             names |= set(sizes or {})
-    return names
+    folder = Path(__import__(package, fromlist=["_"]).__file__).parent
+    for source in folder.rglob("*.py"):
+        names |= set(re.findall(r"\.size\(\s*\"(\w+)\"", source.read_text(encoding="utf-8")))
+    return names & set(spec.config.model_fields)
 
 
 def read_record(run: Path) -> Record:
@@ -155,15 +164,15 @@ def render(records: list[Record], command: str) -> str:
              "verdict and the line that decided it, the run time over its sessions, and the machine it ran on (a load",
              "average above the threads means the cores were shared, so the time is not a timing). \"sizes\" says",
              "whether the run used the profile's own sizes or which it set.", ""]
-    latest: dict[tuple[str, str, int, bool], Record] = {}
-    for r in records:
-        latest[(r.study, r.profile, r.seed, r.placebo)] = r  # records are oldest first
-    lines += ["## The latest run of each study, profile and seed", "",
+    latest: dict[tuple[str, str, bool, str, int, bool], Record] = {}
+    for r in records:  # records are oldest first; a run at sizes of its own never stands for the profile's
+        latest[(r.study, r.profile, r.sizes != "profile", r.sizes, r.seed, r.placebo)] = r
+    lines += ["## The latest run of each study, profile and seed (a run at sizes of its own in a row of its own)", "",
               "A study's placebo (the same run with its treatment replaced by one that cannot have the paper's effect) "
               "sits under it: it should never read \"reproduced\".", "",
               "| study | profile | seed | verdict | what decided it | time | machine |", "|---|---|---|---|---|---|---|"]
-    for (study, profile, _, placebo), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0][1],
-                                                                                  kv[0][2], kv[0][3])):
+    for (study, profile, _, _, _, placebo), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], 99),
+                                                                                         *kv[0][1:])):
         lines.append(f"| {study}{' · placebo' if placebo else ''} | {profile}{'' if r.sizes == 'profile' else ' (' + _cell(r.sizes) + ')'} | {r.seed} | "
                      f"**{r.verdict}** | {_cell(r.decided)} | {_duration(r.seconds)} | {_cell(r.gpu or r.machine)} |")
     for study in sorted({r.study for r in records}, key=lambda s: order.get(s, 99)):
