@@ -388,10 +388,15 @@ def test_the_teachers_patience_rule_ends_it_once_its_dev_score_stops_rising():
     many readings it took and that the rule, not the cap, ended it."""
     from lmlab.studies.quantize.measure import DevCurve
 
-    def curve(scores, patience=1):
+    def curve(scores, patience=1, learned_above=float("-inf")):
         c = DevCurve.__new__(DevCurve)
         c.patience, c.min_rise, c.scores, c.stopped = patience, 1.0, list(scores), False
+        c.learned_above = learned_above
         return c
+
+    # a teacher still at the majority class has not begun: the rule waits for it (to the cap)
+    assert not curve([50.0, 50.0, 50.0], learned_above=60.0).settled()
+    assert curve([50.0, 70.0, 70.5], learned_above=60.0).settled()
 
     assert not curve([60.0]).settled() and not curve([60.0, 70.0]).settled()
     assert curve([60.0, 70.0, 70.5]).settled() and curve([60.0, 70.0, 65.0]).settled()

@@ -32,7 +32,7 @@ from lmlab.train.convergence import still_falling
 from lmlab.evaluation import metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
-from lmlab.studies.quantize.config import TEACHER_PLATEAU, UNDISTILLED, claims_budget
+from lmlab.studies.quantize.config import TEACHER_MARGIN, TEACHER_PLATEAU, UNDISTILLED, claims_budget
 from lmlab.studies.quantize.decoder.analysis import perplexities
 
 CLAIM = "2-bit stays close to the teacher; 1-bit drops more; Budget-C >= Budget-A at every bit width, the gap largest at 1 bit"
@@ -44,7 +44,6 @@ PAPER_GAP_EFFECT = 0.7  # the paper's C-A gap difference (1 bit vs 2 bits), in p
 C_MARGIN = 1.0  # "Budget-C >= Budget-A": C no more than 1 point below A (the paper's C - A gaps: +0.1 to +7)
 LEARNED_MARGIN = 5.0  # a student within this many points of the majority-class predictor has not learned
 STILL_LEARNING = 0.10  # a student whose KD loss still fell this share over its last quarter had not converged
-TEACHER_MARGIN = 10.0  # a teacher must clear the majority class by more: every student is measured against it
 STUDENT_PLATEAU = 1.0  # a student whose dev score still rose by this many points over its last quarter is still learning
 
 

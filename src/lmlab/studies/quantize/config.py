@@ -50,6 +50,7 @@ def student_warmup(per_epoch: int, epochs_a: int) -> int:
 
 
 TEACHER_PLATEAU = 1.0  # a teacher whose dev score still rose by this many points over its last epoch is still learning
+TEACHER_MARGIN = 10.0  # a teacher must clear the majority class by more: every student is measured against it
 
 
 class Config(StudyConfig):

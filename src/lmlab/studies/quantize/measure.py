@@ -130,7 +130,8 @@ class DevCurve:
     its last quarter and its end), on the first `limit` dev examples. The gates read whether it still rose at the
     end: the teacher's over its last epoch, a student's over its last quarter.
 
-    `patience` (the teacher's rule): the training ends once the dev score has risen by less than `min_rise` points
+    `patience` (the teacher's rule): once its best dev score is above `learned_above` (the teacher: the majority
+    class's score plus TEACHER_MARGIN), the training ends when the dev score has risen by less than `min_rise` points
     over the best before it at `patience` readings in a row (the hook returns True, lmlab.train), and the model
     goes back to its best reading's weights, kept in memory and in every checkpoint (`tensors`), as a fine-tuning
     that keeps its best dev checkpoint does; a training the rule did not end keeps its last weights (it met its
@@ -138,11 +139,11 @@ class DevCurve:
     ends where it ended."""
 
     def __init__(self, model, collate, task: NLUTask, every: int = 0, at: Iterable[int] = (), limit: int | None = None,
-                 patience: int = 0, min_rise: float = 0.0):
+                 patience: int = 0, min_rise: float = 0.0, learned_above: float = float("-inf")):
         self.model, self.collate, self.every, self.at = model, collate, every, set(at)
         self.metric, self.dev = task.metric, tuple(task.dev[:limit])
         self.labels = np.array([e.label for e in self.dev])
-        self.patience, self.min_rise = patience, min_rise
+        self.patience, self.min_rise, self.learned_above = patience, min_rise, learned_above
         self.scores: list[float] = []
         self.stopped = False
         self.best: dict[str, torch.Tensor] = {}
@@ -159,9 +160,10 @@ class DevCurve:
         return self.stopped
 
     def settled(self) -> bool:
-        """The patience rule: each of the last `patience` scores under the best before it plus `min_rise`."""
+        """The patience rule: each of the last `patience` scores under the best before it plus `min_rise`, once the
+        best is above `learned_above` (a model still at the majority class has not begun: it trains on to its cap)."""
         p = self.patience
-        if not p or len(self.scores) <= p:
+        if not p or len(self.scores) <= p or max(self.scores) < self.learned_above:
             return False
         return all(self.scores[i] - max(self.scores[:i]) < self.min_rise for i in range(len(self.scores) - p,
                                                                                       len(self.scores)))
@@ -190,6 +192,16 @@ class DevCurve:
             out.update(dev_readings=len(self.scores), settled=self.stopped,
                        dev_kept=max(self.scores) if self.stopped else self.scores[-1])
         return out
+
+
+def majority_score(task: NLUTask) -> float:
+    """The dev score, in points, of predicting the dev set's most common label (0 for a regression task, whose metric
+    a constant prediction leaves undefined)."""
+    if task.num_labels == 1 or not task.dev:
+        return 0.0
+    labels = np.array([e.label for e in task.dev])
+    values, counts = np.unique(labels, return_counts=True)
+    return 100 * float(metric_value(task.metric, labels, np.full(len(labels), values[np.argmax(counts)])))
 
 
 def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:

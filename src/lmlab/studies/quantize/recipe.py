@@ -73,10 +73,11 @@ from lmlab.files import atomic_write
 from lmlab.interventions.quant import check_bits
 from lmlab.models import LoadedModel, classifier_from
 from lmlab.runs import RunDir
-from lmlab.studies.quantize.config import MULTIPLIER, TEACHER_PLATEAU, UNDISTILLED, Config, placebo_seed
+from lmlab.studies.quantize.config import (MULTIPLIER, TEACHER_MARGIN, TEACHER_PLATEAU, UNDISTILLED, Config,
+                                           placebo_seed)
 from lmlab.studies.quantize.decoder.run import run_decoder
-from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, run_unit, seed_unit,
-                                            steps_per_epoch, teacher_cache, train_config)
+from lmlab.studies.quantize.measure import (TEACHER_FIT, DevCurve, collate_for, loss_quarters, majority_score,
+                                            run_unit, seed_unit, steps_per_epoch, teacher_cache, train_config)
 from lmlab.train import train
 
 
@@ -115,7 +116,8 @@ def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | N
         seed_unit(config.seed, task.name, "teacher")
         work = run_dir.path / "work" / f"teacher-{task.name}"
         curve = DevCurve(teacher, collate, task, steps_per_epoch(config, len(task.train)),
-                         patience=config.teacher_patience, min_rise=TEACHER_PLATEAU)
+                         patience=config.teacher_patience, min_rise=TEACHER_PLATEAU,
+                         learned_above=majority_score(task) + TEACHER_MARGIN)
         trained = train(teacher, task.train, collate, lambda m, b: m(**b).loss,
                         train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
                                      f"teacher {task.name}"), work, on_step=curve, state=curve)
