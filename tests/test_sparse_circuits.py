@@ -921,6 +921,11 @@ def test_a_toy_replicate_that_did_not_learn_is_counted_as_failed_not_blocking_th
     mult = next(c for n, c in claims.items() if n.startswith("log2 multiplier"))
     assert mult["failed"] == 1 and mult["replicates"] == 19 and mult["decision"] == "yes"
     assert "1 more failed" in many.summary
+    # a failed replicate's post-training is not read either: its constraint over its bound fails no gate
+    rows = [dict(r, ce=0.09) if r["kind"] == "toy_geco" and r["replicate"] == 2 else r
+            for r in _toy_rows(unlearned=(2,))]
+    assert _decisions(s4_verdict(from_rows("sparse-circuits", rows, "toy")))[
+        "sparse post-training held its constraint"] == (True, "no")
     none, _ = judged(unlearned=(0, 1))
     assert _decisions(none)["dense toys learned addition"] == (False, "all") and none.status == "inconclusive"
 

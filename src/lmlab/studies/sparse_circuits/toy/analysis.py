@@ -180,8 +180,10 @@ def toy_claims(result):
     claims = [kept, match] + mult
     if len(good) >= 2:
         _count_failed(claims, len(reps) - len(good), max((c.grid[-1] for c in found.values()), default=1))
-    gates += post_training_gates(sparse, result.table("toy_geco"), slack, "more toy_sparse_steps before the "
-                                                                          "sparsity can be judged")
+    geco = result.table("toy_geco")  # the post-training's gates read the replicates the claims read
+    gates += post_training_gates(sparse.loc[sparse.index.isin(usable)],
+                                 geco[geco["replicate"].isin(usable)] if "replicate" in geco else geco, slack,
+                                 "more toy_sparse_steps before the sparsity can be judged")
     gates += [ranked] if ranked is not None else []
     gates += [no_effect_gate(lacking), replicates_gate(len(usable))]
     numbers = {"replicates": len(reps), "kept_per_replicate": sparse["kept"].tolist(),
