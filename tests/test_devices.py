@@ -4,6 +4,7 @@ float32 master weights under autocast."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +120,40 @@ def test_the_decoder_studies_make_no_tensor_off_the_models_device(tiny_smol, tmp
             assert result.verdict.status in ("reproduced", "not reproduced", "inconclusive")
     finally:
         torch.set_default_device(None)
+
+
+def test_a_model_trained_under_bf16_autocast_is_scored_under_it(tmp_path):
+    """The quantize study scores its students in the precision they trained in: under bf16 the scored matmul runs
+    in bf16 (its output is bf16), under "no" in the weights' float32; both predictions come back as float32."""
+    import torch
+
+    from lmlab.train.precision import scoring_precision
+
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    with scoring_precision("cpu", "bf16"):
+        assert layer(x).dtype == torch.bfloat16
+    with scoring_precision(torch.device("cpu"), "no"):
+        assert layer(x).dtype == torch.float32
+    from lmlab.studies.quantize.measure import predict_shared
+
+    class Head(torch.nn.Module):  # a classifier's shape: logits of 3 labels for each row
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3)
+            self.seen = []
+
+        def forward(self, input_ids, attention_mask=None):
+            logits = self.out(self.emb(input_ids).mean(1))
+            self.seen.append(logits.dtype)
+            return type("Out", (), {"logits": logits})()
+
+    class Ex:
+        def __init__(self, i):
+            self.text_a, self.text_b, self.i = "x" * i, None, i
+
+    head = Head()
+    collate = lambda exs: {"input_ids": torch.tensor([[e.i % 10, 1] for e in exs]), "labels": torch.zeros(len(exs))}
+    bf16 = predict_shared(head, collate, [Ex(i) for i in range(5)], "bf16")
+    full = predict_shared(head, collate, [Ex(i) for i in range(5)])
+    assert head.seen == [torch.bfloat16, torch.float32] and bf16.dtype == full.dtype == np.float32

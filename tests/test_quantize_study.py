@@ -109,13 +109,32 @@ def test_tasks_hold_out_their_dev_and_test_countries():
     names = {k: {c["name"] for c in v} for k, v in split.items()}
     assert not names["train"] & names["test"] and not names["train"] & names["dev"]
     task = generate_task("fact-mnli", 200, 100)
-    train_text = " ".join(e.text_a for e in task.train)
-    test_subjects = {e.text_a.split(" is a country")[0] for e in task.test}
-    assert not any(f"{s} is a country" in train_text for s in test_subjects)
+    from lmlab.data.generated.nlu import PREMISES
+
+    about = {part: {p.format(**c) for c in split[part] for p in PREMISES} for part in ("train", "test")}
+    assert {e.text_a for e in task.train} <= about["train"] and {e.text_a for e in task.test} <= about["test"]
     for name in TASKS:
         t = generate_task(name, 50, 20)
         assert len(t.train) == 50 and len(t.test) == 20 and t.metric in ("matthews", "f1", "accuracy", "pearson")
         assert len({e.label for e in t.train}) >= 2
+
+
+def test_generated_eval_sets_hold_no_example_twice_and_no_true_contradiction():
+    """Dev and test are distinct examples (an interval over test examples counts each once), a size the countries
+    cannot give is one sentence, and fact-mnli's labels follow the countries' facts: a contradiction states a value
+    the country does not have, an entailment one it has (checked against every true sentence the templates make)."""
+    from lmlab.data.generated.nlu import FACTS, PAIRS, _countries
+
+    for name in TASKS:
+        task = generate_task(name, 20, 600)
+        for part in (task.dev, task.test):
+            assert len({(e.text_a, e.text_b) for e in part}) == len(part) == 600
+    with pytest.raises(LmlabError, match="distinct examples, fewer than --n-eval 100000"):
+        generate_task("fact-mnli", 10, 100000)
+    true = {t.format(**c) for c in _countries() for t in [*PAIRS, *(x for rel in FACTS.values() for x in rel)]}
+    task = generate_task("fact-mnli", 3000, 1000)
+    for e in task.train + task.test:
+        assert (e.text_b in true) == (e.label == 0), e
 
 
 def test_glue_reader_parses_and_names_bad_rows(tmp_path):
@@ -234,17 +253,17 @@ def test_two_bit_close_is_decided_on_the_interval():
     assert near.status == "not reproduced"
     assert {c["name"] for c in near.evidence["claims"] if c["set_aside"]} == {"Budget-C - Budget-A at 1 bit",
                                                                              "C-A gap at 1 bit - at 2 bits"}
-    # the same far student whose KD loss was still falling: no "no" from a training still learning, on the claims
-    # that read its cell (2-bit Budget-C) alone; the 1-bit Budget-C students, converged and 15 points below the
+    # the same far students whose KD loss was still falling: no "no" from a training still learning, on the claims
+    # that read their cell (2-bit Budget-C) alone; the 1-bit Budget-C students, converged and 15 points below the
     # teacher, still say "no"
     table = _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000)
-    falling = (table.kind == "score") & (table.bits == 2) & (table.budget == "C") & (table.replicate == 1)
+    falling = (table.kind == "score") & (table.bits == 2) & (table.budget == "C")
     table.loc[table.kind == "score", ["loss_q3", "loss_q4"]] = [0.50, 0.48]  # 4% lower: converged
     table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.40]
     still = verdict(from_rows("quantize", table))
     assert _decisions(still)["teacher - 2-bit Budget-C"] == "open"
     assert _decisions(still)["teacher - 1-bit Budget-C"] == "no" and still.status == "not reproduced"
-    assert "students converged: FAILED" in still.summary and "replicate 1: KD loss 0.5 -> 0.4" in still.summary
+    assert "students converged: FAILED" in still.summary and "2-bit Budget-C: mean KD loss 0.5 -> 0.4" in still.summary
     table.loc[falling, ["loss_q3", "loss_q4"]] = [0.50, 0.48]
     assert verdict(from_rows("quantize", table)).status == "not reproduced"
     assert _decisions(verdict(from_rows("quantize", table)))["teacher - 2-bit Budget-C"] == "no"
@@ -255,12 +274,29 @@ def test_two_bit_close_is_decided_on_the_interval():
     table.loc[falling, "dev_rise"] = 1.5
     rising = verdict(from_rows("quantize", table))
     assert _decisions(rising)["teacher - 2-bit Budget-C"] == "open"
-    assert "replicate 1: dev score +1.5 points" in rising.summary
+    assert "2-bit Budget-C: dev score +1.5 points on average over 3 replicate(s)" in rising.summary
     # Budget-A's students still learning do not block: the short budget is under-trained by design, and no claim's
     # "no" would turn with more of it (the quick profile's 1-bit A students rose 5.6-11.6 points over their last quarter)
     table.loc[falling, "dev_rise"] = 0.4
     table.loc[(table.kind == "score") & (table.budget == "A"), "dev_rise"] = 8.0
     assert verdict(from_rows("quantize", table)).status == "not reproduced"
+
+
+def test_the_convergence_gate_reads_a_cells_mean_so_more_replicates_never_decide_less():
+    """One replicate of twenty whose dev score rose 3 points over its last quarter (the others +0.3) leaves the
+    cell settled on average: the "no" stands. Four of four rising is a cell still learning: the "no" is open."""
+    base = {(1, "A"): 0.6, (1, "C"): 0.75, (2, "A"): 0.8, **FAR}
+    table = _table({(32, "teacher"): 0.9, (2, "C"): 0.84, **base}, n=2000, replicates=20)
+    cell = (table.kind == "score") & (table.bits == 2) & (table.budget == "C")
+    table.loc[table.kind == "score", "dev_rise"] = 0.3
+    table.loc[cell & (table.replicate == 5), "dev_rise"] = 3.0
+    one = verdict(from_rows("quantize", table))
+    assert _decisions(one)["teacher - 2-bit Budget-C"] == "no" and one.status == "not reproduced"
+    assert next(g for g in one.evidence["gates"] if "converged" in g["name"] and "Budget" in g["name"])["passed"]
+    table.loc[cell, "dev_rise"] = 1.2
+    every = verdict(from_rows("quantize", table))
+    assert _decisions(every)["teacher - 2-bit Budget-C"] == "open"
+    assert "dev score +1.2 points on average over 20 replicate(s)" in every.summary
 
 
 def test_students_whose_replicates_disagree_or_did_not_learn_decide_nothing():

@@ -264,18 +264,21 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
 
 
 def _bf16_note(dtype: str, device: str) -> None:
-    """One line where a run on a CPU could go faster: float32 (dtype auto) on a CPU whose AMX computes bf16 matmuls
-    in hardware (and oneDNN not capped below it: ONEDNN_MAX_CPU_ISA), said by the first process of a launch. The
-    default stays float32 on a CPU, so that the numbers of one seed compare across CPUs."""
+    """One line where a run on a CPU could go faster: float32 (dtype auto) on a CPU that computes bf16 matmuls in
+    hardware (AMX, or AVX512-BF16: S2's KD step 2.0x faster under bf16 autocast on such an AMD EPYC) and oneDNN not
+    capped below it (ONEDNN_MAX_CPU_ISA), said by the first process of a launch. The default stays float32 on a
+    CPU, so that the numbers of one seed compare across CPUs."""
     from lmlab import parallel
     from lmlab.environment import bf16_hardware
     from lmlab.studies.base import resolve_device
 
     if os.environ.get("ONEDNN_MAX_CPU_ISA") or not parallel.is_main():
         return
-    if dtype == "auto" and resolve_device(device) == "cpu" and "AMX" in bf16_hardware():
-        err.print("note: this CPU computes bf16 in hardware (AMX); --dtype bfloat16 trains under bf16 autocast, "
-                  "faster a step on such a CPU, with numbers that differ from float32's in rounding (docs/install.md)")
+    found = bf16_hardware()
+    if dtype == "auto" and resolve_device(device) == "cpu" and found:
+        err.print(f"note: this CPU computes bf16 in hardware ({found[0]}); --dtype bfloat16 trains under bf16 "
+                  "autocast, faster a step on such a CPU, with numbers that differ from float32's in rounding "
+                  "(docs/install.md)")
 
 
 def _progress_table(profile: str, started: float, names: list[str], outcomes: list, running: list[str],

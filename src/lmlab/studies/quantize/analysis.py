@@ -291,30 +291,36 @@ def _reading(cells: set[tuple[int, str]]) -> tuple[str, ...]:
 
 
 def _converged_gate(students: pd.DataFrame, budget: str | None) -> Gate:
-    """No student of `budget` (the one the claims read: C where it ran) still learning at its end: its dev score rose
-    by less than STUDENT_PLATEAU points over its last quarter (the teacher's reading, on the same dev set); without a
-    dev curve, its KD loss fell by less than STILL_LEARNING over its last quarter. Scoped like the claims: a failure
-    opens the "no" of the claims that read a cell with a student still learning (`_reading`), and only those. A shorter budget's students are
-    not read: Budget-A is the under-trained budget by design (XTC's point), and a claim can only say "no" on them
-    where more training would widen the gap (C below A, with A still rising). The dev score, not the loss: under a
-    linear decay to zero the KD loss keeps falling as the rate falls, so the loss cannot tell a settled student from
-    one still learning."""
+    """No cell of `budget` (the one the claims read: C where it ran) still learning at its end: its students' dev
+    score rose by less than STUDENT_PLATEAU points over their last quarter, on average over the cell's replicates
+    (the teacher's reading, on the same dev set); without a dev curve, their mean KD loss fell by less than
+    STILL_LEARNING over the last quarter. A property of the cell's recipe, read on its mean: one replicate's rise of
+    a point among many is the dev set's noise as often as a student still learning, and a gate that any one
+    replicate could fail would make more replicates decide less (each replicate's rise is shown). Scoped like the
+    claims: a failure opens the "no" of the claims that read a cell still learning (`_reading`), and only those. A
+    shorter budget's students are not read: Budget-A is the under-trained budget by design (XTC's point), and a claim
+    can only say "no" on them where more training would widen the gap (C below A, with A still rising). The dev
+    score, not the loss: under a linear decay to zero the KD loss keeps falling as the rate falls, so the loss
+    cannot tell a settled student from one still learning."""
     falling, cells = [], set()
-    for row in students[students.budget == budget].fillna({"replicate": 0}).itertuples():
-        name = f"{row.task} {int(row.bits)}-bit Budget-{row.budget} replicate {int(row.replicate)}"
-        rise = getattr(row, "dev_rise", np.nan)
-        if np.isfinite(rise):
-            if rise >= STUDENT_PLATEAU:
-                falling.append(f"{name}: dev score +{rise:.1f} points")
-                cells.add((int(row.bits), row.budget))
-        elif still_falling(getattr(row, "loss_q3", np.nan), getattr(row, "loss_q4", np.nan), STILL_LEARNING):
-            falling.append(f"{name}: KD loss {row.loss_q3:.3g} -> {row.loss_q4:.3g}")
-            cells.add((int(row.bits), row.budget))
+    for (task, bits), cell in students[students.budget == budget].groupby(["task", "bits"], sort=True):
+        name = f"{task} {int(bits)}-bit Budget-{budget}"
+        rises = cell["dev_rise"].to_numpy(float) if "dev_rise" in cell else np.array([np.nan])
+        if np.isfinite(rises).any():
+            rises = rises[np.isfinite(rises)]
+            if rises.mean() >= STUDENT_PLATEAU:
+                falling.append(f"{name}: dev score {rises.mean():+.1f} points on average over {len(rises)} "
+                               f"replicate(s) ({', '.join(f'{r:+.1f}' for r in rises)})")
+                cells.add((int(bits), budget))
+        elif {"loss_q3", "loss_q4"} <= set(cell) and still_falling(cell.loss_q3.mean(), cell.loss_q4.mean(),
+                                                                   STILL_LEARNING):
+            falling.append(f"{name}: mean KD loss {cell.loss_q3.mean():.3g} -> {cell.loss_q4.mean():.3g}")
+            cells.add((int(bits), budget))
     return Gate(f"Budget-{budget} students converged", not falling, claims=_reading(cells), why=(
-                f"still learning over the last quarter (the dev score up {STUDENT_PLATEAU:.0f} point or more; without "
-                f"a dev curve, the KD loss down more than {STILL_LEARNING:.0%}): " + "; ".join(falling)) if falling
-                else f"no Budget-{budget} student still learning over its last quarter", blocks="no",
-                remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails")
+                f"still learning over the last quarter (the cell's mean dev score up {STUDENT_PLATEAU:.0f} point or "
+                f"more; without a dev curve, its mean KD loss down more than {STILL_LEARNING:.0%}): "
+                + "; ".join(falling)) if falling else f"no Budget-{budget} cell still learning over its last quarter",
+                blocks="no", remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails")
 
 
 def _majority(labels: np.ndarray) -> float:

@@ -23,6 +23,7 @@ from lmlab.runs import packed_student
 from lmlab.studies.quantize.config import Config, claims_budget, student_arm, student_warmup
 from lmlab.train import TrainConfig, train
 from lmlab.train.kd import Indexed, TeacherCache, indexed_collate, kd_loss
+from lmlab.train.precision import scoring_precision
 
 
 def collate_for(tokenizer, task: NLUTask, max_length: int, pad_to_max: bool = False):
@@ -59,12 +60,14 @@ def predict(model, collate, examples, batch_size: int = 64) -> np.ndarray:
     return preds
 
 
-def predict_shared(model, collate, examples) -> np.ndarray:
-    """`predict` over the examples; under a launch each process predicts its share (every process holds the same
-    weights, and a row's prediction is its own) and every process gets all of them back, in order."""
+def predict_shared(model, collate, examples, precision: str = "no") -> np.ndarray:
+    """`predict` over the examples, in the `precision` the model trained in (`TrainConfig.mixed_precision`); under a
+    launch each process predicts its share (every process holds the same weights, and a row's prediction is its
+    own) and every process gets all of them back, in order."""
     examples = list(examples)
-    return np.array(parallel.share_out(len(examples), lambda idx: predict(
-        model, collate, [examples[i] for i in idx]).tolist()), dtype=np.float32)
+    with scoring_precision(module_device(model), precision):
+        return np.array(parallel.share_out(len(examples), lambda idx: predict(
+            model, collate, [examples[i] for i in idx]).tolist()), dtype=np.float32)
 
 
 def seed_unit(seed: int, task: str, unit: str) -> None:
@@ -93,10 +96,10 @@ def train_config(config: Config, epochs: int, n: int, lr: float, desc: str, weig
                        checkpoint_every=every, **config.train_settings())
 
 
-def _dev_score(model, collate, metric: str, dev, labels: np.ndarray) -> float:
+def _dev_score(model, collate, metric: str, dev, labels: np.ndarray, precision: str = "no") -> float:
     """The model's score on dev examples (`metric`, a fraction), the model back in training mode after."""
     with parametrize.cached():  # under a launch each process scores its share of the dev set
-        preds = predict_shared(model, collate, dev)
+        preds = predict_shared(model, collate, dev, precision)
     model.train()
     return float(metric_value(metric, labels, preds))
 
@@ -105,15 +108,15 @@ class _BestDev:
     """`on_step` hook: scores the student on the dev set every `every` steps and keeps its best weights
     (in memory; a resumed run restarts the search from its checkpoint, a DECISION for simplicity)."""
 
-    def __init__(self, model, collate, task: NLUTask, every: int):
-        self.model, self.collate, self.task, self.every = model, collate, task, every
+    def __init__(self, model, collate, task: NLUTask, every: int, precision: str = "no"):
+        self.model, self.collate, self.task, self.every, self.precision = model, collate, task, every, precision
         self.labels = np.array([e.label for e in task.dev])
         self.best: tuple[float, int, dict] | None = None
 
     def __call__(self, step: int, loss: float) -> None:
         if (step + 1) % self.every:
             return
-        score = _dev_score(self.model, self.collate, self.task.metric, self.task.dev, self.labels)
+        score = _dev_score(self.model, self.collate, self.task.metric, self.task.dev, self.labels, self.precision)
         if self.best is None or score > self.best[0]:
             self.best = (score, step + 1, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
 
@@ -139,8 +142,8 @@ class DevCurve:
     ends where it ended."""
 
     def __init__(self, model, collate, task: NLUTask, every: int = 0, at: Iterable[int] = (), limit: int | None = None,
-                 patience: int = 0, min_rise: float = 0.0, learned_above: float = float("-inf")):
-        self.model, self.collate, self.every, self.at = model, collate, every, set(at)
+                 patience: int = 0, min_rise: float = 0.0, learned_above: float = float("-inf"), precision: str = "no"):
+        self.model, self.collate, self.every, self.at, self.precision = model, collate, every, set(at), precision
         self.metric, self.dev = task.metric, tuple(task.dev[:limit])
         self.labels = np.array([e.label for e in self.dev])
         self.patience, self.min_rise, self.learned_above = patience, min_rise, learned_above
@@ -151,7 +154,8 @@ class DevCurve:
     def __call__(self, step: int, loss: float) -> bool:
         n = step + 1
         if (self.every and n % self.every == 0) or n in self.at:
-            self.scores.append(100 * _dev_score(self.model, self.collate, self.metric, self.dev, self.labels))
+            self.scores.append(100 * _dev_score(self.model, self.collate, self.metric, self.dev, self.labels,
+                                                self.precision))
             if self.patience and self.scores[-1] >= max(self.scores):
                 self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self.stopped = self.settled()
@@ -254,8 +258,9 @@ def _train_student(config, run_dir, task, teacher, collate, bits, budget, key, c
                       warmup=student_warmup(per_epoch, config.size("epochs_a")))
     work = run_dir.path / "work" / f"{task.name}-{key}"
     weights = dict(w_logit=config.kd_logit, w_att=config.kd_attention, w_hid=config.kd_hidden, layer_map=layer_map)
-    best = _BestDev(model, collate, task, per_epoch) if config.size("best_dev") else None
-    curve = (DevCurve(model, collate, task, at=(tc.steps - tc.steps // 4, tc.steps), limit=STUDENT_DEV)
+    best = _BestDev(model, collate, task, per_epoch, tc.mixed_precision) if config.size("best_dev") else None
+    curve = (DevCurve(model, collate, task, at=(tc.steps - tc.steps // 4, tc.steps), limit=STUDENT_DEV,
+                      precision=tc.mixed_precision)
              if budget == claims_budget(config.size("budgets")) else None)  # the gate reads only that budget's
     data, batches = (Indexed(task.train), indexed_collate(collate)) if cache is not None else (task.train, collate)
     trained = train(model, data, batches, lambda m, b: kd_loss(m, teacher, b, regression, cache=cache, **weights)[0],
@@ -298,7 +303,8 @@ def run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache: 
             # rewritten whole if the unit runs again
             export_compressed(model, run_dir.path / "export" / config.export / f"{task.name}-{key}", tokenizer)
     with parametrize.cached():  # the weights do not change during evaluation: quantize them once
-        preds = predict_shared(model, collate, task.test)  # under a launch each process scores its share
+        preds = predict_shared(model, collate, task.test, config.train_settings()["mixed_precision"])  # under a
+        # launch each process scores its share; in the precision the students trained in (bf16 autocast on a GPU)
     if not parallel.is_main():  # rank 0 writes the unit's rows
         return []
     score = metric_value(task.metric, labels, preds)

@@ -26,7 +26,7 @@ still learns.
 DECISIONS for CPU minutes (fewer cells, more steps each): the quick profile runs one task with headroom
 (fact-mnli; fact-qnli's teacher sits at a ceiling of 99.8) with a pool of 2000 generated inputs (our stand-in for
 XTC's TinyBERT data augmentation; the teacher fine-tunes on it until its dev score stops rising, config.
-teacher_patience, at most teacher_epochs), 1000 test examples, Budget-A = 1 epoch = 62 KD
+teacher_patience, at most teacher_epochs), 3000 test examples, 8 replicates, Budget-A = 1 epoch = 62 KD
 steps and Budget-C = 372, at lr 1e-3 (budget compensation; the paper's 2e-5..5e-5 is for ~18 epochs; at 2e-4 the
 1-bit Budget-A students stayed at fact-qnli's majority class, at 1e-3 every student of every cell learned there).
 The full profile (GPU) runs all five tasks on 4000 inputs each, 3 epochs for A, lr 5e-5 with weight decay
@@ -117,7 +117,8 @@ def _teacher(config: Config, run_dir: RunDir, task: NLUTask, lm: LoadedModel | N
         work = run_dir.path / "work" / f"teacher-{task.name}"
         curve = DevCurve(teacher, collate, task, steps_per_epoch(config, len(task.train)),
                          patience=config.teacher_patience, min_rise=TEACHER_PLATEAU,
-                         learned_above=majority_score(task) + TEACHER_MARGIN)
+                         learned_above=majority_score(task) + TEACHER_MARGIN,
+                         precision=config.train_settings()["mixed_precision"])
         trained = train(teacher, task.train, collate, lambda m, b: m(**b).loss,
                         train_config(config, config.size("teacher_epochs"), len(task.train), config.teacher_lr,
                                      f"teacher {task.name}"), work, on_step=curve, state=curve)
