@@ -763,3 +763,29 @@ def test_the_top_line_says_answered_with_its_counts_or_inconclusive_where_nothin
     assert analysis.top_line("inconclusive", keeps("yes", "no"), [blocked])[0] == "inconclusive"
     scoped = Gate("students learned", False, blocks="all", claims=("some other claim",))
     assert analysis.top_line("inconclusive", keeps("yes", "no"), [scoped])[0] == "answered"
+
+
+def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(tiny_smol_folder, tmp_path):
+    """On the induction task each model row carries the mean induction score of the heads patching verified (the
+    model's own top heads by attribution), as `circuits.induction_scores` gives it for those heads; the comparison
+    table sets the original's beside the variant's; other tasks carry none."""
+    import lmlab
+    from lmlab import circuits
+    from lmlab.data.generated.circuits import make_task
+    from lmlab.models import load_model
+
+    result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=["same"],
+                       tasks=["induction", "ioi"], n_prompts=4, verify_heads=3)
+    models = result.table("model").set_index(["model_key", "task"])
+    lm = load_model(str(tiny_smol_folder))
+    per_head = circuits.induction_scores(lm, make_task("induction", lm.tokenizer, 4, 0), 8)
+    top = [(int(r.layer), int(r["index"])) for _, r in result.table("verify_component").iterrows()
+           if r.model_key == "original" and r.task == "induction"]
+    assert len(top) == 3
+    assert models.loc[("original", "induction"), "induction_score"] == pytest.approx(
+        np.mean([per_head[l, h] for l, h in top]), abs=1e-5)
+    assert np.isnan(models.loc[("original", "ioi"), "induction_score"])
+    row = result.table("comparison").set_index("task").loc["induction"]
+    assert row["original_induction"] == pytest.approx(models.loc[("original", "induction"), "induction_score"])
+    assert 0 <= row["variant_induction"] <= 1
+    check_declared_columns(result)

@@ -79,6 +79,48 @@ def test_the_induction_task_repeats_a_sequence_and_the_embedded_model_completes_
     assert (clean > 0).mean() >= 0.9 and clean.mean() > corrupted.mean() + 2
 
 
+def test_induction_scores_equal_attention_weights_read_off_the_eager_model(decoder32):
+    """Each head's induction score against an independent computation: every prompt run alone through the model's
+    own eager attention (output_attentions), the weight from each repeated token to the one after its earlier
+    occurrence averaged by hand; prompts of different lengths, so the batch pads and the targets shift."""
+    lm = decoder32
+    rng = np.random.default_rng(3)
+    prompts = []
+    for n in (5, 7, 6, 4, 8):
+        first = [int(x) for x in rng.choice(np.arange(5, 200), size=n, replace=False)]
+        ids = first + first[:n - 1]  # the repeat of all but the last: each repeated token's next is known
+        prompts.append(CircuitPrompt(tuple(ids), tuple(ids), "", "", answer=first[-1], distractor=3))
+    task = CircuitTask("rep", "logit_diff", prompts)
+    got = circuits.induction_scores(lm, task, batch_size=2)
+    model = lm.model
+    was = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        total, count = np.zeros_like(got), 0
+        for p in prompts:
+            ids = torch.tensor([p.clean], device=lm.device)
+            with torch.no_grad():
+                att = model(input_ids=ids, output_attentions=True).attentions  # per layer (1, heads, q, k)
+            n = (len(p.clean) + 1) // 2
+            for t in range(n, len(p.clean)):  # the repeated token at t first stood at t - n; after it, t - n + 1
+                for layer, a in enumerate(att):
+                    total[layer] += a[0, :, t, t - n + 1].float().cpu().numpy()
+                count += 1
+    finally:
+        model.set_attn_implementation(was)
+    assert np.allclose(got, total / count, atol=1e-5), np.abs(got - total / count).max()
+    assert circuits.induction_targets(torch.tensor([[0, 7, 8, 7, 8]]), torch.tensor([[0, 1, 1, 1, 1]])) == [(0, 3, 2),
+                                                                                                            (0, 4, 3)]
+
+
+@pytest.mark.embedded
+def test_the_embedded_model_has_induction_heads(embedded_smollm):
+    """SmolLM2-135M on the induction task: its best head pays most of its attention to the induction target, far
+    above the heads' mean (a head spreading attention evenly over ~12 tokens would score about 0.08)."""
+    scores = circuits.induction_scores(embedded_smollm, make_task("induction", embedded_smollm.tokenizer, 16, seed=0))
+    assert np.nanmax(scores) > 0.5 and np.nanmean(scores) < 0.2, (np.nanmax(scores), np.nanmean(scores))
+
+
 def test_unknown_task_lists_registered(tiny_llama):
     with pytest.raises(LmlabError, match="registered tasks: ioi, greater-than"):
         make_task("ioi-short", tiny_llama.tokenizer, 4)

@@ -21,6 +21,10 @@ with its corrupted-run output through PatchOutput and scored the same two ways. 
 one extra column: (n_layers, n_heads + 1), column n_heads being the layer's MLP, so a component is
 (layer, index) either way and `ranking` orders heads and MLPs together.
 
+Each head's induction score (`induction_scores`, Olsson et al. 2022): at every position whose token occurred
+before, the attention the head pays to the token that followed its earlier occurrence; 1 for a head that always
+looks there, about 1/t for one that spreads its attention evenly.
+
 Everything touches the model only through `lmlab.interventions` (Capture, AblateHeads, PatchOutput).
 """
 
@@ -180,6 +184,49 @@ def activation_scores_naive(lm: LoadedModel, task: CircuitTask, batch_size: int 
         if progress:
             progress()
     return scores
+
+
+def induction_targets(ids: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(row, t, s + 1) for every real position t of a padded batch whose token occurred before at a real position
+    s < t - 1 (the most recent such s): where an induction head at t looks, the token after the earlier one."""
+    out = []
+    for row, (seq, real) in enumerate(zip(ids.tolist(), mask.tolist())):
+        last: dict[int, int] = {}
+        for t, (token, on) in enumerate(zip(seq, real)):
+            if not on:
+                continue
+            s = last.get(token)
+            if s is not None and s + 1 < t:
+                out.append((row, t, s + 1))
+            last[token] = t
+    return out
+
+
+@torch.no_grad()
+def induction_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16) -> np.ndarray:
+    """(n_layers, n_heads): each head's mean attention weight from a repeated token to the token after its earlier
+    occurrence (`induction_targets`), over every such position of the task's clean prompts; NaN in a layer without
+    attention (a hybrid's recurrent layers), 0 everywhere where no prompt repeats a token."""
+    layout = lm.layout
+    total = np.zeros((layout.n_layers, layout.n_heads))
+    seen: set[int] = set()
+    count = 0
+    for prompts in _batches(task, batch_size):
+        batch = _encode(lm, prompts, corrupted=False)
+        targets = induction_targets(batch["input_ids"], batch["attention_mask"])
+        if not targets:
+            continue
+        rows, ts, ss = (torch.tensor(v, device=batch["input_ids"].device) for v in zip(*targets))
+        with intervene(lm, Capture("pattern")) as cap:
+            lm.forward_last(batch)
+        for layer, pattern in cap.store["pattern"].items():  # (batch, heads, query, key)
+            total[layer] += pattern[rows, :, ts, ss].float().sum(0).cpu().numpy()
+            seen.add(layer)
+        count += len(targets)
+    out = total / max(count, 1)
+    if count:
+        out[[layer for layer in range(layout.n_layers) if layer not in seen]] = np.nan
+    return out
 
 
 def ranking(scores: np.ndarray, tie: float = 1e-5) -> list[tuple[int, int]]:

@@ -94,7 +94,7 @@ CLAIMS = [
 COLUMNS = {
     "model": ("model_key", "cell", "replicate", "task", "model_name", "clean_metric", "corrupted_metric", "metric",
               "n_prompts", "heads_needed", "total_heads", "has_effect", "verify_rho", "verify_heads", "n_layers",
-              "n_heads"),
+              "n_heads", "induction_score"),
     "attribution": ("model_key", "cell", "replicate", "task", "idx", "scores"),
     "per_prompt": ("model_key", "cell", "replicate", "task", "n_heads", "values"),
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
@@ -108,6 +108,7 @@ COLUMNS = {
     "comparison": ("cell", "task", "k", "estimate", "lo", "hi", "bar", "overlap", "self_overlap", "self_lo", "self_hi",
                    "chance", "midpoint", "relative", "jaccard", "replicates", "df", "decision", "reason", "to_decide",
                    "spearman", "metric_change", "metric_lo", "metric_hi", "original_heads", "variant_heads",
+                   "original_induction", "variant_induction",
                    "clean_metric", "corrupted_metric", "task_lost"),
     "selection": ("task", "idx", "other_pairs", "scores"),
     "placebo": ("cell", "task", "k", "moved", "stuck", "heads", "stuck_heads", "layers_permuted", "kv_groups",
@@ -315,7 +316,9 @@ def _comparison_row(c) -> dict:
             "self_hi": e["self_hi"], "chance": e["chance"], "midpoint": e["midpoint"], "relative": e["relative"],
             "jaccard": e["jaccard"], "replicate_overlap": e["replicate_overlap"], "replicates": c.replicates,
             "df": c.df, "decision": c.decision, "reason": c.reason, "to_decide": to_decide,
-            "original_heads": e["original_heads"], "variant_heads": e["variant_heads"]}
+            "original_heads": e["original_heads"], "variant_heads": e["variant_heads"],
+            "original_induction": e.get("original_induction", np.nan),
+            "variant_induction": e.get("variant_induction", np.nan)}
 
 
 # --- claims -------------------------------------------------------------------------------------------------------
@@ -384,7 +387,10 @@ def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k:
                                      & (replicate_overlap["k"] == k)] if len(replicate_overlap) else []
         c.extra.update({"replicate_overlap": float(rep_rows["value"].iloc[0]) if len(rep_rows) else float("nan"),
                         "original_heads": float(orig["heads_needed"]),
-                        "variant_heads": float(rows["heads_needed"].mean())})
+                        "variant_heads": float(rows["heads_needed"].mean()),
+                        "original_induction": float(orig.get("induction_score", np.nan)),
+                        "variant_induction": float(rows["induction_score"].mean()) if "induction_score" in rows
+                        else float("nan")})
         claims.append(c)
         claims.append(declared(CLAIMS, "rank correlation").attach(sampler.claim(
             "rank correlation", lambda r, idx, keys=keys: spearman_union(a[idx].mean(0),
@@ -641,6 +647,9 @@ def report_rows(result) -> pd.DataFrame:
         "replicates": table["replicates"].astype(int),
         "heads@0.9 orig/var": [f"{_n(a)}/{_n(b)}" for a, b in zip(table["original_heads"], table["variant_heads"])],
         "metric change": table["metric_change"].round(3),
+        **({"induction score orig/var": [f"{a:.2f}/{b:.2f}" if np.isfinite(a) and np.isfinite(b) else "-" for a, b in
+                                          zip(table["original_induction"], table["variant_induction"])]}
+           if "original_induction" in table and np.isfinite(table["original_induction"]).any() else {}),
         "why open": table["reason"].where(table["decision"] == "open", "").fillna("")})
     paths = result.table("pathway_comparison")
     if len(paths):

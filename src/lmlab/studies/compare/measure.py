@@ -28,7 +28,8 @@ def unit_key(model_key: str, task: str) -> str:
 def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, config, run_dir: RunDir) -> list[dict]:
     """One model on one task: rows of kinds `model` (its clean and corrupted metric, circuit size, the check of
     attribution against activation patching), `attribution` (one row per prompt pair: every head's score, layer-major),
-    `per_prompt` (the explained-effect curve's per-prompt metric at each N) and `verify_component`."""
+    `per_prompt` (the explained-effect curve's per-prompt metric at each N) and `verify_component`. On the induction
+    task the model row carries `induction_score`: the mean induction score of the heads patching verified."""
     done = run_dir.done("models")
     key = unit_key(model_key, task_name)
     if key in done:
@@ -54,12 +55,18 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
         rho = float(spearmanr(a, b)[0]) if np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
         checked = [{"kind": "verify_component", "model_key": model_key, "task": task_name, "layer": l, "index": h,
                     "attribution": float(x), "activation": float(y)} for (l, h), x, y in zip(top, a, b)]
+    # the induction task: the mean induction score of the heads patching verified (its induction heads, where they
+    # are the circuit), each head's on the clean prompts (circuits.induction_scores)
+    induction = float("nan")
+    if task_name == "induction" and top:
+        per_head = circuits.induction_scores(lm, task, batch)
+        induction = float(np.nanmean([per_head[l, h] for l, h in top]))
     ident = {"model_key": model_key, "cell": cell, "replicate": replicate, "task": task_name}
     rows = [{"kind": "model", **ident, "model_name": lm.name, "clean_metric": float(curve.clean.mean()),
              "corrupted_metric": float(corrupted.mean()), "metric": task.metric, "n_prompts": len(task),
              "heads_needed": float(needed) if needed is not None else float("nan"), "total_heads": len(order),
              "has_effect": bool(curve.has_effect()), "verify_rho": rho, "verify_heads": len(top),
-             "n_layers": lm.layout.n_layers, "n_heads": lm.layout.n_heads}]
+             "n_layers": lm.layout.n_layers, "n_heads": lm.layout.n_heads, "induction_score": induction}]
     rows += [{"kind": "attribution", **ident, "idx": i, "scores": json.dumps(_round(p))} for i, p in enumerate(per)]
     rows += [{"kind": "per_prompt", **ident, "n_heads": n, "values": json.dumps(_round(v))}
              for n, v in zip(curve.grid, curve.values)]
