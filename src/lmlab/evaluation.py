@@ -25,6 +25,13 @@ def metric_value(metric: str, labels: np.ndarray, preds: np.ndarray) -> float:
     return float((labels == preds).mean())
 
 
+def majority_score(metric: str, labels: np.ndarray) -> float:
+    """The score, in points, of predicting the most common label for every example (the smallest where several tie):
+    what a classifier that learned nothing of the inputs reaches."""
+    values, counts = np.unique(labels, return_counts=True)
+    return 100 * metric_value(metric, labels, np.full(len(labels), values[np.argmax(counts)]))
+
+
 def causal_lm_ce(model, batches, interventions=()) -> tuple[list[float], float]:
     """Per-sequence mean next-token CE (and the edge fraction kept, if a gate is among `interventions`)."""
     per_seq, counts = causal_lm_ce_edges(model, batches, interventions)

@@ -29,7 +29,7 @@ import pandas as pd
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
-from lmlab.evaluation import metric_value
+from lmlab.evaluation import majority_score, metric_value
 from lmlab.stats import duration
 from lmlab.studies.base import Verdict, canvas, caption, finish
 from lmlab.studies.quantize.config import TEACHER_MARGIN, TEACHER_PLATEAU, UNDISTILLED, claims_budget
@@ -232,8 +232,7 @@ def _floor(row, cells) -> float:
     """The majority-class predictor's score on the row's task (chance, 50, on the decoder's circuit tasks, which
     record 1 = right for every example: a choice between the answer and one distractor)."""
     labels = cells.labels[row.task]
-    return (100 * metric_value(row.metric, labels, np.full(len(labels), _majority(labels)))
-            if len(np.unique(labels)) > 1 else 50.0)
+    return majority_score(row.metric, labels) if len(np.unique(labels)) > 1 else 50.0
 
 
 def _teachers_gate(teachers: pd.DataFrame, cells) -> Gate:
@@ -321,11 +320,6 @@ def _converged_gate(students: pd.DataFrame, budget: str | None) -> Gate:
                 f"more; without a dev curve, its mean KD loss down more than {STILL_LEARNING:.0%}): "
                 + "; ".join(falling)) if falling else f"no Budget-{budget} cell still learning over its last quarter",
                 blocks="no", remedy="a larger budget (--epochs-a): a student still learning cannot say the method fails")
-
-
-def _majority(labels: np.ndarray) -> float:
-    values, counts = np.unique(labels, return_counts=True)
-    return float(values[np.argmax(counts)])
 
 
 def _price(result, cells: _Cells) -> str:

@@ -14,7 +14,7 @@ from torch.nn.utils import parametrize
 
 from lmlab import parallel
 from lmlab.data.generated.nlu import NLUTask
-from lmlab.evaluation import metric_value
+from lmlab.evaluation import majority_score, metric_value
 from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
@@ -203,9 +203,7 @@ def majority_score(task: NLUTask) -> float:
     a constant prediction leaves undefined)."""
     if task.num_labels == 1 or not task.dev:
         return 0.0
-    labels = np.array([e.label for e in task.dev])
-    values, counts = np.unique(labels, return_counts=True)
-    return 100 * float(metric_value(task.metric, labels, np.full(len(labels), values[np.argmax(counts)])))
+    return majority_score(task.metric, np.array([e.label for e in task.dev]))
 
 
 def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:
