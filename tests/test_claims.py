@@ -395,3 +395,31 @@ def test_what_would_decide_stays_within_the_items_the_data_hold():
     judge([held])
     assert held.decides_at["items"] <= 150
     assert "the data hold at most 150" in held.decides_at["text"] or "than the data hold" in held.decides_at["text"]
+
+
+def test_a_study_measures_each_claim_in_one_call_from_its_declaration():
+    """`Declared.measure` names the claim, builds its bar and attaches its source in one call: no study builds a
+    declared bar by hand (`make_bar(`) or attaches a measured claim (`.attach(`), save a claim built whole from
+    another study's intervals (compare's pathways, whose bar is the original's half effect)."""
+    from pathlib import Path
+
+    import lmlab
+
+    root = Path(lmlab.__file__).parent / "studies"
+    found = {str(p.relative_to(root)): p.read_text() for p in root.rglob("*.py")}
+    assert not [name for name, text in found.items() if "make_bar(" in text and name != "compare/pathways.py"]
+    assert [name for name, text in found.items() if ".attach(" in text] == ["compare/pathways.py"]
+
+
+def test_measure_is_attach_of_the_resamplers_claim_at_the_declared_bar():
+    from lmlab.claims import Declared
+    from lmlab.resampling import Resampler
+
+    spec = Declared("gain", "a mean", ">=", 0.0, "paper", "Table 1", null=0.0, unit=" pp")
+    values = np.array([[0.1, 0.3, 0.2, 0.4, 0.0, 0.2]])
+    one = spec.measure(Resampler(6, 1, seed=0).mean_claim, values, label="gain, task x", unit=" pp")
+    two = spec.attach(Resampler(6, 1, seed=0).mean_claim("gain, task x", values, spec.make_bar(), unit=" pp"))
+    assert one.name == "gain, task x" and one.source == "paper" and one.where == "Table 1"
+    assert (one.estimate, one.interval(), one.bar) == (two.estimate, two.interval(), two.bar)
+    ruled = Declared("close", "a gap", "<=", None, "lmlab", "ours", rule="the run's own")
+    assert ruled.measure(Resampler(6, 1, seed=0).mean_claim, values, bar_value=0.5).bar.value == 0.5

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
@@ -463,6 +463,14 @@ class Declared:
         claim.source, claim.where, claim.bar_note = self.source, self.where, self.bar_note
         claim.reported = claim.reported or not self.decisive
         return claim
+
+    def measure(self, how: Callable[..., "Claim"], *data, label: str | None = None, bar_value: float | None = None,
+                **kwargs) -> "Claim":
+        """The claim measured and attached in one call: `how(label, *data, bar, **kwargs)` (a resampler's `claim`,
+        `mean_claim`, `weighted_claim` or `combine`, or any function of that shape) with this declaration's bar
+        (`make_bar(bar_value)`), named `label` (default: the declared name; a label names the group or arm it reads,
+        e.g. "accuracy r=16 - CoT")."""
+        return self.attach(how(self.name if label is None else label, *data, self.make_bar(bar_value), **kwargs))
 
     def as_dict(self) -> dict:
         return {**asdict(self), "bar": self.bar}

@@ -392,16 +392,13 @@ def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k:
                         "variant_induction": float(rows["induction_score"].mean()) if "induction_score" in rows
                         else float("nan")})
         claims.append(c)
-        claims.append(declared(CLAIMS, "rank correlation").attach(sampler.claim(
-            "rank correlation", lambda r, idx, keys=keys: spearman_union(a[idx].mean(0),
-                                                                         per[(keys[r], task)][idx].mean(0), k)
-            if len(idx) else float("nan"), declared(CLAIMS, "rank correlation").make_bar(), group=group,
-            n_unit="prompt pairs", reported=True)))
+        claims.append(declared(CLAIMS, "rank correlation").measure(
+            sampler.claim, lambda r, idx, keys=keys: spearman_union(a[idx].mean(0), per[(keys[r], task)][idx].mean(0), k)
+            if len(idx) else float("nan"), group=group, n_unit="prompt pairs", reported=True))
         if ("original", task) in metric and all((key, task) in metric for key in keys):
             diff = np.stack([metric[(key, task)] - metric[("original", task)] for key in keys])
-            claims.append(declared(CLAIMS, "task metric change").attach(sampler.mean_claim(
-                "task metric change", diff, declared(CLAIMS, "task metric change").make_bar(), group=group,
-                n_unit="prompt pairs", reported=True)))
+            claims.append(declared(CLAIMS, "task metric change").measure(sampler.mean_claim, diff, group=group,
+                                                                         n_unit="prompt pairs", reported=True))
     return claims
 
 
@@ -417,8 +414,7 @@ def _circuit_claim(a: np.ndarray, others: list[np.ndarray], k: int, luck: float,
     fin = np.isfinite(d_reps)
     d_boot = np.where(fin.any(0), np.where(fin, d_reps, 0.0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
     spec = declared(CLAIMS, "keeps the circuit")
-    c = spec.attach(sampler.combine("keeps the circuit", v_point - mid, d_boot, spec.make_bar(), group=group,
-                                    n_unit="prompt pairs"))
+    c = spec.measure(sampler.combine, v_point - mid, d_boot, group=group, n_unit="prompt pairs")
     ones = np.ones((1, n)) / n
     whole = float(np.mean([jaccard(top_masks(a, ones, k), top_masks(b, ones, k))[0] for b in others]))
     c.extra = {"k": k, "overlap": float(v_point.mean()), "self_overlap": ref["ref"], "self_lo": ref["lo"],

@@ -146,9 +146,8 @@ def _gain_claim(test: pd.DataFrame, cond: str) -> Claim:
     bound on the disagreeing share (no disagreement among n problems leaves a gain of about 3/n possible)."""
     diffs = _paired(test, cond)
     n = len(diffs)
-    claim = declared(CLAIMS, f"{cond} - w/o accuracy").attach(Resampler(n, 1).mean_claim(
-        f"{cond} - w/o accuracy", diffs[None, :], declared(CLAIMS, f"{cond} - w/o accuracy").make_bar(), unit=" pp", scale=100,
-        n_unit="test problems", effect=PAPER_GAIN))
+    claim = declared(CLAIMS, f"{cond} - w/o accuracy").measure(Resampler(n, 1).mean_claim, diffs[None, :], unit=" pp",
+                                                               scale=100, n_unit="test problems", effect=PAPER_GAIN)
     disagree = max(float(np.mean(diffs != 0)) if n else 0.0, 3.0 / max(n, 1))
     claim.se = max(claim.se if np.isfinite(claim.se) else 0.0, float(np.sqrt(disagree / max(n, 1))))
     claim.se_item = claim.se
@@ -166,8 +165,8 @@ def claims_and_gates(result):
     sampler = Resampler(len(peaks), 1)
     for cond in ("Mless", "Mful"):
         spec = declared(CLAIMS, f"{cond} - None peak attention")
-        claim = spec.attach(sampler.mean_claim(spec.name, (peaks[cond] - peaks["None"]).to_numpy()[None, :],
-                                               spec.make_bar(), n_unit="judged profiled problems"))
+        claim = spec.measure(sampler.mean_claim, (peaks[cond] - peaks["None"]).to_numpy()[None, :],
+                             n_unit="judged profiled problems")
         if not len(peaks):  # no problem left to judge (a single profiled problem chose the head)
             claim.estimate, claim.reason = float("nan"), "no profiled problem left to judge the head on"
         claims.append(claim)

@@ -345,19 +345,16 @@ def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed
     spec = lambda name: declared(CLAIMS, name)  # noqa: E731
     split_claims = dict(bounds=(-2.0, 2.0))  # Q - A of flip differences lies in [-2, 2]
     claims = [
-        spec("patching flips beyond random, Q - A").attach(sampler.weighted_claim(
-            "patching flips beyond random, Q - A",
-            lambda i, w: _within_strata(per[i]["d"], per[i]["q"], per[i]["a"], per[i]["one"], w),
-            spec("patching flips beyond random, Q - A").make_bar(), **split_claims, **common)),
-        spec("patching flips, E_Q - random").attach(sampler.weighted_claim(
-            "patching flips, E_Q - random", lambda i, w: _paired(per[i]["d"][:, None], w),
-            spec("patching flips, E_Q - random").make_bar(), **common)),
-        spec("patching flips, Q - A").attach(sampler.weighted_claim(
-            "patching flips, Q - A", q_minus_a, spec("patching flips, Q - A").make_bar(), **common)),
-        spec("patching beyond random, Q - A, like margins").attach(sampler.weighted_claim(
-            "patching beyond random, Q - A, like margins",
+        spec("patching flips beyond random, Q - A").measure(
+            sampler.weighted_claim, lambda i, w: _within_strata(per[i]["d"], per[i]["q"], per[i]["a"], per[i]["one"], w),
+            **split_claims, **common),
+        spec("patching flips, E_Q - random").measure(
+            sampler.weighted_claim, lambda i, w: _paired(per[i]["d"][:, None], w), **common),
+        spec("patching flips, Q - A").measure(sampler.weighted_claim, q_minus_a, **common),
+        spec("patching beyond random, Q - A, like margins").measure(
+            sampler.weighted_claim,
             lambda i, w: _within_strata(per[i]["d"], per[i]["q"], per[i]["a"], per[i]["strata"], w),
-            spec("patching beyond random, Q - A, like margins").make_bar(), **split_claims, **common))]
+            **split_claims, **common)]
     for c in claims:  # a replicate without both groups (in a stratum) has no Q - A: counted, at its worst
         if c.bounds is not None:
             c.failed = int(sum(not np.isfinite(x) for x in c.replicate_estimates))
@@ -399,20 +396,15 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0, p
 
     common = dict(group=dataset, n_unit="questions", pool=pool)
     spec = lambda name: declared(CLAIMS, name)
-    claims = [spec("E_Q ΔP - control ΔP").attach(sampler.weighted_claim(
-                  "E_Q ΔP - control ΔP", dp, spec("E_Q ΔP - control ΔP").make_bar(), unit=" pp", **common)),
-              spec("E_Q flips - control flips").attach(sampler.weighted_claim(
-                  "E_Q flips - control flips", flips, spec("E_Q flips - control flips").make_bar(), unit=" pts", scale=100, **common)),
-              spec("Q-A gap").attach(sampler.weighted_claim("Q-A gap", gap, spec("Q-A gap").make_bar(), unit=" pp",
-                                                            **common))]
+    claims = [spec("E_Q ΔP - control ΔP").measure(sampler.weighted_claim, dp, unit=" pp", **common),
+              spec("E_Q flips - control flips").measure(sampler.weighted_claim, flips, unit=" pts", scale=100, **common),
+              spec("Q-A gap").measure(sampler.weighted_claim, gap, unit=" pp", **common)]
     n_q = np.mean([np.nansum(m["fl_e"], axis=0).mean() for m in mats])
     n_a = np.mean([(np.sum(~np.isnan(m["fl_e"]), axis=0) - np.nansum(m["fl_e"], axis=0)).mean() for m in mats])
     n_ctrl_q = np.mean([np.nansum(m["fl_c"], axis=0).mean() for m in mats])
     if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap, reported beside
-        claims.append(spec("Q-A gap beyond the control's").attach(sampler.weighted_claim(
-            "Q-A gap beyond the control's", lambda i, w: gap(i, w) - control_gap(i, w),
-            spec("Q-A gap beyond the control's").make_bar(),
-            unit=" pp", **common)))
+        claims.append(spec("Q-A gap beyond the control's").measure(
+            sampler.weighted_claim, lambda i, w: gap(i, w) - control_gap(i, w), unit=" pp", **common))
     n_control = int(np.mean([np.isfinite(m["dp_c"]).any(1).sum() for m in mats]))
     counts = {"n_samples": n, "replicates": len(reps), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
               "control_q_mean_count": float(n_ctrl_q), "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),

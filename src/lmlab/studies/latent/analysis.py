@@ -145,17 +145,15 @@ def _claims(result, k: int) -> list:
     claims = []
     if rates:
         top = _per_problem(result, f"r{rates[-1]}")
-        gain = spec("accuracy, latent - CoT").attach(items.mean_claim(
-            f"accuracy r={rates[-1]} - CoT, a gain", top - cot, spec("accuracy, latent - CoT").make_bar(), unit=" pp", scale=100,
-            n_unit="test problems", effect=0.04))
+        gain = spec("accuracy, latent - CoT").measure(items.mean_claim, top - cot,
+                                                      label=f"accuracy r={rates[-1]} - CoT, a gain", unit=" pp",
+                                                      scale=100, n_unit="test problems", effect=0.04)
         gain.ceiling = at_bound(top, cot) or blocks_gain(top, cot)
         claims.append(gain)
     for r in rates:
         acc = _per_problem(result, f"r{r}")
-        claim = spec("accuracy r - CoT").attach(items.mean_claim(f"accuracy r={r} - CoT", acc - cot,
-                                                                 spec("accuracy r - CoT").make_bar(),
-                                                                 unit=" pp", scale=100, n_unit="test problems",
-                                                                 effect=POINT))
+        claim = spec("accuracy r - CoT").measure(items.mean_claim, acc - cot, label=f"accuracy r={r} - CoT",
+                                                 unit=" pp", scale=100, n_unit="test problems", effect=POINT)
         claim.ceiling = at_bound(acc, cot)
         claims.append(claim)
     if rates:
@@ -166,9 +164,8 @@ def _claims(result, k: int) -> list:
             # fewer than CoT: a token fewer with the interval below 0 ("no": a fall of a token excluded, far short
             # of the paper's); then no rise beyond half a token
             name = "tokens r - CoT" if a == "cot" else "tokens, next rate - rate"
-            bar = spec(name).make_bar()
-            claims.append(spec(name).attach(items.mean_claim(f"tokens {lb} - {la}", diff, bar, unit=" tokens",
-                                                             n_unit="test problems")))
+            claims.append(spec(name).measure(items.mean_claim, diff, label=f"tokens {lb} - {la}", unit=" tokens",
+                                             n_unit="test problems"))
     return claims
 
 

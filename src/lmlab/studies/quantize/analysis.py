@@ -176,39 +176,34 @@ def _claims(cells, sampler, tasks: list[str], placebo: bool = False) -> tuple[li
 
     spec = lambda name: declared(CLAIMS, name)
     claims, missing = [], []
-    reference = {bits: spec("teacher - undistilled").attach(sampler.claim(
-        f"teacher - {bits}-bit undistilled (the reference)", diff((32, "teacher"), (bits, UNDISTILLED)),
-        spec("teacher - undistilled").make_bar(NEAR[bits]), **unit)) for bits in (2, 1) if cells.has(bits, UNDISTILLED)}
+    reference = {bits: spec("teacher - undistilled").measure(
+        sampler.claim, diff((32, "teacher"), (bits, UNDISTILLED)), label=f"teacher - {bits}-bit undistilled (the "
+        "reference)", bar_value=NEAR[bits], **unit) for bits in (2, 1) if cells.has(bits, UNDISTILLED)}
     for bits, name in ((2, "teacher - 2-bit Budget-C"), (1, "teacher - 1-bit Budget-C")):
         if close and cells.has(bits, close):
             label = f"teacher - {bits}-bit " + (UNDISTILLED if placebo else f"Budget-{close}")
-            claim = spec(name).attach(sampler.claim(label, diff((32, "teacher"), (bits, close)),
-                                                    spec(name).make_bar(), **unit))
+            claim = spec(name).measure(sampler.claim, diff((32, "teacher"), (bits, close)), label=label, **unit)
             claim.ceiling = _closeness_says_nothing(reference.get(bits), bits)
             claims.append(claim)
         elif bits == 2 or bits in {b for (_, b, _, _) in cells.pred}:
             missing.append(f"{bits}-bit close to the teacher ({bits}-bit students)")
     if best and cells.has(2, best) and cells.has(1, best):
-        claims.append(spec("2-bit - 1-bit").attach(sampler.claim(f"2-bit - 1-bit, Budget-{best}",
-                                                                 diff((2, best), (1, best)), spec("2-bit - 1-bit").make_bar(),
-                                                                 **unit)))
+        claims.append(spec("2-bit - 1-bit").measure(sampler.claim, diff((2, best), (1, best)),
+                                                    label=f"2-bit - 1-bit, Budget-{best}", **unit))
     else:
         missing.append("1-bit drops more (1-bit students)")
     gaps = []
     for bits in (2, 1):
         if cells.has(bits, "A") and cells.has(bits, "C"):
-            claims.append(spec("Budget-C - Budget-A").attach(sampler.claim(
-                f"Budget-C - Budget-A at {bits} bit", diff((bits, "C"), (bits, "A")), spec("Budget-C - Budget-A").make_bar(),
-                **unit)))
+            claims.append(spec("Budget-C - Budget-A").measure(sampler.claim, diff((bits, "C"), (bits, "A")),
+                                                              label=f"Budget-C - Budget-A at {bits} bit", **unit))
             gaps.append(bits)
         elif bits in {b for (_, b, _, _) in cells.pred}:
             missing.append(f"Budget-C >= Budget-A at {bits} bit (Budget-A and Budget-C students)")
     if gaps == [2, 1]:
-        claims.append(spec("C-A gap at 1 bit - at 2 bits").attach(sampler.claim(
-            "C-A gap at 1 bit - at 2 bits",
-            lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
-            - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)),
-            spec("C-A gap at 1 bit - at 2 bits").make_bar(), effect=PAPER_GAP_EFFECT, **unit)))
+        claims.append(spec("C-A gap at 1 bit - at 2 bits").measure(
+            sampler.claim, lambda i, idx: (cells.average(1, "C", i, idx) - cells.average(1, "A", i, idx))
+            - (cells.average(2, "C", i, idx) - cells.average(2, "A", i, idx)), effect=PAPER_GAP_EFFECT, **unit))
     return claims + list(reference.values()), missing
 
 

@@ -187,20 +187,17 @@ def _multiplier_claims(found: dict, reps: list[int], threshold: float, seed: int
             nd = np.maximum(units[(t, "dense", -1)][1], 1)
             ns = np.stack([np.maximum(units[(t, "sparse", r)][1], 1) for r in reps], axis=1)  # (draws, replicates)
             draws[t] = np.log2(nd[:, None] / ns)
-        claims = [one.attach(reranked_claim("log2 multiplier", per[t], draws[t], n_prompts, one.make_bar(), group=t,
-                                            n_unit="prompt pairs", reported=True)) for t in per_task]
-        claims.append(mean.attach(reranked_claim(
-            "mean log2 multiplier over the tasks", np.mean([per[t] for t in per_task], axis=0),
-            np.mean([draws[t] for t in per_task], axis=0), n_prompts, mean.make_bar(), n_unit="prompt pairs",
-            group=", ".join(per_task))))
+        claims = [one.measure(reranked_claim, per[t], draws[t], n_prompts, group=t, n_unit="prompt pairs",
+                              reported=True) for t in per_task]
+        claims.append(mean.measure(reranked_claim, np.mean([per[t] for t in per_task], axis=0),
+                                   np.mean([draws[t] for t in per_task], axis=0), n_prompts, n_unit="prompt pairs",
+                                   group=", ".join(per_task)))
         n_draws = len(next(iter(shared.values())))
         return claims, reranked_gate(True, f"{n_draws} resamples of the prompt pairs, each ranking the heads anew")
     sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
-    claims = [one.attach(sampler.claim("log2 multiplier", stats[t], one.make_bar(), group=t, n_unit="prompt pairs",
-                                       reported=True)) for t in per_task]
-    claims.append(mean.attach(sampler.claim(
-        "mean log2 multiplier over the tasks", lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
-        mean.make_bar(), n_unit="prompt pairs", group=", ".join(per_task))))
+    claims = [one.measure(sampler.claim, stats[t], group=t, n_unit="prompt pairs", reported=True) for t in per_task]
+    claims.append(mean.measure(sampler.claim, lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
+                               n_unit="prompt pairs", group=", ".join(per_task)))
     return claims, reranked_gate(False, "no re-ranked resamples recorded: the interval resamples the prompt pairs "
                                         "under the ranking fixed on all of them")
 
@@ -215,11 +212,10 @@ def _held_out_claims(seq: pd.DataFrame, sparse: pd.DataFrame, seed: int) -> list
     ce = seq.pivot_table(index="rep", columns="idx", values="ce_diff").sort_index().to_numpy(float)
     items = Resampler(kept.shape[1], kept.shape[0], seed=seed)
     slack = float(sparse["tau_slack"].iloc[0])
-    return [declared(CLAIMS, "edges kept").attach(items.mean_claim("edges kept", kept, declared(CLAIMS, "edges kept").make_bar(),
-                                                                   unit="%", scale=100, n_unit="held-out sequences")),
-            declared(CLAIMS, "held-out CE change").attach(items.mean_claim("held-out CE change", ce,
-                                                                           declared(CLAIMS, "held-out CE change").make_bar(slack),
-                                                                           unit=" nats", n_unit="held-out sequences"))]
+    return [declared(CLAIMS, "edges kept").measure(items.mean_claim, kept, unit="%", scale=100,
+                                                   n_unit="held-out sequences"),
+            declared(CLAIMS, "held-out CE change").measure(items.mean_claim, ce, bar_value=slack, unit=" nats",
+                                                           n_unit="held-out sequences")]
 
 
 def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]:

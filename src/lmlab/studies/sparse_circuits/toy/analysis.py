@@ -100,18 +100,18 @@ def _multiplier_claims(found: dict, reps: list[int], seed: int, units: dict) -> 
         draws = {t: np.stack([np.log2(np.maximum(units[(t, r, "dense")][1], 1) /
                                       np.maximum(units[(t, r, "sparse")][1], 1)) for r in reps], axis=1)
                  for t in tasks}
-        claims = [toy.attach(reranked_claim(name, per[t], draws[t], n_prompts, toy.make_bar(), group=f"toy: {t}",
-                                            reported=True, **common)) for t in tasks] if len(tasks) > 1 else []
-        claims.append(toy.attach(reranked_claim(mean_name, np.mean([per[t] for t in tasks], axis=0),
-                                                np.mean([draws[t] for t in tasks], axis=0), n_prompts, toy.make_bar(),
-                                                group="toy: " + ", ".join(tasks), **common)))
+        claims = [toy.measure(reranked_claim, per[t], draws[t], n_prompts, label=name, group=f"toy: {t}",
+                              reported=True, **common) for t in tasks] if len(tasks) > 1 else []
+        claims.append(toy.measure(reranked_claim, np.mean([per[t] for t in tasks], axis=0),
+                                  np.mean([draws[t] for t in tasks], axis=0), n_prompts, label=mean_name,
+                                  group="toy: " + ", ".join(tasks), **common))
         n_draws = len(next(iter(shared.values())))
         return claims, reranked_gate(True, f"{n_draws} resamples of the prompt pairs, each ranking the heads anew")
     prompts = Resampler(n_prompts, len(reps), n_boot=400, seed=seed)
-    claims = [toy.attach(prompts.claim(name, stats[t], toy.make_bar(), group=f"toy: {t}", reported=True, **common))
+    claims = [toy.measure(prompts.claim, stats[t], label=name, group=f"toy: {t}", reported=True, **common)
               for t in tasks] if len(tasks) > 1 else []
-    claims.append(toy.attach(prompts.claim(mean_name, lambda i, idx: float(np.mean([stats[t](i, idx) for t in tasks])),
-                                           toy.make_bar(), group="toy: " + ", ".join(tasks), **common)))
+    claims.append(toy.measure(prompts.claim, lambda i, idx: float(np.mean([stats[t](i, idx) for t in tasks])),
+                              label=mean_name, group="toy: " + ", ".join(tasks), **common))
     return claims, reranked_gate(False, "no re-ranked resamples recorded: the interval resamples the prompt pairs "
                                         "under the ranking fixed on all of them")
 
@@ -163,13 +163,11 @@ def toy_claims(result):
     seq = seq[seq["replicate"].isin(usable)]
     seed = int(result.config.get("seed", 0) or 0)
     items = Resampler(seq["idx"].nunique(), len(usable), seed=seed)
-    kept = declared(CLAIMS, "toy edges kept").attach(items.mean_claim(
-        "toy edges kept", _matrix(seq, "kept"), declared(CLAIMS, "toy edges kept").make_bar(), unit="%", scale=100,
-        n_unit="test sequences", group="addition toy"))
-    match = declared(CLAIMS, "toy exact match, sparse - dense").attach(items.mean_claim(
-        "toy exact match, sparse - dense", _matrix(seq, "sparse_em") - _matrix(seq, "dense_em"),
-        declared(CLAIMS, "toy exact match, sparse - dense").make_bar(), unit=" pts", scale=100,
-        n_unit="test sequences", group="addition toy"))
+    kept = declared(CLAIMS, "toy edges kept").measure(items.mean_claim, _matrix(seq, "kept"), unit="%", scale=100,
+                                                      n_unit="test sequences", group="addition toy")
+    match = declared(CLAIMS, "toy exact match, sparse - dense").measure(
+        items.mean_claim, _matrix(seq, "sparse_em") - _matrix(seq, "dense_em"), unit=" pts", scale=100,
+        n_unit="test sequences", group="addition toy")
     found = {key: c for key, c in curves(result).items() if key[1] in usable}
     several = len({t for t, _, _ in found}) > 1
     lacking = [f"replicate {r}, {v}{f', {t}' if several else ''}: {NO_EFFECT}" for (t, r, v), c in sorted(found.items())
