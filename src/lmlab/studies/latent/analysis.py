@@ -52,6 +52,10 @@ from lmlab.studies.base import Verdict, canvas, caption, finish
 CLAIM = ("Token count falls steadily as r rises, while accuracy stays within about one point of CoT; mixing latent "
          "and text tokens raises accuracy over CoT")
 POINT = 0.01  # "within about one point" of accuracy
+# the gain "what would decide" sizes for: the paper's figure at the headline rate (Llama-3.2-3B, averaged math
+# accuracy 27.1 at r = 0, 28.1 at r = 15-20), a point, not the abstract's +4 over its main tables: the run is asked
+# to resolve the effect the figure it redraws shows
+FIGURE_GAIN = 0.01
 MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not exercised
 STILL_LEARNING = (0.10, 0.01)  # last-quarter loss drop (relative, nats/token) that means training had not converged
 COT_LEARNED = 0.90
@@ -147,7 +151,7 @@ def _claims(result, k: int) -> list:
         top = _per_problem(result, f"r{rates[-1]}")
         gain = spec("accuracy, latent - CoT").measure(items.mean_claim, top - cot,
                                                       label=f"accuracy r={rates[-1]} - CoT, a gain", unit=" pp",
-                                                      scale=100, n_unit="test problems", effect=0.04)
+                                                      scale=100, n_unit="test problems", effect=FIGURE_GAIN)
         gain.ceiling = at_bound(top, cot) or blocks_gain(top, cot)
         claims.append(gain)
     for r in rates:
