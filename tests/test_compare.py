@@ -554,7 +554,7 @@ def test_compare_runs_in_bf16_on_the_cpu_and_on_the_emulated_gpu(tiny_smol_folde
     sizes = dict(variant=["same", "ablate:2", str(tuned)], tasks=["ioi"], n_prompts=4, verify_heads=3)
     result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "bf16", device="cpu",
                        dtype="bfloat16", **sizes)
-    assert set(result.table("model")["model_key"]) == {"original", "same#0", "ablate:2#0", f"{tuned}#0"}
+    assert set(result.table("model")["model_key"]) == {"original", "same#0", "ablate:2#0", f"{tuned.name}#0"}
     check_declared_columns(result)
     if torch.cuda.is_available():
         return
@@ -789,3 +789,19 @@ def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(ti
     assert row["original_induction"] == pytest.approx(models.loc[("original", "induction"), "induction_score"])
     assert 0 <= row["variant_induction"] <= 1
     check_declared_columns(result)
+
+
+def test_a_model_folder_variant_is_named_by_its_folder_and_two_of_one_name_are_refused(tmp_path):
+    """A variant folder is named by its folder's name (no path of the machine in a run's tables or verdict); two
+    folders of one name, or one folder given twice, are one sentence before any variant is made."""
+    from lmlab.studies.compare import recipe
+
+    for where in ("a", "b"):
+        (tmp_path / where / "gptq-4bit").mkdir(parents=True)
+    [one] = expand(str(tmp_path / "a" / "gptq-4bit"))
+    assert (one.cell, one.spec, one.kind) == ("gptq-4bit", str(tmp_path / "a" / "gptq-4bit"), "model")
+    assert expand("org/some-model")[0].cell == "org/some-model"  # a hub id as given
+    with pytest.raises(LmlabError, match=r"are both named 'gptq-4bit' \(a variant is named by its folder\)"):
+        recipe._once(expand(str(tmp_path / "a" / "gptq-4bit")) + expand(str(tmp_path / "b" / "gptq-4bit")))
+    with pytest.raises(LmlabError, match="is given twice"):
+        recipe._once(expand(str(tmp_path / "a" / "gptq-4bit")) * 2)

@@ -80,13 +80,13 @@ def test_a_gptq_checkpoint_is_compared_with_its_original_as_a_variant(tmp_path):
         "answer": f" {a}", "distractor": f" {b}"}) for a, b in names) + "\n")
     result = lmlab.run("compare", "tiny-llama", profile="demo", out=tmp_path / "runs", variant=[str(folder)],
                        tasks=[f"file:{pairs}"], n_prompts=6, verify_heads=3)
-    variant = result.table("variant").set_index("cell").loc[str(folder)]
+    variant = result.table("variant").set_index("cell").loc[folder.name]  # named by its folder, no path
     assert variant["variant_kind"] == "model" and "4-bit int weights" in variant["quantized"]
     models = result.table("model")
-    assert set(models["cell"]) == {"original", str(folder)} and (models["n_prompts"] == 6).all()
+    assert set(models["cell"]) == {"original", folder.name} and (models["n_prompts"] == 6).all()
     clean = models.set_index("cell")["clean_metric"]
-    assert clean["original"] != clean[str(folder)]  # (the variant's own weights were measured)
-    made = result.table("made").set_index("cell").loc[str(folder)]
+    assert clean["original"] != clean[folder.name]  # (the variant's own weights were measured)
+    made = result.table("made").set_index("cell").loc[folder.name]
     assert (made["method"], made["bits"], made["origin"], made["n_text"]) == ("gptq", 4, "folder", 64)
     assert 1 < made["original_perplexity"] != made["perplexity"] > 1
 

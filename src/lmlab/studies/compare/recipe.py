@@ -100,7 +100,22 @@ def expand(spec: str) -> list[Variant]:
             raise LmlabError(f"--variant {spec}: no post-trained sparse model in it (an unfinished run, or one "
                              "without --circuits?)")
         return [Variant("sparse", rep, str(f), "sparse") for rep, f in folders]
-    return [Variant(spec, 0, spec, "model")]
+    # a model folder is named by its folder's name, so the run's tables, verdict and docs carry no path of the
+    # machine that ran it (a hub id stays as given)
+    return [Variant(path.name if path.is_dir() and path.name else spec, 0, spec, "model")]
+
+
+def _once(variants: list[Variant]) -> list[Variant]:
+    """`variants`, refused in one sentence where two share a name and replicate (two folders of one name)."""
+    seen: dict[str, str] = {}
+    for v in variants:
+        if v.key in seen and seen[v.key] != v.spec:
+            raise LmlabError(f"--variant {seen[v.key]} and {v.spec} are both named '{v.cell}' (a variant is named by "
+                             "its folder): rename one folder")
+        if v.key in seen:
+            raise LmlabError(f"--variant {v.spec} is given twice; give each once")
+        seen[v.key] = v.spec
+    return variants
 
 
 def _load(variant: Variant, lm: LoadedModel, config: Config, ablated: list, perms: dict | None = None) -> LoadedModel:
@@ -293,15 +308,13 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         variants, made = [v for spec in PLACEBO_VARIANTS for v in expand(spec)], []
         run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
     else:
-        variants = [v for spec in (config.variant or []) for v in expand(spec)]
+        variants = _once([v for spec in (config.variant or []) for v in expand(spec)])  # before any variant is made
         made = _made(config, run_dir, lm)
         variants += [v for folder in made for v in expand(folder)]
         rounded = _rounded_variants(config, run_dir)
         variants += rounded
         made += [v.spec for v in rounded]
-    keys = [v.key for v in variants]
-    if len(set(keys)) != len(keys):
-        raise LmlabError("two variants share a name and replicate; give each once")
+    _once(variants)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
     # the controls' heads: the original's ranking on other prompt pairs of each task
