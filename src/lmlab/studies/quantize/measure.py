@@ -14,7 +14,7 @@ from torch.nn.utils import parametrize
 
 from lmlab import parallel
 from lmlab.data.generated.nlu import NLUTask
-from lmlab.evaluation import majority_score, metric_value
+from lmlab.evaluation import majority_score as majority_of, metric_value
 from lmlab.interventions.export import export_compressed
 from lmlab.interventions.quant import keep_layers, quantize_model, save_packed
 from lmlab.models.batch import module_device
@@ -203,7 +203,7 @@ def majority_score(task: NLUTask) -> float:
     a constant prediction leaves undefined)."""
     if task.num_labels == 1 or not task.dev:
         return 0.0
-    return majority_score(task.metric, np.array([e.label for e in task.dev]))
+    return majority_of(task.metric, np.array([e.label for e in task.dev]))
 
 
 def teacher_cache(config: Config, task: NLUTask, teacher, collate) -> TeacherCache | None:
