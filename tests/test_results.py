@@ -36,6 +36,8 @@ def test_a_run_folder_gives_its_record_and_the_page_and_timings_follow_from_the_
     record = read_record(root / "filler-b")
     assert (record.study, record.profile, record.seed, record.verdict) == ("filler", "demo", 1, "inconclusive")
     assert record.sizes == "n_test_per_level 20" and read_record(root / "filler-a").sizes == "profile"
+    _run(tmp_path / "other", "filler-bf16", dtype="bfloat16")  # a precision chosen on the command line: its own
+    assert read_record(tmp_path / "other" / "filler-bf16").sizes == "profile, dtype bfloat16"
     assert record.decided.startswith("Mless - w/o: +1.0 [-7.8, +9.8] (bar > 0); the paper's claim")
     assert record.machine == "AMD EPYC with AVX-512, 2 cores (1 thread, load 2.0)"
 

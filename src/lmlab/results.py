@@ -102,7 +102,8 @@ def read_record(run: Path) -> Record:
     return Record(study=study, run=run.name, model=str(config.get("model", manifest.get("model", ""))),
                   profile=str(config.get("profile", "")), seed=int(config.get("seed", 0) or 0),
                   seeds=config.get("seeds"),
-                  sizes="profile" if not changed else ", ".join(f"{k} {config[k]}" for k in changed),
+                  sizes=", ".join([f"{k} {config[k]}" for k in changed] or ["profile"])
+                  + (f", dtype {config['dtype']}" if config.get("dtype", "auto") not in ("auto", None) else ""),
                   verdict=overall["status"], decided=headline(overall["status"], overall.get("evidence", {})),
                   seconds=float(manifest.get("run_seconds", manifest.get("seconds", 0.0)) or 0.0),
                   machine=machine(env) if env else "not recorded", gpu=env.get("gpu"), lmlab=env.get("lmlab"),
