@@ -597,7 +597,8 @@ def placebo_run(tmp_path_factory):
     (root / "kw" / "train.tsv").write_text(_keyword_tsv(64, 0))
     (root / "kw" / "dev.tsv").write_text(_keyword_tsv(128, 1))
     config = s2.Config(model="tiny-bert", tasks=["glue-sst2:kw"], n_train=64, batch_size=16, teacher_epochs=8,
-                       teacher_lr=2e-3, student_lr=1e-2, bits=[2, 1], budgets=["A", "C"], seeds=3, placebo=True)
+                       teacher_lr=2e-3, student_lr=1e-2, bits=[2, 1], budgets=["A", "C"], seeds=3, epochs_a=1,
+                       placebo=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         return config, run_study(s2.SPEC, config, root / "runs")

@@ -94,7 +94,7 @@ CLAIMS = [
 COLUMNS = {
     "model": ("model_key", "cell", "replicate", "task", "model_name", "clean_metric", "corrupted_metric", "metric",
               "n_prompts", "heads_needed", "total_heads", "has_effect", "verify_rho", "verify_heads", "n_layers",
-              "n_heads", "induction_score"),
+              "n_heads"),  # (and, on the induction task, induction_score: a column of NaN only is not in the table)
     "attribution": ("model_key", "cell", "replicate", "task", "idx", "scores"),
     "per_prompt": ("model_key", "cell", "replicate", "task", "n_heads", "values"),
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
@@ -108,7 +108,7 @@ COLUMNS = {
     "comparison": ("cell", "task", "k", "estimate", "lo", "hi", "bar", "overlap", "self_overlap", "self_lo", "self_hi",
                    "chance", "midpoint", "relative", "jaccard", "replicates", "df", "decision", "reason", "to_decide",
                    "spearman", "metric_change", "metric_lo", "metric_hi", "original_heads", "variant_heads",
-                   "original_induction", "variant_induction",
+                   # (and on the induction task original_induction, variant_induction: NaN-only columns are dropped)
                    "clean_metric", "corrupted_metric", "task_lost"),
     "selection": ("task", "idx", "other_pairs", "scores"),
     "placebo": ("cell", "task", "k", "moved", "stuck", "heads", "stuck_heads", "layers_permuted", "kv_groups",
