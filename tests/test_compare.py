@@ -83,7 +83,7 @@ def _circuit(rng, n_prompts=40, total=64, circuit=(3, 17, 22, 40, 51, 60), noise
 
 
 def _decisions(table) -> dict[str, str]:
-    claims, _ = analysis.claims_of(table, {"seed": 0, "min_k": 5})
+    claims, _ = analysis.claims_of(table, Config(model="m", seed=0, min_k=5))
     return {c.group.partition(" / ")[0]: c.decision for c in claims if c.name == "keeps the circuit"}
 
 
@@ -131,7 +131,7 @@ def test_like_for_like_a_half_replaced_circuit_the_old_bar_kept_is_not_kept():
         "old", lambda r, w: circuit_overlap.jaccard(circuit_overlap.top_masks(original, w, k), circuit_overlap.top_masks(variant, w, k)),
         Bar(">=", old_bar))
     assert old.decide(0.975) == "yes"  # the defect: half the circuit replaced, "keeps"
-    claims, _ = analysis.claims_of(_table(original, {"half": [variant], "copy": copy}), {"seed": 0, "min_k": 5})
+    claims, _ = analysis.claims_of(_table(original, {"half": [variant], "copy": copy}), Config(model="m", seed=0, min_k=5))
     found = {c.group.partition(" / ")[0]: c for c in claims if c.name == "keeps the circuit"}
     assert found["half"].decision != "yes"
     assert found["half"].extra["overlap"] < old.estimate  # no shared prompt noise left in V
@@ -153,7 +153,7 @@ def test_two_replicates_that_differ_say_why_they_stay_open():
     original = _circuit(rng)
     flat = [0.3 * rng.normal(size=original.shape) for _ in range(3)]  # no circuit at all
     claims, _ = analysis.claims_of(_table(original, {"two": flat[:2], "three": flat, "b": flat[1:], "c": flat[:1]}),
-                                   {"seed": 0, "min_k": 5})
+                                   Config(model="m", seed=0, min_k=5))
     found = {c.group.partition(" / ")[0]: c for c in claims if c.name == "keeps the circuit"}
     assert found["three"].decision == "no"
     two = found["two"]
@@ -164,7 +164,7 @@ def test_two_replicates_that_differ_say_why_they_stay_open():
 def test_an_original_whose_circuit_does_not_replicate_holds_every_comparison_open():
     rng = np.random.default_rng(6)
     original = rng.normal(size=(16, 64))  # no head stands out on every prompt pair
-    claims, _ = analysis.claims_of(_table(original, {"any": [rng.normal(size=(16, 64))]}), {"seed": 0, "min_k": 5})
+    claims, _ = analysis.claims_of(_table(original, {"any": [rng.normal(size=(16, 64))]}), Config(model="m", seed=0, min_k=5))
     keep = next(c for c in claims if c.name == "keeps the circuit")
     assert keep.decision == "open" and "does not replicate" in keep.reason
 
@@ -173,7 +173,7 @@ def test_a_ranking_activation_patching_does_not_confirm_holds_the_claim_open():
     rng = np.random.default_rng(3)
     table = _table(_circuit(rng), {"moved": [_circuit(rng, circuit=(5, 9, 30, 33, 44, 58))]})
     table.loc[(table["kind"] == "model") & (table["model_key"] == "moved#0"), "verify_rho"] = 0.1
-    claims, _ = analysis.claims_of(table, {"seed": 0, "min_k": 5})
+    claims, _ = analysis.claims_of(table, Config(model="m", seed=0, min_k=5))
     keep = next(c for c in claims if c.name == "keeps the circuit")
     assert keep.decision == "open" and "activation patching" in keep.reason
 
@@ -211,7 +211,7 @@ def test_variants_expand_from_files_and_run_folders(tmp_path):
     ({"variant": ["swap:3"]}, "'swap' .* and 'swap:half'"),
     ({"variant": ["missing.safetensors"]}, "no such file"),
     ({"make": ["quantized:3"]}, "each one of 8, 4, 2, 1"),
-    ({"make": ["pruned:2"]}, "unknown kind"),
+    ({"make": ["pruned:2"]}, "unknown method"),
     ({"variant": ["same"], "tasks": ["nope"]}, "unknown circuit task"),
 ])
 def test_bad_inputs_are_one_sentence(given, message):
@@ -302,23 +302,29 @@ def test_the_swap_moves_each_chosen_head_off_the_top_and_keeps_the_rest_in_place
 
 
 def test_make_reads_every_bit_once():
+    """--make read once into its methods' widths (methods.parse_make): each width once, in the order given; the
+    refusals and the help come from the methods' registry."""
+    from lmlab.studies.compare.methods import METHODS
+
     made = Config(model="tiny-llama", make=["quantized:2,1", "quantized:2", "rtn:8,3", "rtn:3,2"])
-    assert made.made_bits() == [2, 1] and made.made_bits("rtn") == [8, 3, 2]
+    assert made.made().bits("quantized") == (2, 1) and made.made().bits("rtn") == (8, 3, 2)
+    assert [(m.name, b) for m, b in made.made().post_training()] == [("rtn", 8), ("rtn", 3), ("rtn", 2)]
+    assert all(f"{m.name}:" in Config.model_fields["make"].description for m in METHODS.values())
     with pytest.raises(LmlabError, match=r"^--make rtn:9: give the bits, each one of 8, 7, 6, 5, 4, 3, 2"):
         Config(model="tiny-llama", make=["rtn:9"]).check_inputs(models=False)
-    with pytest.raises(LmlabError, match=r"^--make int4:4: unknown kind 'int4'; use quantized:BITS .* or sparse "):
+    with pytest.raises(LmlabError, match=r"^--make int4:4: unknown method 'int4'; use quantized:BITS .* or sparse "):
         Config(model="tiny-llama", make=["int4:4"]).check_inputs(models=False)
     for kind in ("gptq", "awq"):  # what lmlab cannot make beside itself: why, and the way round
         with pytest.raises(LmlabError, match=rf"^--make {kind}:4: lmlab cannot make {kind.upper()} variants here: "
                                              r"llm-compressor.* transformers <= 5.17.* as --variant DIR"):
             Config(model="tiny-llama", make=[f"{kind}:4"]).check_inputs(models=False)
-    assert Config(model="tiny-llama", make=["bnb:4,8", "bnb:4"]).made_bits("bnb") == [4, 8]
+    assert Config(model="tiny-llama", make=["bnb:4,8", "bnb:4"]).made().bits("bnb") == (4, 8)
     both = Config(model="tiny-llama", make=["sparse", "rtn:4"])
-    assert both.made_sparse() and both.made_bits("rtn") == [4]
-    assert not Config(model="tiny-llama", make=["rtn:4"]).made_sparse()
+    assert both.made().sparse and both.made().bits("rtn") == (4,)
+    assert not Config(model="tiny-llama", make=["rtn:4"]).made().sparse
     with pytest.raises(LmlabError, match=r"^--make bnb:3: give the bits, each one of 8, 4"):
         Config(model="tiny-llama", make=["bnb:3"]).check_inputs(models=False)
-    assert Config(model="tiny-llama", make=["hqq:4,1", "rtn:4"]).made_bits("hqq") == [4, 1]
+    assert Config(model="tiny-llama", make=["hqq:4,1", "rtn:4"]).made().bits("hqq") == (4, 1)
     with pytest.raises(LmlabError, match=r"^--make hqq:6: give the bits, each one of 8, 4, 3, 2, 1"):
         Config(model="tiny-llama", make=["hqq:6"]).check_inputs(models=False)
 
@@ -633,7 +639,7 @@ def test_a_variant_of_another_architecture_or_tokenizer_is_refused(tiny_smol_fol
     import lmlab
     from lmlab.cli import main
     from lmlab.models import load_model
-    from lmlab.studies.base import StudyConfig
+    from lmlab.studies.config import StudyConfig
 
     other = tmp_path / "other-architecture"
     lm = load_model("tiny-llama")  # 3 layers; the tiny SmolLM2-speaking folder has 2
@@ -699,7 +705,8 @@ def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():
             ("rtn-8bit / ioi", "yes"), ("rtn-4bit / ioi", "yes"), ("rtn-3bit / ioi", "no"), ("rtn-2bit / ioi", "yes"),
             ("rtn-8bit / greater-than", "yes"), ("rtn-4bit / greater-than", "open"),
             ("rtn-8bit / docstring", "open"), ("rtn-4bit / docstring", "yes"),
-            ("same / ioi", "yes"), ("rtn-8bit / ioi-long", "yes")]])  # (one width says nothing of a curve)
+            ("same / ioi", "yes"), ("rtn-8bit / ioi-long", "yes")]],  # (one width says nothing of a curve)
+        {f"rtn-{b}bit": ("rtn", b) for b in (8, 4, 3, 2)})
     assert said == ["rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep)",
                     "rtn / greater-than: the circuit kept down to 8 bits (4 bits: open)",
                     "rtn / docstring: the circuit not kept at any width tried (8 bits: open)"]
@@ -712,11 +719,11 @@ def test_make_sparse_composes_the_sparse_circuits_model_half(tiny_smol_folder, t
     from pathlib import Path
 
     import lmlab
-    import lmlab.studies.base as base
+    import lmlab.studies.registry as registry
 
     small = dict(sparse_steps=2, sparse_batch=2, n_text=4, n_docstrings=0, text_tokens=16, n_eval_text=2,
                  eval_tokens=32, rank_draws=0, verify_heads=2, n_prompts=4)
-    registered, made = base.get_study, []
+    registered, made = registry.get_study, []
 
     def with_small_sizes(name):
         spec = registered(name)
@@ -728,7 +735,7 @@ def test_make_sparse_composes_the_sparse_circuits_model_half(tiny_smol_folder, t
             return made[-1]
         return dataclasses.replace(spec, config=config)
 
-    monkeypatch.setattr(base, "get_study", with_small_sizes)
+    monkeypatch.setattr(registry, "get_study", with_small_sizes)
     result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", make=["sparse"], tasks=["ioi"],
                        n_prompts=4, verify_heads=2, seeds=2)
     assert len(made) == 1 and made[0].circuits and not made[0].toy and made[0].tasks == ["ioi"]
@@ -753,16 +760,17 @@ def test_the_top_line_says_answered_with_its_counts_or_inconclusive_where_nothin
         widths = [8, 4, 3, 2]
         return [SimpleNamespace(group=f"rtn-{widths[i]}bit / ioi", decision=d) for i, d in enumerate(decisions)]
 
-    status, head = analysis.top_line("inconclusive", keeps("yes", "yes", "no", "open"), [])
+    widths = {f"rtn-{b}bit": ("rtn", b) for b in (8, 4, 3, 2)}
+    status, head = analysis.top_line("inconclusive", keeps("yes", "yes", "no", "open"), [], widths)
     assert status == "answered"
     assert head == ("answered: of 4 comparisons, 2 keep the original's circuit, 1 do not, 1 open; the fewest bits "
                     "that keep: rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep). ")
-    status, head = analysis.top_line("inconclusive", keeps("open", "open"), [])
+    status, head = analysis.top_line("inconclusive", keeps("open", "open"), [], widths)
     assert status == "inconclusive" and head.startswith("nothing answered: of 2 comparisons, 0 keep")
     blocked = Gate("replicates", False, why="1 training run(s)", blocks="all")
-    assert analysis.top_line("inconclusive", keeps("yes", "no"), [blocked])[0] == "inconclusive"
+    assert analysis.top_line("inconclusive", keeps("yes", "no"), [blocked], widths)[0] == "inconclusive"
     scoped = Gate("students learned", False, blocks="all", claims=("some other claim",))
-    assert analysis.top_line("inconclusive", keeps("yes", "no"), [scoped])[0] == "answered"
+    assert analysis.top_line("inconclusive", keeps("yes", "no"), [scoped], widths)[0] == "answered"
 
 
 def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(tiny_smol_folder, tmp_path):

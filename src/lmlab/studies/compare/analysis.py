@@ -56,7 +56,6 @@ verdict's summary, the `comparison` table and the figure.
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pandas as pd
@@ -65,8 +64,9 @@ from lmlab.circuit_overlap import (SPLITS, chance, half_splits, jaccard, self_ov
                                    split_overlaps, top_masks)
 from lmlab.claims import Declared, declared, evidence, judge
 from lmlab.resampling import Resampler
-from lmlab.studies.base import Verdict, canvas, finish
-from lmlab.studies.compare.config import WIDTH
+from lmlab.studies.figures import canvas, finish
+from lmlab.studies.verdict import Verdict
+from lmlab.studies.compare.methods import width_of_name
 from lmlab.studies.compare.config import circuit_k as config_circuit_k
 
 WHY = ("no paper claims this: lmlab's own question, whether compression keeps the mechanism and not only the accuracy "
@@ -98,7 +98,8 @@ COLUMNS = {
     "attribution": ("model_key", "cell", "replicate", "task", "idx", "scores"),
     "per_prompt": ("model_key", "cell", "replicate", "task", "n_heads", "values"),
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
-    "variant": ("cell", "replicate", "model_key", "source", "variant_kind", "made"),
+    "variant": ("cell", "replicate", "model_key", "source", "variant_kind", "made"),  # (and, for a variant at a bit
+    # width, method and bits: NaN-only columns are not in the table)
     "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text", "origin"),
     "curve": ("model_key", "cell", "replicate", "task", "n_heads", "value"),
     "overlap": ("cell", "replicate", "task", "k", "split_jaccard", "jaccard", "spearman"),
@@ -130,14 +131,6 @@ K_MAX = 30  # the overlap curves run k = 1 .. this (or to the claim's k, where l
 
 
 # --- reading the tables -----------------------------------------------------------------------------------------
-
-def _setting(config, name: str, default=None):
-    if isinstance(config, dict):
-        value = config.get(name)
-    else:
-        value = getattr(config, name, None)
-    return default if value is None else value
-
 
 def attributions(table: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
     """(model_key, task) -> (prompt pairs, layers x heads) attribution scores, prompts in order."""
@@ -187,8 +180,7 @@ def derive(table: pd.DataFrame, config) -> pd.DataFrame:
     reference; replicate against replicate within a cell), the heads kept, lost and new at the claim's k, and the
     comparison tables (claims_of). Rows of a derived kind already in `table` are replaced (`lmlab verdict`)."""
     table = table[~table["kind"].isin(DERIVED)].reset_index(drop=True)
-    seed = int(_setting(config, "seed", 0))
-    min_k = int(_setting(config, "min_k", 5))
+    seed, min_k = config.seed, config.min_k
     models = table[table["kind"] == "model"]
     per = attributions(table)
     rows = _curve_rows(table[table["kind"] == "per_prompt"])
@@ -327,8 +319,7 @@ def claims_of(table: pd.DataFrame, config):
     """Per variant cell and task: keeps the circuit (decisive: D = V - (R + C) / 2 on the same half-splits, see the
     module's docstring), rank correlation and the task metric's change (reported); each decided (Bonferroni over the
     decisive ones for "no"), an open one with its reason. Returns (claims, gates)."""
-    settings = {"seed": int(_setting(config, "seed", 0)), "min_k": int(_setting(config, "min_k", 5)),
-                "min_verify": float(_setting(config, "min_verify", 0.5))}
+    settings = {"seed": config.seed, "min_k": config.min_k, "min_verify": config.min_verify}
     models = table[table["kind"] == "model"]
     per, metric = attributions(table), clean_metrics(table)
     replicate_overlap = table[table["kind"] == "replicate_overlap"] if "kind" in table else table.iloc[:0]
@@ -478,19 +469,28 @@ def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
     return ""
 
 
-def fewest_bits(keeps) -> list[str]:
-    """Per method made at several bit widths (cells `METHOD-Bbit`, --make rtn:8,4,3,2, or variant folders named so)
-    and task: the fewest bits that
-    keep the circuit, read down from the widest: the last of the unbroken run of "keeps" from the top, and what the
-    next width says (a width that does not keep, or cannot tell, ends the run)."""
-    widths: dict[tuple[str, str], dict[int, str]] = {}
+def cell_widths(variants: pd.DataFrame) -> dict[str, tuple[str, int]]:
+    """{cell: (method, bits)} of the variants at a bit width (made by --make rtn:8,4,3,2 and the like, or folders named
+    METHOD-Bbit), as the recipe recorded them in the `variant` table (a run recorded before it did: read from the
+    cell's name)."""
+    if "method" in variants:
+        at = variants[variants["method"].notna()]
+        return {str(c): (str(m), int(b)) for c, m, b in zip(at["cell"], at["method"], at["bits"])}
+    return {str(c): w for c in variants.get("cell", []) if (w := width_of_name(str(c))) is not None}
+
+
+def fewest_bits(keeps, widths: dict[str, tuple[str, int]]) -> list[str]:
+    """Per method made at several bit widths (`widths`: cell_widths) and task: the fewest bits that keep the circuit,
+    read down from the widest: the last of the unbroken run of "keeps" from the top, and what the next width says (a
+    width that does not keep, or cannot tell, ends the run)."""
+    by: dict[tuple[str, str], dict[int, str]] = {}
     for c in keeps:
         cell, _, task = c.group.partition(" / ")
-        found = re.fullmatch(WIDTH, cell)
-        if found:
-            widths.setdefault((found.group(1), task), {})[int(found.group(2))] = c.decision
+        if cell in widths:
+            method, bits = widths[cell]
+            by.setdefault((method, task), {})[bits] = c.decision
     lines = []
-    for (method, task), by_bits in widths.items():
+    for (method, task), by_bits in by.items():
         if len(by_bits) < 2:
             continue
         order = sorted(by_bits, reverse=True)
@@ -559,7 +559,7 @@ def verdict(result) -> Verdict:
                      + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
     notes = result.table("pathway_note")
     lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
-    status, head = top_line(status, keeps, gates)
+    status, head = top_line(status, keeps, gates, cell_widths(result.table("variant")))
     summary = (head + "; ".join(lines) + ". No paper claims this: 'answered' is lmlab's answer to its own question, "
                "never 'reproduced' or 'not reproduced' (only a paper's claim reproduces or fails)")
     scope = f"this run: {result.models[0] if result.models else 'the model'} against its variants"
@@ -575,7 +575,7 @@ def verdict(result) -> Verdict:
                    summary=summary, evidence=found)
 
 
-def top_line(status: str, keeps, gates) -> tuple[str, str]:
+def top_line(status: str, keeps, gates, widths: dict[str, tuple[str, int]]) -> tuple[str, str]:
     """The run's status and its first line: "answered" where at least one comparison answered (keeps or does not
     keep) and no gate blocks every decision, with the counts (keep, do not, open) and, per method made at several
     widths and task, the fewest bits that keep; else the judged status ("inconclusive"), with the counts."""
@@ -584,7 +584,7 @@ def top_line(status: str, keeps, gates) -> tuple[str, str]:
         return status, "no comparison could be made. "
     blocked = any(not g.passed and not g.scoped and g.blocks == "all" for g in gates)
     answered = not blocked and counts["yes"] + counts["no"] > 0
-    fewest = fewest_bits(keeps)
+    fewest = fewest_bits(keeps, widths)
     head = (("answered" if answered else "nothing answered") + f": of {len(keeps)} comparisons, {counts['yes']} keep "
             f"the original's circuit, {counts['no']} do not, {counts['open']} open"
             + (f"; the fewest bits that keep: {'; '.join(fewest)}" if fewest else "") + ". ")
@@ -682,7 +682,7 @@ def figure(result, fig=None):
     held-out text (dashed, in the method's colour, on its own log axis)."""
     models = result.table("model")
     tasks = list(dict.fromkeys(models["task"])) if len(models) else []
-    bits = _by_bits(result.table("comparison"))
+    bits = _by_bits(result.table("comparison"), cell_widths(result.table("variant")))
     columns = 4 if len(bits) else 3
     fig, axes = canvas(fig, (5 * columns, 3.8 * max(len(tasks), 1)), max(len(tasks), 1), columns, squeeze=False)
     if not tasks:
@@ -758,13 +758,13 @@ def _overlap_panel(ax, result, task, cells, color) -> None:
     ax.legend(fontsize=6, loc="lower right")
 
 
-def _by_bits(comparison: pd.DataFrame) -> pd.DataFrame:
-    """The comparison rows of methods at two or more bit widths (cells `METHOD-Bbit`, made or folders so named), with
-    method and bits."""
+def _by_bits(comparison: pd.DataFrame, widths: dict[str, tuple[str, int]]) -> pd.DataFrame:
+    """The comparison rows of methods at two or more bit widths (`widths`: cell_widths), with method and bits."""
     if not len(comparison):
         return comparison
-    found = comparison["cell"].astype(str).str.extract("^" + WIDTH + "$")
-    rows = comparison.assign(method=found[0], bits=pd.to_numeric(found[1], errors="coerce"))
+    cells = comparison["cell"].astype(str)
+    rows = comparison.assign(method=cells.map(lambda c: widths.get(c, (None, None))[0]),
+                             bits=pd.to_numeric(cells.map(lambda c: widths.get(c, (None, None))[1]), errors="coerce"))
     rows = rows[rows["method"].notna()]
     widths = rows.groupby("method")["bits"].transform("nunique")
     return rows[widths >= 2]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from lmlab.data.generated.circuits import ALL_TASKS, pairs_file, read_pair_rows
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.compare.methods import Made, check_packages, make_help, parse_make
+from lmlab.studies.config import StudyConfig
 
 # variants that name no model: the original itself (the positive control), the original with its top heads zeroed
 # ("ablate:N"), and the original with its top heads moved to other heads of their layers ("swap", "swap:half": the
@@ -17,21 +18,10 @@ ABLATE = "ablate"
 SWAP = "swap"
 SWAP_HALF = "swap:half"
 PLACEBO_VARIANTS = (SWAP, SWAP_HALF)
-# what --make builds in the run: XTC students trained by lmlab quantize, or the original rounded to nearest (no
-# training: the post-training baseline), each kind's bits
-MAKE_KINDS = {"quantized": (8, 4, 2, 1), "rtn": (8, 7, 6, 5, 4, 3, 2), "hqq": (8, 4, 3, 2, 1), "bnb": (8, 4)}
-# a variant at one bit width of a method: made in the run (`rtn-4bit`), or a folder so named (`.../gptq-4bit`, made
-# elsewhere); the method is its name without the width
-WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
-SPARSE = "sparse"  # --make sparse: S4's model half through the registry, its sparse models the variants
-POST_TRAINING = ("rtn", "hqq", "bnb")  # the kinds made from the original without training, a model folder each
-# kinds a user may ask for that lmlab cannot make in its own environment: why, and the way round
-_LLM_COMPRESSOR = ("llm-compressor, which makes them, requires transformers <= 5.17 and compressed-tensors 0.19 "
-                   "(lmlab needs transformers 5.24)")
-NOT_MADE = {"gptq": _LLM_COMPRESSOR, "awq": _LLM_COMPRESSOR}
 
 
 class Config(StudyConfig):
+    _made: tuple | None = PrivateAttr(default=None)  # (--make's values, what they read as)
     device_map_refusal = ("compare holds the original and one variant at a time on one device (a packed student is "
                           "rebuilt from the original's weights)")
     replicate_refusal = None  # --seeds: the students --make trains per cell
@@ -54,19 +44,7 @@ class Config(StudyConfig):
                           "their layers: a working model whose circuit sits elsewhere, the negative control and the "
                           "placebo) or 'swap:half' (every other one of them moved: half the circuit kept)",
         json_schema_extra={"repeatable": True})
-    make: list[str] | None = Field(
-        None, description="variants made in the run: quantized:2,1 (students trained by lmlab quantize's recipe, its "
-                          "decoder option at this profile's sizes, each 8, 4, 2 or 1 bits; --seeds replicates each); "
-                          "rtn:8,4,3,2 (the original rounded to nearest, each row of every linear layer on its own "
-                          "grid of 2 to 8 bits, no training: the post-training baseline); hqq:4,2 (the original "
-                          "quantized by Half-Quadratic Quantization, groups of 64 weights, 8, 4, 3, 2 or 1 bits: the "
-                          "hqq extra); bnb:8,4 (bitsandbytes' quantizers: NF4 in blocks of 64 at 4 bits, "
-                          "LLM.int8()'s int8 rows at 8: the bnb extra), each saved as a model folder with its "
-                          "recipe and its perplexity on held-out text; sparse (lmlab sparse-circuits' model half at "
-                          "this profile's --circuits sizes, without its toy: the original post-trained with sparse "
-                          "attention, --seeds replicates). GPTQ and AWQ are made with llm-compressor "
-                          "in an environment of its own and compared as --variant DIR",
-        json_schema_extra={"repeatable": True})
+    make: list[str] | None = Field(None, description=make_help(), json_schema_extra={"repeatable": True})
     tasks: list[str] | None = Field(None, description=f"circuit tasks ({', '.join(ALL_TASKS)}), or file:PATH: prompt "
                                                        "pairs of your own, one JSON object a line with the texts clean, "
                                                        "corrupted, answer and distractor (one token each; a pair's "
@@ -108,56 +86,18 @@ class Config(StudyConfig):
             check_variant(spec)
             if models:
                 check_same_architecture(self.model, spec)
-        self.made_bits()  # (every kind's bits checked)
-        if self.made_bits("hqq"):
-            import importlib.util
-
-            from lmlab.extras import HQQ
-
-            if importlib.util.find_spec("hqq") is None:
-                raise LmlabError(HQQ)
-        if self.made_bits("bnb"):
-            from lmlab.models.quantized import bnb_functional
-
-            bnb_functional()  # (one sentence where the bnb extra is missing)
+        check_packages(self.made())  # (every method's widths read, its package there)
         if self.pathway_datasets:
-            from lmlab.studies.base import get_study  # S1's own check, through the registry
+            from lmlab.studies.registry import get_study  # S1's own check, through the registry
 
             get_study("knockout").config(model=self.model, datasets=self.pathway_datasets).check_inputs(models=False)
 
-    def made_bits(self, kind: str = "quantized") -> list[int]:
-        """The bits --make asks of one kind (quantized:B[,B...], rtn:B[,B...], hqq:B[,B...], bnb:B[,B...]); one sentence
-        for anything else."""
-        from lmlab.errors import LmlabError
-
-        made: dict[str, list[int]] = {k: [] for k in MAKE_KINDS}
-        for item in self.make or []:
-            name, _, rest = item.partition(":")
-            if item == SPARSE:
-                continue
-            if name in NOT_MADE:
-                raise LmlabError(f"--make {item}: lmlab cannot make {name.upper()} variants here: {NOT_MADE[name]}; "
-                                 f"make the checkpoint with llm-compressor in an environment of its own and pass its "
-                                 f"folder as --variant DIR (it is read de-quantized)")
-            if name not in MAKE_KINDS:
-                raise LmlabError(f"--make {item}: unknown kind '{name}'; use quantized:BITS (students, e.g. "
-                                 f"quantized:2,1), rtn:BITS (rounded to nearest, e.g. rtn:8,4,3,2), hqq:BITS "
-                                 f"(Half-Quadratic Quantization, e.g. hqq:4,2), bnb:BITS (bitsandbytes: NF4 at 4, "
-                                 f"LLM.int8 at 8) or sparse (lmlab sparse-circuits' sparse-attention models)")
-            try:
-                parts = [int(b) for b in rest.split(",") if b.strip()]
-            except ValueError:
-                parts = []
-            allowed = MAKE_KINDS[name]
-            if not parts or any(b not in allowed for b in parts):
-                raise LmlabError(f"--make {item}: give the bits, each one of {', '.join(map(str, allowed))} (e.g. "
-                                 f"{name}:{allowed[0]},{allowed[-1]})")
-            made[name] += [b for b in parts if b not in made[name]]
-        return made[kind]
-
-    def made_sparse(self) -> bool:
-        """--make sparse: lmlab sparse-circuits' post-trained sparse-attention models, one per replicate."""
-        return SPARSE in (self.make or [])
+    def made(self) -> Made:
+        """--make read (methods.parse_make), once per value of the option."""
+        key = tuple(self.make or [])
+        if self._made is None or self._made[0] != key:
+            self._made = (key, parse_make(list(key)))
+        return self._made[1]
 
 
 def circuit_k(heads_needed: float, total: int, min_k: int) -> int:

@@ -52,7 +52,8 @@ from lmlab.models import LoadedModel, layout_of, save_model
 from lmlab.models.quantized import of_folder
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
-from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, POST_TRAINING, SAME, WIDTH, Config
+from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
+from lmlab.studies.compare.methods import METHODS, width_of_name
 from lmlab.studies.compare.measure import measure, select, top_heads
 from lmlab.studies.compare.pathways import measure_pathway
 from lmlab.studies.compare.placebo import HALF, moved_heads, moves
@@ -66,6 +67,8 @@ class Variant:
     replicate: int
     spec: str  # what the user gave (or the file found in a run folder)
     kind: str  # same, ablate, swap, packed, sparse, model
+    method: str | None = None  # a variant at a bit width: its method and width (made in the run, or a folder so
+    bits: int | None = None  # named, read once in `expand`)
 
     @property
     def key(self) -> str:
@@ -101,8 +104,10 @@ def expand(spec: str) -> list[Variant]:
                              "without --circuits?)")
         return [Variant("sparse", rep, str(f), "sparse") for rep, f in folders]
     # a model folder is named by its folder's name, so the run's tables, verdict and docs carry no path of the
-    # machine that ran it (a hub id stays as given)
-    return [Variant(path.name if path.is_dir() and path.name else spec, 0, spec, "model")]
+    # machine that ran it (a hub id stays as given); one named at a width (`gptq-4bit`) carries its method and bits
+    name = path.name if path.is_dir() and path.name else spec
+    width = width_of_name(name)
+    return [Variant(name, 0, spec, "model", *(width or (None, None)))]
 
 
 def _once(variants: list[Variant]) -> list[Variant]:
@@ -147,12 +152,12 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
     """--make quantized:B: lmlab quantize's own run (its decoder option) through the registry, and --make sparse:
     lmlab sparse-circuits' model half, into this run's made/ folder; each run folder is then a variant like any
     other (the students a cell per bits, the sparse models the cell `sparse`, a replicate each)."""
-    from lmlab.studies.base import get_study
+    from lmlab.studies.registry import get_study
     from lmlab.studies.runner import run_study
 
     generated = [t for t in config.size("tasks") if t in CIRCUIT_TASKS]  # the made run measures these
     runs = []
-    if config.made_sparse():  # S4's model half (its toy left out): post-trained on a copy, never on `lm` itself
+    if config.made().sparse:  # S4's model half (its toy left out): post-trained on a copy, never on `lm` itself
         spec = get_study("sparse-circuits")
         sparse = spec.config(model=config.model, profile=config.profile, seed=config.seed, seeds=config.n_seeds,
                              circuits=True, toy=False, device=config.device, dtype=config.dtype,
@@ -160,7 +165,7 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
         run_dir.log(f"making sparse-attention models with lmlab sparse-circuits ({config.profile}, "
                     f"{config.n_seeds} replicates)")
         runs.append(str(run_study(spec, sparse, run_dir.path / "made", lm=lm).path))
-    bits = config.made_bits()
+    bits = list(config.made().bits("quantized"))
     if not bits:
         return runs
     spec = get_study("quantize")
@@ -181,23 +186,12 @@ PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a ma
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
     """--make rtn:B, hqq:B and bnb:B: the original quantized after training at each B, a model folder each in this
     run's made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
-    return [Variant(f"{method}-{b}bit", 0, str(_rounded_folder(run_dir, method, b)), "model")
-            for method in POST_TRAINING for b in config.made_bits(method)]
+    return [Variant(f"{m.name}-{b}bit", 0, str(_rounded_folder(run_dir, m.name, b)), "model", m.name, b)
+            for m, b in config.made().post_training()]
 
 
 def _rounded_folder(run_dir: RunDir, method: str, bits: int) -> Path:
     return run_dir.path / "made" / f"{method}-{bits}bit"
-
-
-# what each post-training method does, as its recipe file says it
-_GRIDS = {"rtn": "asymmetric, one per row of each linear layer (min to max, zero included), as GPTQ's round-to-nearest "
-                 "baseline",
-          "hqq": "Half-Quadratic Quantization (the hqq package's quantizer with its settings for the width): groups of "
-                 "64 weights along the input, a scale and a zero point each, the zero points optimized; stored "
-                 "de-quantized",
-          "bnb": "bitsandbytes' own quantizers: at 4 bits NF4 (blocks of 64 consecutive weights, each scaled by its "
-                 "absmax onto the 16 NormalFloat levels), at 8 bits LLM.int8()'s weights (each row in int8 on its "
-                 "absmax; its activation rounding at inference not applied); stored de-quantized"}
 
 
 def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
@@ -212,7 +206,7 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
     """Each --make rtn:B, hqq:B and bnb:B variant's folder (made where it is not whole yet: an interrupted run makes it
     again) and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
-    jobs = [(method, b) for method in POST_TRAINING for b in config.made_bits(method)]
+    jobs = [(m.name, b) for m, b in config.made().post_training()]
     if not jobs:
         return []
     texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
@@ -228,7 +222,7 @@ def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
             made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-{cell}")
             shutil.rmtree(folder, ignore_errors=True)
             save_model(made, folder)
-            recipe = {"method": method, "bits": b, "grid": _GRIDS[method], "layers": len(layers),
+            recipe = {"method": method, "bits": b, "grid": METHODS[method].grid, "layers": len(layers),
                       "embeddings": "full precision", "source": str(config.model),
                       "perplexity": _perplexity(made, texts), "original_perplexity": original,
                       "perplexity_text": f"{len(texts)} standard-library docstrings, up to 64 tokens each"}
@@ -246,8 +240,7 @@ def _width_perplexity(variant: Variant, model: LoadedModel, lm: LoadedModel, con
     """A variant folder named at a bit width (`.../gptq-4bit`, made elsewhere): its perplexity and the original's on
     the held-out text the made variants are read on, recorded as a `made` row (origin "folder"; "made" for those
     made in the run), so the curve against bits draws it beside theirs."""
-    found = re.fullmatch(WIDTH, variant.spec)
-    if variant.kind != "model" or found is None or variant.key in run_dir.done("width-perplexity"):
+    if variant.kind != "model" or variant.bits is None or variant.key in run_dir.done("width-perplexity"):
         return
     texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
     if "original" not in run_dir.done("width-perplexity"):
@@ -255,7 +248,7 @@ def _width_perplexity(variant: Variant, model: LoadedModel, lm: LoadedModel, con
                                                          "perplexity": _perplexity(lm, texts)}])
     original = run_dir.done("width-perplexity")["original"][0]["perplexity"]
     run_dir.record("width-perplexity", variant.key, [{
-        "kind": "made", "cell": variant.cell, "method": found.group(1), "bits": int(found.group(2)),
+        "kind": "made", "cell": variant.cell, "method": variant.method, "bits": variant.bits,
         "folder": variant.spec, "perplexity": _perplexity(model, texts), "original_perplexity": original,
         "n_text": len(texts), "origin": "folder"}])
 
@@ -350,7 +343,8 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
-              "quantized": (of_folder(v.spec) or "") if v.kind == "model" else ""} for v in variants]
+              "quantized": (of_folder(v.spec) or "") if v.kind == "model" else "",
+              "method": v.method, "bits": v.bits} for v in variants]
     rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
     rows += [r for key, rs in run_dir.done("width-perplexity").items() if key != "original" for r in rs]
     return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison

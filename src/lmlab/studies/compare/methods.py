@@ -1,0 +1,138 @@
+"""compare's ways of making a variant in the run (`--make METHOD:BITS`): one entry per method, from which the option's
+help, its refusals, the checks of its package and the run's jobs come. `parse_make` reads the option once into a
+`Made`; a variant made in the run carries its method and width from there (recipe.Variant), never read back from
+its name.
+
+Adding a method: an entry in METHODS (its widths, what it makes, its grid as the made folder's recipe says it, the
+package it needs) and its quantizer in `lmlab.interventions.quant.round_to_nearest` (a post-training method) or
+its own maker in the recipe (`trains`: students of lmlab quantize)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from lmlab.errors import LmlabError
+
+SPARSE = "sparse"  # --make sparse: S4's model half through the registry, its sparse models the variants
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    widths: tuple[int, ...]  # the bit widths it can make, widest first
+    what: str  # what it makes, for --make's help
+    grid: str = ""  # a post-training method: how the weights are rounded (written into the made folder's recipe)
+    trains: bool = False  # students trained by lmlab quantize (one run folder), not a copy of the original
+    needs: str = ""  # the extra package it needs ("hqq", "bnb"), checked before any work
+
+    @property
+    def example(self) -> str:
+        return f"{self.name}:{self.widths[0]},{self.widths[-1]}"
+
+
+METHODS = {m.name: m for m in (
+    Method("quantized", (8, 4, 2, 1), "students trained by lmlab quantize's recipe (its decoder option at this "
+           "profile's sizes; --seeds replicates each)", trains=True),
+    Method("rtn", (8, 7, 6, 5, 4, 3, 2), "the original rounded to nearest, each row of every linear layer on its own "
+           "grid, no training: the post-training baseline",
+           grid="asymmetric, one per row of each linear layer (min to max, zero included), as GPTQ's round-to-nearest "
+                "baseline"),
+    Method("hqq", (8, 4, 3, 2, 1), "the original quantized by Half-Quadratic Quantization, groups of 64 weights (the "
+           "hqq extra)",
+           grid="Half-Quadratic Quantization (the hqq package's quantizer with its settings for the width): groups of "
+                "64 weights along the input, a scale and a zero point each, the zero points optimized; stored "
+                "de-quantized", needs="hqq"),
+    Method("bnb", (8, 4), "bitsandbytes' quantizers: NF4 in blocks of 64 at 4 bits, LLM.int8()'s int8 rows at 8 (the "
+           "bnb extra)",
+           grid="bitsandbytes' own quantizers: at 4 bits NF4 (blocks of 64 consecutive weights, each scaled by its "
+                "absmax onto the 16 NormalFloat levels), at 8 bits LLM.int8()'s weights (each row in int8 on its "
+                "absmax; its activation rounding at inference not applied); stored de-quantized", needs="bnb"),
+)}
+
+# methods a user may ask for that lmlab cannot make in its own environment: why, and the way round
+_LLM_COMPRESSOR = ("llm-compressor, which makes them, requires transformers <= 5.17 and compressed-tensors 0.19 "
+                   "(lmlab needs transformers 5.24)")
+NOT_MADE = {"gptq": _LLM_COMPRESSOR, "awq": _LLM_COMPRESSOR}
+
+# a variant at one bit width of a method made elsewhere: a folder so named (`.../gptq-4bit`); the method is its name
+# without the width (read once, where the variant is expanded)
+WIDTH = r"(?:.*[/\\])?([^/\\]+)-(\d+)bit[/\\]?"
+
+
+def make_help() -> str:
+    """--make's help, from METHODS."""
+    made = "; ".join(f"{m.example} ({m.what}; widths {', '.join(map(str, m.widths))})" for m in METHODS.values())
+    return (f"variants made in the run: {made}; each post-training variant saved as a model folder with its recipe "
+            f"and its perplexity on held-out text; {SPARSE} (lmlab sparse-circuits' model half at this profile's "
+            f"--circuits sizes, without its toy: the original post-trained with sparse attention, --seeds "
+            f"replicates). {', '.join(n.upper() for n in NOT_MADE)} are made with llm-compressor in an environment "
+            "of its own and compared as --variant DIR")
+
+
+@dataclass(frozen=True)
+class Made:
+    """--make, read: the widths asked of each method (in the order given, each once) and whether S4's sparse models
+    are made."""
+
+    widths: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    sparse: bool = False
+
+    def bits(self, method: str) -> tuple[int, ...]:
+        return self.widths.get(method, ())
+
+    def post_training(self) -> list[tuple[Method, int]]:
+        """The variants made from the original without training: (method, bits), in METHODS' order."""
+        return [(m, b) for m in METHODS.values() if not m.trains for b in self.bits(m.name)]
+
+    def needs(self) -> list[str]:
+        """The extra packages the methods asked for need."""
+        return [METHODS[name].needs for name in self.widths if METHODS[name].needs]
+
+
+def parse_make(items: list[str]) -> Made:
+    """--make's values read once; one sentence for a method lmlab cannot make here, an unknown one or a width the
+    method does not have."""
+    widths: dict[str, list[int]] = {}
+    for item in items:
+        if item == SPARSE:
+            continue
+        name, _, rest = item.partition(":")
+        if name in NOT_MADE:
+            raise LmlabError(f"--make {item}: lmlab cannot make {name.upper()} variants here: {NOT_MADE[name]}; make "
+                             "the checkpoint with llm-compressor in an environment of its own and pass its folder as "
+                             "--variant DIR (it is read de-quantized)")
+        if name not in METHODS:
+            raise LmlabError(f"--make {item}: unknown method '{name}'; use "
+                             + ", ".join(f"{m.name}:BITS (e.g. {m.example})" for m in METHODS.values())
+                             + f" or {SPARSE} (lmlab sparse-circuits' sparse-attention models)")
+        allowed = METHODS[name].widths
+        parts = [int(b) for b in rest.split(",") if b.strip()] if re.fullmatch(r"[\d,\s]*", rest) else []
+        if not parts or any(b not in allowed for b in parts):
+            raise LmlabError(f"--make {item}: give the bits, each one of {', '.join(map(str, allowed))} (e.g. "
+                             f"{METHODS[name].example})")
+        widths.setdefault(name, [])
+        widths[name] += [b for b in parts if b not in widths[name]]
+    return Made({k: tuple(v) for k, v in widths.items()}, SPARSE in items)
+
+
+def check_packages(made: Made) -> None:
+    """One sentence where a method's extra package is missing (before any work)."""
+    for package in made.needs():
+        if package == "hqq":
+            import importlib.util
+
+            from lmlab.extras import HQQ
+
+            if importlib.util.find_spec("hqq") is None:
+                raise LmlabError(HQQ)
+        elif package == "bnb":
+            from lmlab.models.quantized import bnb_functional
+
+            bnb_functional()  # (one sentence where the bnb extra is missing)
+
+
+def width_of_name(name: str) -> tuple[str, int] | None:
+    """(method, bits) of a variant folder named at a width (`gptq-4bit`), else None."""
+    found = re.fullmatch(WIDTH, name)
+    return (found.group(1), int(found.group(2))) if found else None
