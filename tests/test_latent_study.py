@@ -208,8 +208,8 @@ def _restating_problems(n, seed=0):
 
 
 def test_positive_control_a_restated_first_chunk_is_abstracted_without_loss(tmp_path, monkeypatch):
-    """Where the first chunk only restates the prompt, the VQ-VAE reconstructs it and the model given the
-    true codes answers as well as CoT: the effect the paper claims must appear if the code is right. (Trained from
+    """Where the first chunk only restates the prompt, the model given the true codes answers as well as CoT: the
+    effect the paper claims must appear if the code is right. (Trained from
     scratch, the mixed model learns to read the prompt's last word later than the CoT model, which copies the
     words first: at 300 steps its loss still sat at 0.5 where CoT's had dropped to 0.02; at 700 both answer.)"""
     monkeypatch.setattr(latent_recipe, "load_problems", lambda config: _restating_problems(config.size("n_train")))
@@ -219,7 +219,9 @@ def test_positive_control_a_restated_first_chunk_is_abstracted_without_loss(tmp_
     table = result.table("variant").set_index("variant")
     cot, latent = table.loc["cot"], table.loc["r8"]
     assert latent["train_m_share"] > 0.3  # the restated chunk is what training replaces (m = 8 of 20 tokens)
-    assert latent["vq_dev_copied_acc"] >= 0.95  # the codes + the prompt give the restated words back
+    # the codes and one prompt vector (the paper's decoder) give most of the restated words back: 66% here, 76% after
+    # 1500 VQ steps; a decoder that attended to every prompt token copied them all (95% and more)
+    assert latent["vq_dev_copied_acc"] >= 0.5
     assert cot["accuracy"] >= 0.9
     assert latent["forced_accuracy"] >= cot["accuracy"] - 0.05  # true codes lose nothing the answer needs
     assert latent["forced_tokens"] <= cot["tokens"] - 5  # 8 words became <boLatent> code <eoLatent>
@@ -264,13 +266,14 @@ def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch)
     assert (whole.path / "figure.png").is_file()
 
 
-def _row(variant, rate, correct, tokens, latents=2.0, losses=(0.05, 0.049), replicate=0, forced=None):
+def _row(variant, rate, correct, tokens, latents=2.0, losses=(0.05, 0.049), replicate=0, forced=None, constant=None):
     c = np.array(correct, dtype=float)
     t = np.array(tokens, dtype=float)
     return [{"kind": "variant", "variant": variant, "rate": rate, "replicate": replicate, "accuracy": c.mean(),
              "tokens": t.mean(), "latents": latents if rate > 1 else 0.0, "seconds_per_problem": 0.01,
              "loss_q3": losses[0], "loss_q4": losses[1], "used_latents": 1.0 if rate > 1 else 0.0,
-             **({"forced_accuracy": forced} if forced is not None else {})}] + [
+             **({"forced_accuracy": forced} if forced is not None else {}),
+             **({"constant_accuracy": constant} if constant is not None else {})}] + [
         {"kind": "problem", "variant": variant, "replicate": replicate, "idx": i, "correct": int(x), "tokens": int(n),
          "latents": 0} for i, (x, n) in enumerate(zip(c, t))]
 
@@ -343,6 +346,14 @@ def test_verdict_waits_for_replicates_that_disagree_and_for_a_training_that_fail
     # a latent model below its answer-only model, or worse with the true codes forced, did not learn its codes
     unread = verdict(_result(("r16", 16, same, [25] * 200, {"forced": 0.5})))
     assert unread.status == "inconclusive" and "latent models read their codes: FAILED" in unread.summary
+    # like with like: the true codes forced against one constant code forced at the same m (its own generations
+    # write fewer codes, so forced below its own accuracy says nothing once the constant code was read)
+    worse = [1] * 150 + [0] * 50
+    reads = verdict(_result(("r16", 16, worse, [25] * 200, {"forced": 0.80, "constant": 0.40})))
+    gate = next(g for g in reads.evidence["gates"] if g["name"] == "latent models read their codes")
+    assert gate["passed"] and reads.status == "not reproduced", reads.summary
+    ignores = verdict(_result(("r16", 16, worse, [25] * 200, {"forced": 0.80, "constant": 0.78})))
+    assert ignores.status == "inconclusive" and "with one constant code in their place" in ignores.summary
 
 
 def test_verdict_is_inconclusive_when_no_latent_is_generated():
@@ -578,7 +589,7 @@ def test_placebo_end_to_end_is_the_same_run_with_codes_that_carry_nothing(tmp_pa
     tiny = {**TINY, "rates": [16], "n_train": 150, "n_test": 8, "max_new": 40}
     normal = run_study(study.SPEC, study.Config(**tiny), tmp_path)
     placebo = run_study(study.SPEC, study.Config(**tiny, placebo=True), tmp_path)
-    assert placebo.path != normal.path and placebo.config["placebo"] and not normal.config.get("placebo")
+    assert placebo.path != normal.path and placebo.config.placebo and not normal.config.placebo
     same = ["variant", "replicate", "idx", "correct", "tokens", "latents"]
     for name in ("cot", "answer-only"):
         tables = [r.table("problem") for r in (normal, placebo)]
@@ -615,3 +626,53 @@ def test_a_turtle_walk_without_its_plan_lets_the_codes_replace_moves_the_answer_
     assert with_plan and max(with_plan) == 0
     assert without and min(without) >= 2 and not generate_turtle_problems(
         3, 0, 0, seed=3, plan=False)["train"][0].chain.startswith("we start")
+
+
+def _end_states(vocab, ex, chunk: int) -> list[tuple[int, tuple]]:
+    """(index of the segment, the walker's state where it ends) for each segment training may replace: the last
+    position and heading the chain has stated by the segment's end."""
+    words = [vocab.tokens[t] for t in ex.chain]
+    ends = [b for _, b in sequences.segments(ex, chunk)]
+    out = []
+    for b in sequences.replacement_options(ex, chunk):
+        said = words[:b]
+        at = max(i for i, w in enumerate(said) if w == "at")
+        heading = next(w for w in reversed(said[:at]) if w in ("up", "right", "down", "left"))
+        out.append((ends.index(b), (said[at + 1], said[at + 2], heading)))
+    return out
+
+
+def test_without_its_plan_the_walks_codes_carry_the_state_one_constant_code_loses(tmp_path):
+    """On the turtle walk without its plan a chunk the codes replace ends at a state (position and heading) the rest
+    of the walk needs. Read from the VQ-VAE's code alone (each code's most frequent end state on the training walks,
+    scored on held-out walks), the state comes back well above what one constant code gives (the placebo's: the most
+    frequent end state, whatever the walk): the codes carry part of what the replaced moves computed (measured here
+    at 600 walks and 300 steps: 18% against 5%; one code of 64 for about two moves, whose text the decoder rebuilds
+    from it and one prompt vector, does not single out the end state)."""
+    import collections
+    from types import SimpleNamespace
+
+    from lmlab.data.generated.planning import generate_turtle_problems
+    from lmlab.studies.latent.measure import chunk_codes_many, train_vq
+
+    problems = generate_turtle_problems(600, 0, 200, seed=0, min_moves=12, max_moves=12, plan=False)
+    vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for s in problems.values() for p in s], 64)
+    train, test = ([sequences.make_example(vocab, p) for p in problems[s]] for s in ("train", "test"))
+    config = study.Config(model="scratch", rates=[16], codebook=64, vq_steps=300, batch_size=32, seeds=1)
+    torch.manual_seed(0)
+    vq, _, _ = train_vq(vocab, train, config, 16, SimpleNamespace(path=tmp_path), seed=0)
+
+    def pairs(examples):
+        codes = chunk_codes_many(vq, vocab, examples, 16)
+        return [(cs[k], state) for ex, cs in zip(examples, codes) for k, state in _end_states(vocab, ex, 16)]
+
+    by_code = collections.defaultdict(collections.Counter)
+    seen = pairs(train)
+    for code, state in seen:
+        by_code[code][state] += 1
+    held = pairs(test)
+    read = np.mean([by_code[c].most_common(1)[0][0] == s if c in by_code else False for c, s in held])
+    constant = collections.Counter(s for _, s in seen).most_common(1)[0][0]
+    placebo = np.mean([s == constant for _, s in held])
+    assert len(held) >= 200 and placebo < 0.15
+    assert read >= 2 * placebo and read >= placebo + 0.06, (read, placebo)

@@ -1,6 +1,6 @@
 """S0 · Latent compression of reasoning chains, Token Assorted (Su et al., arXiv 2502.03275)."""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.latent.config import Config
 
 SPEC = define(__name__, Config,

@@ -25,9 +25,12 @@ Gates:
   answer-only model. A CoT model that plateaued below the ceiling is what leaves the accuracy claims room to show
   or fail; one still in its loss drop is a training not finished, whichever way it would tilt latent - CoT;
 - the method was exercised: every rate's models wrote at least 0.1 latent tokens a problem (blocks every decision);
-- the latent models learned to read their codes: each scores above its replicate's
-  answer-only model, and no lower with the true codes forced than with its own by more than 5 points (blocks
-  every decision: a failed training is never a finding);
+- the latent models learned to read their codes: each scores above its replicate's answer-only model, and with its
+  true codes forced for the largest m it answers at least 5 points better than with one constant code forced in
+  their place, at the same m (blocks every decision: a model that answers as well whatever its codes say has not
+  learned the method, and a failed training is never a finding). Its own generations are no like comparison: it
+  writes fewer codes than the largest m holds. A placebo model (trained on the constant code) is held to its own
+  codes as before: no lower with the constant code forced for the largest m than with its own by more than 5 points;
 - training converged: no CoT or latent model's training loss still falling over its last quarter by more than 10%
   of the third quarter's and by more than 0.01 nats per token (a heuristic; blocks "not reproduced"). The
   answer-only models are no arm of any claim, only a reference for the two checks around this one, and on a small
@@ -47,7 +50,8 @@ import pandas as pd
 from lmlab.claims import Declared, Gate, at_bound, blocks_gain, declared, evidence, judge, replicates_gate
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
-from lmlab.studies.base import Verdict, canvas, caption, finish
+from lmlab.studies.figures import canvas, caption, finish
+from lmlab.studies.verdict import Verdict
 
 CLAIM = ("Token count falls steadily as r rises, while accuracy stays within about one point of CoT; mixing latent "
          "and text tokens raises accuracy over CoT")
@@ -60,7 +64,10 @@ MIN_LATENTS = 0.1  # latent tokens per problem below which the method was not ex
 STILL_LEARNING = (0.10, 0.01)  # last-quarter loss drop (relative, nats/token) that means training had not converged
 COT_LEARNED = 0.90
 CHAIN_NEEDED = 0.30  # answer-only at least this far below CoT
-FORCED_SLACK = 0.05  # forced true codes may score at most this much below the model's own codes
+# a model reads its codes when, with its true codes forced, it answers at least this much better than with one constant
+# code forced at the same m (a run recorded before the constant code was read: forced true codes at most this much
+# below the model's own codes, an unlike comparison, since it writes fewer codes than the largest m holds)
+FORCED_SLACK = 0.05
 LEVEL = 0.5  # tokens: a difference under half a token is level, not a rise
 PAPER_FIGURE = ("the paper's figure of accuracy and trace length vs the compression rate r (Llama-3.2-3B): the "
                 "trace falls from about 590 to about 480 tokens while accuracy stays within about a point of CoT")
@@ -144,7 +151,7 @@ def _claims(result, k: int) -> list:
     """The claims of CLAIMS on the paired per-problem tables; an accuracy claim at a ceiling or floor is open."""
     rates = _rates(result)
     cot = _per_problem(result, "cot")
-    items = Resampler(cot.shape[1], k, seed=int(result.config.get("seed", 0) or 0))
+    items = Resampler(cot.shape[1], k, seed=result.config.seed)
     spec = lambda name: declared(CLAIMS, name)
     claims = []
     if rates:
@@ -199,15 +206,19 @@ def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
     unread = []
     for row in v[v["variant"].str.startswith("r")].itertuples():
         ao = float(answer_only.get(row.replicate, np.nan))
-        forced = getattr(row, "forced_accuracy", np.nan)
+        forced, constant = getattr(row, "forced_accuracy", np.nan), getattr(row, "constant_accuracy", np.nan)
+        who = f"r={int(row.rate)} replicate {int(row.replicate)}"
         if np.isfinite(ao) and float(row.accuracy) <= ao:
-            unread.append(f"r={int(row.rate)} replicate {int(row.replicate)}: {100 * row.accuracy:.1f}% is not above "
-                          f"answer-only's {100 * ao:.1f}%")
-        if pd.notna(forced) and float(forced) < float(row.accuracy) - FORCED_SLACK:
-            unread.append(f"r={int(row.rate)} replicate {int(row.replicate)}: {100 * forced:.1f}% with the true codes "
-                          f"forced vs {100 * row.accuracy:.1f}% with its own")
+            unread.append(f"{who}: {100 * row.accuracy:.1f}% is not above answer-only's {100 * ao:.1f}%")
+        if pd.notna(forced) and pd.notna(constant) and float(forced) < float(constant) + FORCED_SLACK:
+            unread.append(f"{who}: {100 * forced:.1f}% with its true codes forced vs {100 * constant:.1f}% with one "
+                          "constant code in their place")
+        elif pd.notna(forced) and pd.isna(constant) and float(forced) < float(row.accuracy) - FORCED_SLACK:
+            unread.append(f"{who}: {100 * forced:.1f}% with the true codes forced vs {100 * row.accuracy:.1f}% with "
+                          "its own")
     gates.append(Gate("latent models read their codes", not unread, why="; ".join(unread) or
-                      "every latent model beats answer-only and holds its accuracy with the true codes forced",
+                      "every latent model beats answer-only and answers better with its true codes forced than with "
+                      "one constant code in their place",
                       remedy="a failed training, not a finding: more --steps or --vq-steps"))
     falling = [(row.variant, f"{row.variant} replicate {int(row.replicate)}: {q[0]:.3f} -> {q[1]:.3f} nats/token")
                for row in v.itertuples() if (q := still_learning(row._asdict()))]
@@ -245,9 +256,11 @@ def verdict(result) -> Verdict:
             f"answer-only {_spread(v, 'answer-only', 'accuracy')}; "
             + "; ".join(f"r={r}: {_spread(v, f'r{r}', 'accuracy')} with {_mean(v, f'r{r}', 'tokens'):.1f} tokens, "
                         f"{_mean(v, f'r{r}', 'latents'):.2f} latents a problem, true codes forced "
-                        f"{_spread(v, f'r{r}', 'forced_accuracy')}" for r in _rates(result)) + ". ")
+                        f"{_spread(v, f'r{r}', 'forced_accuracy')}"
+                        + (f", one constant code forced {_spread(v, f'r{r}', 'constant_accuracy')}"
+                           if "constant_accuracy" in v else "") for r in _rates(result)) + ". ")
     scope = (f"Scope: this run: {result.models[0] if result.models else 'the model'} on "
-             f"{result.config.get('data') or 'the generated task'} (a generated stand-in); the paper: {SCOPE_PAPER}")
+             f"{result.config.data} (a generated stand-in); the paper: {SCOPE_PAPER}")
     return Verdict(status=status, claim=CLAIM, summary=head + text + ". " + scope,
                    evidence=evidence(claims, gates, scope=scope))
 
@@ -303,7 +316,7 @@ def figure(result, fig=None):
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
               fontsize=7, frameon=False)
     ax.set_title("Accuracy and tokens vs latent compression rate")
-    data = result.config.get("data", "turtle")
+    data = result.config.data
     n = len(_per_problem(result, "cot")[0]) if len(v) else 0
     caption(fig, f"{result.models[0]} on the {data} task: latent compression of reasoning chains "
                  f"({v['replicate'].nunique()} replicates x {n} test problems)")
@@ -326,12 +339,14 @@ def report_rows(result) -> pd.DataFrame:
         if str(name).startswith("r"):
             row.update({"used latents": _pct(part["used_latents"].mean()),
                         "acc, true codes forced": _spread(v, name, "forced_accuracy"),
+                        "acc, one constant code forced": (_spread(v, name, "constant_accuracy")
+                                                          if "constant_accuracy" in v else "-"),
                         "VQ rec computed / copied": f"{_pct(part.get('vq_dev_computed_acc', pd.Series()).mean()) or '-'}"
                                                    f" / {_pct(part.get('vq_dev_copied_acc', pd.Series()).mean()) or '-'}",
                         "train m share": _pct(part.get("train_m_share", pd.Series()).mean()),
                         "codes used": ", ".join(str(int(c)) for c in part.get("codebook_used", pd.Series())
                                                 if pd.notna(c))})
-            if (result.config or {}).get("placebo"):  # the VQ-VAE's codes were thrown away: its models saw one
+            if result.config.placebo:  # the VQ-VAE's codes were thrown away: its models saw one
                 row["codes used"] = f"1 (placebo; the VQ-VAE's: {row['codes used'] or '-'})"
         rows.append(row)
     return pd.DataFrame(rows)

@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from lmlab.errors import LmlabError
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 DATA = ("turtle", "walk", "classes", "arithmetic")
 PRETRAINED = {"smollm2-135m"}

@@ -34,7 +34,10 @@ variant train together as one stacked module (lmlab.train.ensemble) and generate
    split by whether the model used latents; the VQ-VAE's reconstruction of computed vs copied chain tokens;
    and accuracy with the true codes forced in for the largest m training allows, which separates "the
    codes lose information" (forced below CoT) from "the model cannot produce the codes" (forced at CoT,
-   free generation below).
+   free generation below); and the same prefixes with one constant code in every latent position, at the same m:
+   a model that reads its codes answers better with the true ones than with a constant (the gate "latent models
+   read their codes" compares the two; its own codes are not a like comparison, since it writes fewer codes than
+   the largest m holds).
 6. Placebo (`--placebo`): the same run with every code of the latent models' training sequences and of their
    forced prefixes replaced by one constant code (`codes.carry_nothing`): each sequence keeps its m and its number of
    codes between the markers, so the trace shortens exactly as in the study, but the codes say nothing about the
@@ -290,11 +293,16 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         result = evaluate(model, vocab, test_ex, max_new=prep.max_new)
         fres = evaluate(model, vocab, test_ex, max_new=prep.max_new, prefixes=[[f for f, _ in fr] for fr in forced]) \
             if forced is not None else None
+        # the same prefixes with one constant code in every latent position: does the model read its codes? (the
+        # placebo's forced prefixes hold that code already)
+        cres = evaluate(model, vocab, test_ex, max_new=prep.max_new,
+                        prefixes=[[sequences.constant_prefix(vocab, f) for f, _ in fr] for fr in forced]) \
+            if forced is not None and not config.placebo else None
         if not parallel.is_main():  # it trained its slices and generated its share; rank 0 records the variant
             continue
         rows = []
         for r, seed in enumerate(seeds):
-            rows += _variant_rows(name, rate, r, seed, result[r], fres[r] if fres else None,
+            rows += _variant_rows(name, rate, r, seed, result[r], (fres[r] if fres else None, cres[r] if cres else None),
                                   [m for _, m in forced[r]] if forced else None, test_ex,
                                   {**extras[r], **_fit_stats(curves[:, r].tolist())})
         run_dir.record("variants", name, rows)
@@ -306,8 +314,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     return pd.DataFrame(sorted(rows, key=lambda r: (order.get(r["variant"], 99), r.get("replicate", 0))))
 
 
-def _variant_rows(name, rate, replicate, seed, result, fres, forced_m, test_ex, extra) -> list[dict]:
-    """One replicate's summary row of a variant and its per-problem rows."""
+def _variant_rows(name, rate, replicate, seed, result, forced_results, forced_m, test_ex, extra) -> list[dict]:
+    """One replicate's summary row of a variant and its per-problem rows; `forced_results`: its generations with the
+    true codes forced and with one constant code forced at the same m (None where not run)."""
+    fres, cres = forced_results
     acc = wilson(sum(result["correct"]), len(result["correct"]))
     tokens = np.array(result["tokens"], dtype=float)
     used = np.array(result["latents"]) > 0
@@ -325,6 +335,8 @@ def _variant_rows(name, rate, replicate, seed, result, fres, forced_m, test_ex, 
                    forced_tokens=float(np.mean(fres["tokens"])),
                    forced_m_share=float(np.mean([m / len(ex.chain) for m, ex in zip(forced_m, test_ex)])))
         forced_correct = [int(c) for c in fres["correct"]]
+    if cres is not None:
+        row.update(constant_accuracy=float(np.mean(cres["correct"])))
     return [row] + [{"kind": "problem", "variant": name, "replicate": replicate, "idx": i, "correct": int(c),
                      "tokens": int(t), "latents": int(n), "forced_correct": fc}
                     for i, (c, t, n, fc) in enumerate(zip(result["correct"], result["tokens"], result["latents"],

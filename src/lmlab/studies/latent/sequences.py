@@ -262,6 +262,12 @@ def carry_nothing(codes: list[int]) -> list[int]:
     return [PLACEBO_CODE] * len(codes)
 
 
+def constant_prefix(vocab, prefix: list[int]) -> list[int]:
+    """A forced prefix with every code in it the one constant code (the same m and number of codes): what the
+    model reads when the codes carry nothing."""
+    return [vocab.code(PLACEBO_CODE) if vocab.is_code(t) else t for t in prefix]
+
+
 def replace_with_latents(vocab, chain: list[int], codes: list[int], m: int, n_codes: int) -> list[int]:
     """<boLatent> n_codes codes <eoLatent> in place of the first m chain tokens, then the rest of the chain as
     text (m = 0: the chain)."""

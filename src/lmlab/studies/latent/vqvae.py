@@ -3,16 +3,18 @@
 VQ-VAE (our own, about 30 lines of quantizer: the paper's codebook and commitment losses
 exactly, which vector-quantize-pytorch replaces by default with EMA codebook updates, and it would add
 einops/einx as dependencies for a nearest-neighbour lookup): as in the paper, it is trained on chunks of
-the whole sequence (question, chain and answer), each conditioned on the prompt, and applied to the chain
-only. The encoder reads the prompt and the chunk, mean-pools each group of r chunk positions into one
-vector and quantizes it against K codes; the decoder reconstructs the L tokens from L position queries
-that attend to the prompt embeddings and the codes. DECISION: the paper's decoder is conditioned on one
-prompt embedding vector g(prompt); ours attends to the prompt's token embeddings, a richer condition that
-lets a code point at what the prompt already says instead of spelling it out. Loss = reconstruction CE
-(padding left out) + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes unused for a while are restarted at
-random encoder outputs (a standard fix for codebook collapse). Under a launch every process holds one
-process's codebook: code usage is counted over every process, and a code is set from the whole batch's
-encoder outputs, drawn on rank 0 (`Quantizer._draw`).
+the whole sequence (question, chain and answer) and applied to the chain only. As the paper's notation has it, the
+encoder f_enc reads a chunk of L text tokens alone (and where the chunk sits in the sequence), mean-pools each group
+of r chunk positions into one vector and quantizes it against K codes; the decoder f_dec reconstructs the L tokens
+from L position queries that attend to the L/r codes and to one prompt embedding g(prompt), a d-dimensional vector
+(here: the prompt's tokens through one transformer layer, mean-pooled over the real tokens). DECISION (revised to
+follow the paper): an earlier version let the encoder read the prompt and the decoder attend to every prompt token;
+a decoder that can look the walk up in the prompt leaves the codes little to carry, and on the turtle walk a model
+read its true codes no better than one constant code. With one pooled prompt vector, what a chunk computes must
+travel in its codes. Loss = reconstruction CE (padding left out) + ||sg(z) - e||^2 + beta ||z - sg(e)||^2. Codes
+unused for a while are restarted at random encoder outputs (a standard fix for codebook collapse). Under a launch
+every process holds one process's codebook: code usage is counted over every process, and a code is set from the
+whole batch's encoder outputs, drawn on rank 0 (`Quantizer._draw`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ class ChunkVQVAE(nn.Module):
         self.kind = nn.Embedding(3, dim)  # prompt / chunk / code
         enc = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(enc, layers, enable_nested_tensor=False)
+        self.prompt_encoder = nn.TransformerEncoder(enc, 1, enable_nested_tensor=False)  # g: the prompt -> one vector
+        self.to_prompt = nn.Linear(dim, dim)
         self.to_code = nn.Linear(dim, dim)
         self.quantizer = Quantizer(n_codes, dim)
         self.queries = nn.Parameter(torch.randn(chunk, dim) * 0.02)
@@ -106,31 +110,35 @@ class ChunkVQVAE(nn.Module):
         positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)  # counted from the first real token (left-padded)
         return self.embed(prompt) + self.pos(positions) + self.kind.weight[0]
 
+    def prompt_vector(self, prompt: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+        """g(prompt): (B, 1, dim), the prompt's tokens through one layer, mean-pooled over its real tokens."""
+        if prompt.shape[1] > self.max_prompt:
+            raise LmlabError(f"a prompt of {prompt.shape[1]} tokens exceeds the VQ-VAE's {self.max_prompt}")
+        h = self.prompt_encoder(self._prompt(prompt, prompt_mask), src_key_padding_mask=~prompt_mask)
+        weights = prompt_mask.to(h.dtype)[..., None]
+        return self.to_prompt((h * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp(min=1))
+
     def _where(self, offset, like: torch.Tensor):
         if self.where is None or offset is None:
             return 0
         return self.where(offset.clamp(max=self.where.num_embeddings - 1).to(like.device))[:, None]
 
     def encode(self, prompt, prompt_mask, chunk_ids, offset=None):
-        """-> (B, chunk/rate) code indices, the quantized vectors and the VQ loss."""
-        if prompt.shape[1] > self.max_prompt:
-            raise LmlabError(f"a prompt of {prompt.shape[1]} tokens exceeds the VQ-VAE's {self.max_prompt}")
-        p = self._prompt(prompt, prompt_mask)
-        positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=prompt.device)
+        """-> (B, chunk/rate) code indices, the quantized vectors, the VQ loss and the encoder's outputs. The encoder
+        reads the chunk alone (the paper's f_enc); the prompt is only the decoder's condition."""
+        positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=chunk_ids.device)
         c = self.embed(chunk_ids) + self.pos(positions)[None] + self.kind.weight[1] + self._where(offset, chunk_ids)
-        pad = torch.cat([~prompt_mask, torch.zeros_like(chunk_ids, dtype=torch.bool)], 1)
-        h = self.encoder(torch.cat([p, c], 1), src_key_padding_mask=pad)[:, prompt.shape[1]:]
+        h = self.encoder(c)
         pooled = h.view(h.shape[0], self.chunk // self.rate, self.rate, -1).mean(2)
         z = self.to_code(pooled)
         quantized, idx, vq_loss = self.quantizer(z)
         return idx, quantized, vq_loss, z
 
     def decode(self, prompt, prompt_mask, quantized, offset=None):
-        memory = torch.cat([self._prompt(prompt, prompt_mask), quantized + self.kind.weight[2]], 1)
-        mem_pad = torch.cat([~prompt_mask, torch.zeros(quantized.shape[:2], dtype=torch.bool,
-                                                        device=quantized.device)], 1)
+        """The chunk's logits from its codes and g(prompt) (the paper's f_dec)."""
+        memory = torch.cat([self.prompt_vector(prompt, prompt_mask), quantized + self.kind.weight[2]], 1)
         q = self.queries[None].expand(prompt.shape[0], -1, -1) + self._where(offset, quantized)
-        return self.out(self.decoder(q, memory, memory_key_padding_mask=mem_pad))
+        return self.out(self.decoder(q, memory))
 
     def forward(self, prompt, prompt_mask, chunk_ids, offset=None):
         idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids, offset)
