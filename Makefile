@@ -96,7 +96,7 @@ report-png: browser
 		--virtual-time-budget=3000 --screenshot=docs/report.png file://$(abspath $(OUT))/report.html
 
 results: setup
-	$(LMLAB) results $(OUT) --records docs/results.jsonl --out docs/results.md --timings src/lmlab/timings.json
+	$(LMLAB) results $(OUT) --records docs/results.jsonl --out docs/results.md --timings src/lmlab/timings.json --readme README.md
 
 bench: setup
 	$(LMLAB) bench --out $(OUT)/bench

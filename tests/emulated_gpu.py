@@ -258,18 +258,18 @@ def emulated_gpu():
 
     from accelerate.state import AcceleratorState
 
-    from lmlab.studies import base
+    from lmlab.studies import runtime
 
-    real_resolve, env, real_generator = base.resolve_device, os.environ.get("ACCELERATE_TORCH_DEVICE"), torch.Generator
+    real_resolve, env, real_generator = runtime.resolve_device, os.environ.get("ACCELERATE_TORCH_DEVICE"), torch.Generator
     torch.Generator = _Generator
-    base.resolve_device = lambda spec: str(DEVICE) if spec == "auto" else real_resolve(spec)
+    runtime.resolve_device = lambda spec: str(DEVICE) if spec == "auto" else real_resolve(spec)
     os.environ["ACCELERATE_TORCH_DEVICE"] = str(DEVICE)
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
         with _Factories():
             yield DEVICE
     finally:
-        base.resolve_device, torch.Generator = real_resolve, real_generator
+        runtime.resolve_device, torch.Generator = real_resolve, real_generator
         if env is None:
             os.environ.pop("ACCELERATE_TORCH_DEVICE", None)
         else:

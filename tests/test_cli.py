@@ -111,7 +111,7 @@ def test_help_shows_types_choices_defaults_and_a_sentence_per_option(capsys, mon
 
 def test_every_config_field_has_a_sentence_and_every_profile_key_is_a_field():
     from lmlab.studies import STUDIES
-    from lmlab.studies.base import load_profiles
+    from lmlab.studies.config import load_profiles
 
     for name, spec in STUDIES.items():
         fields = spec.config.model_fields

@@ -13,7 +13,7 @@ import pytest
 from lmlab.claims import Declared
 from lmlab.lazy import Lazy
 from lmlab.studies import STUDIES
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 NAMES = sorted(STUDIES)
 

@@ -69,7 +69,7 @@ def test_a_device_the_machine_lacks_is_one_sentence_before_any_work(tmp_path, mo
 
 
 def test_auto_device_and_dtype_resolve_for_this_machine():
-    from lmlab.studies.base import resolve_device
+    from lmlab.studies.runtime import resolve_device
 
     config = get_study("knockout").config(model="tiny-llama")
     expected = "cuda" if torch.cuda.is_available() else "cpu"

@@ -27,7 +27,7 @@ def _result(drop: float, clean: float = 0.8, k: int = 3, n: int = 300, seed: int
         rows += [dict(replicate=r, idx=i, condition="ablated", correct=int(b and not h))
                  for i, (b, h) in enumerate(zip(base, hit))]
     table = pd.DataFrame(rows)
-    return SimpleNamespace(table=lambda name: table, config={"seed": seed}, seconds=10.0)
+    return SimpleNamespace(table=lambda name: table, config=SimpleNamespace(seed=seed), seconds=10.0)
 
 
 def test_the_worked_example_says_yes_on_an_effect_and_never_yes_on_its_absence():

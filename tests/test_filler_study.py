@@ -500,7 +500,7 @@ def test_the_head_is_chosen_on_problems_it_is_not_judged_on(tmp_path):
 
     def rejudged(frame, **config):
         again = from_rows("filler", frame, model="tiny-llama")
-        again.config = config
+        again.config = again.config.model_copy(update=config)
         claims, _ = claims_and_gates(again)
         return profile_head(again), {c.name: c.estimate for c in claims}
 

@@ -366,7 +366,7 @@ def test_the_placebo_runs_the_same_study_with_e_q_replaced_and_never_reproduces(
     assert v.status != "reproduced", v.summary
     assert not [c["name"] for c in v.evidence["claims"] if not c["reported"] and c["decision"] == "yes"], v.summary
     assert v.summary.startswith("PLACEBO (") and v.evidence["placebo"] == s1.Config.placebo_treatment
-    assert placebo.path != normal.path and placebo.config["placebo"] is True
+    assert placebo.path != normal.path and placebo.config.placebo is True
     for name in ("answer", "probe"):
         pd.testing.assert_frame_equal(placebo.table(name), normal.table(name))
     key = ["replicate", "id", "layer"]

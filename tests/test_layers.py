@@ -10,7 +10,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 SRC = ROOT / "src"
-SHARED = {"lmlab.studies", "lmlab.studies.base", "lmlab.studies.result", "lmlab.studies.runner"}
+SHARED = {"lmlab.studies", "lmlab.studies.config", "lmlab.studies.figures", "lmlab.studies.registry",
+          "lmlab.studies.result", "lmlab.studies.runner", "lmlab.studies.runtime", "lmlab.studies.verdict"}
 
 
 def floors() -> dict[str, int]:

@@ -646,7 +646,7 @@ def test_budget_c_equal_to_budget_a_built_by_the_placebo_is_never_yes(placebo_ru
     for swap in (False, True):
         t = table.assign(budget=table.budget.replace({"A": "C", "C": "A"})) if swap else table
         res = from_rows("quantize", t)
-        res.config = {"placebo": True}
+        res.config = res.config.model_copy(update={"placebo": True})
         claims = {c["name"]: c for c in verdict(res).evidence["claims"]}
         gaps = [claims[f"Budget-C - Budget-A at {b} bit"] for b in (2, 1)]
         assert [c["decision"] for c in gaps] != ["yes", "yes"] and all(c["decision"] != "yes" for c in gaps)

@@ -83,7 +83,7 @@ def test_a_failing_study_does_not_stop_the_others_and_shows_in_the_report(tmp_pa
 def test_every_registered_study_has_a_demo_profile_that_resolves_every_size():
     from lmlab.reproduce import expected_seconds
     from lmlab.studies import STUDIES
-    from lmlab.studies.base import load_profiles
+    from lmlab.studies.config import load_profiles
 
     for name, spec in STUDIES.items():
         profiles = load_profiles(spec.config.__module__.rpartition(".")[0])
@@ -283,7 +283,7 @@ def test_a_placebo_runs_beside_its_study_and_the_report_and_records_say_so(tiny_
     assert p.status == "ok" and p.path != real.path
     assert json.loads((root / "placebo.json").read_text())["studies"][0]["study"] == "knockout"
     result = load_result(p.path)
-    assert result.config["placebo"] is True and "placebo" not in load_result(real.path).config
+    assert result.config.placebo is True and not load_result(real.path).config.placebo
     assert result.verdict.summary.startswith("PLACEBO (") and result.verdict.evidence["placebo"]
     first_table = (root / "report.html").read_text().split('<table id="verdicts">')[1].split("</table>")[0]
     row = next(r for r in first_table.split('<tr class="study">') if "S1 · Attention knockout" in r

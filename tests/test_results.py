@@ -79,3 +79,48 @@ def test_a_size_no_profile_names_still_makes_the_runs_sizes_its_own(tmp_path):
     _run(tmp_path, "latent-b", study="latent", model="scratch")
     assert read_record(tmp_path / "latent-a").sizes == "moves 12, plan False"
     assert read_record(tmp_path / "latent-b").sizes == "profile"
+
+
+def test_the_readme_table_takes_each_cells_latest_run_at_the_profiles_sizes(tmp_path):
+    """A cell is the latest run of the study's default model at the profile's own sizes (a precision set on the
+    command line allowed), the placebo in its own column, a missing run "not run"; the README between its markers is
+    replaced and nothing outside them changes."""
+    from lmlab.results import front_table, spliced_readme
+
+    root = tmp_path / "runs"
+    _run(root, "filler-a", seed=0)
+    _run(root, "filler-later", seed=0, dtype="bfloat16")
+    _run(root, "filler-sized", seed=0, n_test_per_level=20)  # its own sizes: never the profile's cell
+    _run(root, "filler-p", seed=0, placebo=True)
+    records = update([root], tmp_path / "r.jsonl", None, None, "lmlab results")
+    days = {"filler-a": "01", "filler-later": "03", "filler-sized": "04", "filler-p": "02"}
+    for r in records:
+        r.finished = f"2026-12-{days[r.run]}T10:00:00+00:00"
+    records.sort(key=lambda r: r.finished)
+    row = next(line for line in front_table(records).splitlines() if line.startswith("| `lmlab filler`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == ("**inconclusive**: Mless - w/o: +1.0 [-7.8, +9.8] (bar > 0) (the paper's claim) "
+                        "(2026-12-03, dtype bfloat16)")
+    assert cells[2].endswith("(2026-12-02)") and cells[3] == "not run" and "n_test_per_level" not in row
+    text = "intro\n<!-- results:begin -->\nold\n<!-- results:end -->\nmid\n<!-- sample:begin -->\n<!-- sample:end -->\n"
+    made = spliced_readme(text, records)
+    assert made.startswith("intro\n<!-- results:begin -->\n| study |") and "\nmid\n" in made and "old" not in made
+    with pytest.raises(LmlabError, match="markers"):
+        spliced_readme("no markers", records)
+
+
+def test_the_readme_and_the_results_page_are_the_records():
+    """README.md's results table and sample output, and docs/results.md, are what the recorded runs make (`lmlab
+    results --readme README.md` writes them); no recorded placebo reads "reproduced"."""
+    from pathlib import Path
+
+    from lmlab.results import render, spliced_readme
+
+    root = Path(__file__).resolve().parents[1]
+    records = load_records(root / "docs" / "results.jsonl")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert readme == spliced_readme(readme, records), "README.md: run lmlab results --readme README.md"
+    page = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    command = page.split("(the last time: `", 1)[1].split("`)", 1)[0]
+    assert page == render(records, command), "docs/results.md: run lmlab results to write it from the records"
+    assert not [r.run for r in records if r.placebo and r.verdict == "reproduced"]

@@ -34,7 +34,7 @@ def make_spec(calls, fail_after=None):
         return pd.DataFrame(rows).sort_values("unit").reset_index(drop=True)
 
     def figure(result, fig=None):
-        from lmlab.studies.base import canvas
+        from lmlab.studies.figures import canvas
 
         table = result.table("units")
         fig, ax = canvas(fig, (4, 3))

@@ -764,7 +764,7 @@ def test_the_placebo_post_trains_without_the_edge_term_and_never_reproduces(tmp_
     config = study.Config(model=tiny_smol.name, placebo=True, **dict(TINY_RUN, tasks=["ioi"]))
     result = run_study(study.SPEC, config, tmp_path, lm=tiny_smol)
     record = json.loads((result.path / "post_training" / "rep0" / "sparse_training.json").read_text())
-    assert record["edge_weight"] == 0.0 and result.config["placebo"]
+    assert record["edge_weight"] == 0.0 and result.config.placebo
     v = result.verdict
     assert v.summary.startswith("PLACEBO (") and v.evidence["placebo"] == study.Config.placebo_treatment
     assert v.status != "reproduced" and not _no_decisive_yes(v), v.summary

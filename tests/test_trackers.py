@@ -7,7 +7,7 @@ from lmlab.errors import LmlabError
 from lmlab.models import load_model
 from lmlab.studies import quantize as s2
 from lmlab.studies import run_study
-from lmlab.studies.base import check_trackers
+from lmlab.studies.runtime import check_trackers
 from lmlab.train import TrainConfig, train
 
 pytest.importorskip("tensorboard", reason="the trackers extra (make setup installs it)")

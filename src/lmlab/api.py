@@ -42,7 +42,7 @@ def run(study: str, model: str | LoadedModel | None = None, *, models: Sequence[
         profile: str | None = None, seed: int | None = None, out: str | Path = "runs", config: str | Path | None = None,
         **overrides: Any) -> StudyResult:
     """Run `study` (e.g. "knockout") on `model` (or each of `models`) and return its `StudyResult`."""
-    from lmlab.studies.base import read_config_file
+    from lmlab.studies.registry import read_config_file
 
     spec = get_study(study)
     settings = read_config_file(config, spec) if config is not None else {}

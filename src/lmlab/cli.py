@@ -179,7 +179,7 @@ def bench(only: list[str] = typer.Option(None, help="run only these benchmarks (
     unknown = [n for n in only or [] if n not in BENCH_CATALOG]
     if unknown:
         raise LmlabError(f"unknown benchmark '{unknown[0]}'; known: {', '.join(BENCH_CATALOG)}")
-    from lmlab.studies.base import resolve_device
+    from lmlab.studies.runtime import resolve_device
 
     device = resolve_device(device)
     registry = load_all()
@@ -231,7 +231,7 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     writable_folder(out_dir, "--out")  # what needs no model is checked before torch loads
     from lmlab.reproduce import reproduce as run_all
     from lmlab.studies import STUDIES
-    from lmlab.studies.base import resolve_device
+    from lmlab.studies.runtime import resolve_device
 
     from lmlab.parallel import is_distributed
 
@@ -270,7 +270,7 @@ def _bf16_note(dtype: str, device: str) -> None:
     CPU, so that the numbers of one seed compare across CPUs."""
     from lmlab import parallel
     from lmlab.environment import bf16_hardware
-    from lmlab.studies.base import resolve_device
+    from lmlab.studies.runtime import resolve_device
 
     if os.environ.get("ONEDNN_MAX_CPU_ISA") or not parallel.is_main():
         return
@@ -320,12 +320,16 @@ def report(run_dirs: list[Path] = typer.Argument(..., help="run folders, or root
 
 @app.command()
 @friendly
-def results(run_dirs: list[Path] = typer.Argument(..., help="finished run folders, or roots holding them"),
+def results(run_dirs: Optional[list[Path]] = typer.Argument(None, help="finished run folders, or roots holding "
+                                                                    "them (none: the pages made again from the records)"),
             records: Path = typer.Option(Path("runs/results.jsonl"), help="the record of every run read so far "
                                          "(JSON lines; a run read again replaces its own record)"),
             out_file: Path = typer.Option(Path("runs/results.md"), "--out", help="the Markdown page to write"),
             timings: Path = typer.Option(None, help="also update this timings file (lmlab's own: "
-                                         "src/lmlab/timings.json, which reproduce reads)")):
+                                         "src/lmlab/timings.json, which reproduce reads)"),
+            readme: Path = typer.Option(None, help="also write the results table and sample output of this README "
+                                        "(between its <!-- results:begin/end --> and <!-- sample:begin/end --> "
+                                        "markers) from the records")):
     """Record finished runs and write the results page from every record: each run's verdict, what decided it, its
     time and the machine it ran on; nothing typed in by hand."""
     import shlex
@@ -333,10 +337,12 @@ def results(run_dirs: list[Path] = typer.Argument(..., help="finished run folder
     from lmlab.results import update
 
     # the run folders by name only: the page is read on other machines, where this one's paths mean nothing
+    run_dirs = run_dirs or []
     args = [p.name for p in run_dirs] + ["--records", str(records), "--out", str(out_file)]
     command = "lmlab results " + " ".join(shlex.quote(a) for a in args + (["--timings", str(timings)] if timings else []))
-    new = update(run_dirs, records, out_file, timings, command)
-    out.print(f"results: {len(new)} run(s) recorded in {records}; {out_file}" + (f"; {timings}" if timings else ""))
+    new = update(run_dirs, records, out_file, timings, command, readme)
+    out.print(f"results: {len(new)} run(s) recorded in {records}; {out_file}" + (f"; {timings}" if timings else "")
+              + (f"; {readme}" if readme else ""))
 
 
 @app.command()
@@ -460,7 +466,7 @@ def _option_kind(field) -> tuple[object, str | None]:
 
 def _shown_default(spec, name: str, field) -> str | bool:
     """What --help shows as the default: the field's, or the demo/quick/full values from profiles.yaml."""
-    from lmlab.studies.base import load_profiles
+    from lmlab.studies.config import load_profiles
 
     def text(value):
         if isinstance(value, list):
@@ -501,7 +507,7 @@ def build_config(spec, given: dict, file: Path | None = None):
     sentence naming the option (or the file's key)."""
     from pydantic import ValidationError
 
-    from lmlab.studies.base import read_config_file
+    from lmlab.studies.registry import read_config_file
 
     from_file = read_config_file(file, spec) if file else {}
     values = {**from_file, **given}

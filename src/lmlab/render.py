@@ -1,6 +1,6 @@
 """A verdict in words and in HTML, from what verdict.json stores: the one line that decided it (`headline`, the
 report's and the results page's line) and the table a notebook shows (`verdict_html`). On the bottom floor beside
-the claims, since a study's Verdict (studies/base.py) shows itself in a notebook with it."""
+the claims, since a study's Verdict (studies/verdict.py) shows itself in a notebook with it."""
 
 from __future__ import annotations
 

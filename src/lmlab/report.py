@@ -73,7 +73,7 @@ def _section(run: Path) -> dict:
     key = result.report_rows()
     rows = [dict(model=m, status=v.status, summary=v.summary, headline=headline(v.status, v.evidence))
             for m, v in result.verdicts.items()]
-    placebo = bool(result.config.get("placebo"))
+    placebo = result.config.placebo
     title = (spec.title if spec else study) + (" · placebo" if placebo else "")
     return dict(anchor=run.name, study=study, title=title, placebo=placebo, model=", ".join(result.models),
                 status=result.verdict.status, summary=result.verdict.summary, seconds=result.seconds, complete=True,
@@ -85,8 +85,8 @@ def _section(run: Path) -> dict:
                                     else result.verdict.evidence, indent=1, default=str),
                 forests=[dict(model=m, png=forest_png(v.evidence.get("claims", [])),
                               gates=v.evidence.get("gates", [])) for m, v in result.verdicts.items()],
-                config=json.dumps(result.config), profile=result.config.get("profile"),
-                seed=result.config.get("seed"), folder=str(run), per_model=rows if len(rows) > 1 else [],
+                config=json.dumps(result.config.identity()), profile=result.config.profile,
+                seed=result.config.seed, folder=str(run), per_model=rows if len(rows) > 1 else [],
                 environment=describe(manifest.get("environment") or {}))
 
 

@@ -61,7 +61,7 @@ def _size_fields(study: str) -> set[str]:
     import re
 
     from lmlab.studies import STUDIES
-    from lmlab.studies.base import load_profiles
+    from lmlab.studies.config import load_profiles
 
     spec = STUDIES[study]
     package = spec.config.__module__.rpartition(".")[0]
@@ -81,6 +81,7 @@ def _size_fields(study: str) -> set[str]:
 def read_record(run: Path) -> Record:
     """One finished run folder's record; one sentence when the folder holds no finished run."""
     from lmlab.studies import STUDIES
+    from lmlab.studies.result import typed_config
 
     manifest_file, verdict_file, config_file = run / "manifest.json", run / "verdict.json", run / "config.yaml"
     if not (manifest_file.is_file() and verdict_file.is_file() and config_file.is_file()):
@@ -91,23 +92,21 @@ def read_record(run: Path) -> Record:
     study = manifest.get("study", "")
     if study not in STUDIES:
         raise LmlabError(f"{run} is a run of '{study}', which is not a study of this lmlab")
-    config = yaml.safe_load(config_file.read_text()) or {}
+    config = typed_config(STUDIES[study], yaml.safe_load(config_file.read_text()) or {}, manifest.get("model", ""))
     overall = json.loads(verdict_file.read_text())["overall"]
-    fields = _size_fields(study)
-    changed = sorted(k for k in fields if config.get(k) is not None)
+    changed = sorted(k for k in _size_fields(study) if getattr(config, k) is not None)
     env = manifest.get("environment") or {}
     if not env and manifest.get("children"):  # a several-model run: its first child ran on the same machine
         child = Path(manifest["children"][0]) / "manifest.json"
         env = json.loads(child.read_text()).get("environment", {}) if child.is_file() else {}
-    return Record(study=study, run=run.name, model=str(config.get("model", manifest.get("model", ""))),
-                  profile=str(config.get("profile", "")), seed=int(config.get("seed", 0) or 0),
-                  seeds=config.get("seeds"),
-                  sizes=", ".join([f"{k} {config[k]}" for k in changed] or ["profile"])
-                  + (f", dtype {config['dtype']}" if config.get("dtype", "auto") not in ("auto", None) else ""),
+    return Record(study=study, run=run.name, model=config.model, profile=config.profile, seed=config.seed,
+                  seeds=config.seeds,
+                  sizes=", ".join([f"{k} {getattr(config, k)}" for k in changed] or ["profile"])
+                  + (f", dtype {config.dtype}" if config.dtype != "auto" else ""),
                   verdict=overall["status"], decided=headline(overall["status"], overall.get("evidence", {})),
                   seconds=float(manifest.get("run_seconds", manifest.get("seconds", 0.0)) or 0.0),
                   machine=machine(env) if env else "not recorded", gpu=env.get("gpu"), lmlab=env.get("lmlab"),
-                  finished=str(manifest.get("finished", "")), environment=env, placebo=bool(config.get("placebo")))
+                  finished=str(manifest.get("finished", "")), environment=env, placebo=config.placebo)
 
 
 def run_folders(paths: list[Path]) -> list[Path]:
@@ -190,6 +189,92 @@ def render(records: list[Record], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the README's results table: (column title, profile, seeds, placebo); each cell the latest run of the study's default
+# model at the profile's own sizes (a precision set on the command line allowed: it changes no size)
+FRONT_COLUMNS = (("demo, seed 0", "demo", (0,), False), ("its placebo, seed 0", "demo", (0,), True),
+                 ("demo, seeds 1 and 2", "demo", (1, 2), False), ("quick, seeds 0-2", "quick", (0, 1, 2), False),
+                 ("quick placebo, seed 0", "quick", (0,), True))
+
+
+def _front_latest(records: list[Record]) -> dict[tuple[str, str, int, bool], Record]:
+    from lmlab.studies import STUDIES
+
+    latest: dict[tuple[str, str, int, bool], Record] = {}
+    for r in records:  # oldest first: a later run replaces an earlier one
+        spec = STUDIES.get(r.study)
+        at_profile = r.sizes == "profile" or r.sizes.startswith("profile, dtype ")
+        if spec is not None and at_profile and r.model == spec.default_model and not r.gpu:
+            latest[(r.study, r.profile, r.seed, r.placebo)] = r
+    return latest
+
+
+def _short(text: str, limit: int) -> str:
+    """`text` cut after its last whole clause (at "; ") within `limit` characters, marked by an ellipsis."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("; ", 0, limit)
+    return (text[:cut] if cut > 0 else text[:limit].rpartition(" ")[0]) + "; …"
+
+
+def _front_line(decided: str) -> str:
+    """What decided a run, for a table cell: the claim's line and whose it is (its source's words left to
+    docs/results.md), or a validity check's first clauses."""
+    for mark, whose in (("; the paper's claim", " (the paper's claim)"), ("; a claim of ours", " (a claim of ours)")):
+        if mark in decided:
+            return _short(decided.split(mark)[0], 360) + whose
+    return _short(decided, 200)
+
+
+def _front_cell(runs: list[tuple[int, Record | None]]) -> str:
+    found = [(seed, r) for seed, r in runs if r is not None]
+    if not found:
+        return "not run"
+    many = len(runs) > 1
+    return "; ".join(f"{f'seed {seed}: ' if many else ''}**{r.verdict}**" + (f": {_cell(_front_line(r.decided))}" if r.decided else "")
+                     + f" ({r.finished[:10]}{'' if r.sizes == 'profile' else ', ' + r.sizes.partition(', ')[2]})"
+                     for seed, r in found)
+
+
+def front_table(records: list[Record]) -> str:
+    """The README's results table, from the records: a row per study (its default model), a column per
+    FRONT_COLUMNS entry, each cell the verdict and the line that decided it, with the day the run finished."""
+    from lmlab.studies import STUDIES
+
+    latest = _front_latest(records)
+    lines = ["| study | " + " | ".join(title for title, *_ in FRONT_COLUMNS) + " |",
+             "|---|" + "---|" * len(FRONT_COLUMNS)]
+    for name, spec in STUDIES.items():
+        cells = [_front_cell([(seed, latest.get((name, profile, seed, placebo))) for seed in seeds])
+                 for _, profile, seeds, placebo in FRONT_COLUMNS]
+        lines.append(f"| `lmlab {name}`, {spec.default_model} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def front_sample(records: list[Record], study: str = "knockout") -> str:
+    """The end of what `lmlab STUDY --profile demo` prints, as its latest seed-0 demo run recorded it."""
+    from lmlab.studies import STUDIES
+
+    r = _front_latest(records).get((study, "demo", 0, False))
+    if r is None:
+        return ""
+    return (f"{STUDIES[study].title}: {r.verdict}\n" + (f"decided by: {r.decided}\n" if r.decided else "")
+            + "the whole verdict: …\n" + f"outputs in runs/{r.run} (lmlab report runs/{r.run} draws it as HTML)\n")
+
+
+def splice(text: str, name: str, body: str) -> str:
+    """`text` with what lies between its `<!-- NAME:begin -->` and `<!-- NAME:end -->` lines replaced by `body`."""
+    begin, end = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        raise LmlabError(f"no '<!-- {name}:begin -->' ... '<!-- {name}:end -->' markers to write between")
+    head, rest = text.split(begin, 1)
+    return head + begin + body + end + rest.split(end, 1)[1]
+
+
+def spliced_readme(text: str, records: list[Record]) -> str:
+    """The README with its results table and its sample output made from the records."""
+    return splice(splice(text, "results", front_table(records)), "sample", "```\n" + front_sample(records) + "```\n")
+
+
 def timings(records: list[Record]) -> dict:
     """{study: {profile: {seconds, machine, seed, finished}}} from the latest record of each study and profile run
     with the study's default model at the profile's sizes, on a CPU (a GPU's time says nothing of a CPU's)."""
@@ -210,10 +295,11 @@ def load_timings(path: Path = TIMINGS) -> dict:
 
 
 def update(paths: list[Path], records_file: Path, out: Path | None, timings_file: Path | None,
-           command: str) -> list[Record]:
-    """Read the run folders, merge their records into `records_file`, render `out` and update `timings_file`
-    (entries of studies and profiles these records do not time are kept)."""
-    new = [read_record(p) for p in run_folders(paths)]
+           command: str, readme: Path | None = None) -> list[Record]:
+    """Read the run folders, merge their records into `records_file`, render `out`, update `timings_file`
+    (entries of studies and profiles these records do not time are kept) and `readme`'s results table and sample
+    output (`spliced_readme`)."""
+    new = [read_record(p) for p in run_folders(paths)] if paths else []
     records = merge(load_records(records_file), new)
     atomic_write(records_file, "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records))
     if out is not None:
@@ -223,4 +309,6 @@ def update(paths: list[Path], records_file: Path, out: Path | None, timings_file
         for study, profiles in timings(records).items():
             table.setdefault(study, {}).update(profiles)
         atomic_write(timings_file, json.dumps(table, indent=1, sort_keys=True) + "\n")
+    if readme is not None:
+        atomic_write(readme, spliced_readme(readme.read_text(encoding="utf-8"), records))
     return new

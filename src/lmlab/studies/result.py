@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ import yaml
 
 from lmlab.errors import LmlabError
 from lmlab.files import atomic_write
-from lmlab.studies.base import STUDIES, StudySpec, Verdict
+from lmlab.studies.config import StudyConfig
+from lmlab.studies.registry import STUDIES, StudySpec
+from lmlab.studies.verdict import Verdict
 
 def split_tables(frame: pd.DataFrame, model: str) -> dict[str, pd.DataFrame]:
     """A recipe's rows (each with a `kind`) -> named tables with a leading `model` column. (What a run counted and
@@ -46,12 +48,17 @@ class StudyResult:
     meta: dict[str, dict[str, Any]]  # model -> metadata
     verdicts: dict[str, Verdict]  # model -> verdict
     verdict: Verdict  # overall (= the one model's verdict when there is one)
-    config: dict[str, Any] = field(default_factory=dict)
+    config: StudyConfig | dict[str, Any] | None = None  # the study's own config type (a dict given is read into it)
     path: Path | None = None
     seconds: float = 0.0
     resumed: bool = False
     _figure: Any = None
     _spec: StudySpec | None = None  # set by the runner (a study need not be registered to run)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, StudyConfig):
+            self.config = typed_config(self._spec or STUDIES.get(self.study), self.config or {},
+                                       self.models[0] if self.models else "model")
 
     @property
     def spec(self) -> StudySpec:
@@ -184,6 +191,21 @@ def from_rows(study: str, rows: pd.DataFrame | list[dict], model: str = "model",
     pending = Verdict(status="inconclusive", claim="", summary="not judged yet")
     return StudyResult(study, [model], split_tables(frame, model), {model: dict(meta or {})}, {model: pending},
                        pending)
+
+
+def typed_config(spec: StudySpec | None, saved: dict[str, Any], model: str = "model") -> StudyConfig:
+    """A run's saved settings (its config.yaml) as the study's config type, every default applied; a setting this
+    lmlab no longer has is left out (nothing reads it). A study that is not registered gets the shared fields."""
+    from pydantic import ValidationError
+
+    kind = spec.config if spec is not None else StudyConfig
+    known = {k: v for k, v in {"model": model, **saved}.items() if k in kind.model_fields}
+    try:
+        return kind.model_validate(known)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        raise LmlabError(f"a saved setting does not fit this lmlab: {'.'.join(map(str, problem['loc']))}: "
+                         f"{problem['msg']}; run the study again") from None
 
 
 def load_result(folder: str | Path) -> StudyResult:

@@ -24,7 +24,10 @@ from lmlab.environment import environment
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel, weights_fingerprint
 from lmlab.runs import RunDir
-from lmlab.studies.base import StudyConfig, StudySpec, Verdict, placebo_verdict, seed_everything
+from lmlab.studies.config import StudyConfig
+from lmlab.studies.registry import StudySpec
+from lmlab.studies.runtime import seed_everything
+from lmlab.studies.verdict import Verdict, placebo_verdict
 from lmlab.studies.result import StudyResult, draw, load_result, overall_verdict, split_tables
 
 
@@ -121,7 +124,7 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
     if config._placed:
         meta["device_map"] = dict(config._placed)
     result = StudyResult(spec.name, [config.model], tables, {config.model: meta}, {}, _PENDING,
-                         config.model_dump(), run.path, _spec=spec)
+                         config, run.path, _spec=spec)
     # the verdict sizes what would decide it from this run's pace: every session of a resumed run counts
     result.seconds = max(time.perf_counter() - t0, run.logged_seconds())
     result.verdict = judged(spec, result)
@@ -141,7 +144,7 @@ def _finish_run(spec: StudySpec, config: StudyConfig, run: RunDir, frame, t0: fl
 def judged(spec: StudySpec, result: StudyResult) -> Verdict:
     """The study's verdict on `result`; a placebo run's marked as the placebo's (`placebo_verdict`)."""
     verdict = spec.verdict(result)
-    if (result.config or {}).get("placebo"):
+    if result.config.placebo:
         verdict = placebo_verdict(verdict, spec.config.placebo_treatment)
     return verdict
 
@@ -155,7 +158,7 @@ def _combine(spec: StudySpec, config: StudyConfig, out, children: list[StudyResu
         tables[name] = pd.concat([c.tables[name] for c in children if name in c.tables], ignore_index=True)
     verdicts = {c.models[0]: c.verdict for c in children}
     result = StudyResult(spec.name, names, tables, {c.models[0]: c.meta.get(c.models[0], {}) for c in children},
-                         verdicts, overall_verdict(verdicts), config.model_dump(), run.path,
+                         verdicts, overall_verdict(verdicts), config, run.path,
                          sum(c.seconds for c in children), all(c.resumed for c in children), _spec=spec)
     _write(run, result)
     run.finish(model=config.model, models=names, verdict=result.verdict.status,
@@ -205,7 +208,7 @@ def rejudge(folder) -> StudyResult:
         verdicts = {m: judged(spec, result.for_model(m)) for m in result.models}
     result.verdicts = verdicts
     result.verdict = next(iter(verdicts.values())) if len(verdicts) == 1 else overall_verdict(verdicts)
-    run = RunDir(result.path, spec.name, result.config)
+    run = RunDir(result.path, spec.name, result.config.identity())
     _write(run, result)
     manifest_file = result.path / "manifest.json"
     manifest = json.loads(manifest_file.read_text())

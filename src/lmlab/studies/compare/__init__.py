@@ -1,6 +1,6 @@
 """Compare · does a compressed or sparse model keep its original's circuits? (lmlab's own study: no paper claims this)"""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.compare.config import Config
 
 SPEC = define(__name__, Config, derives=True,

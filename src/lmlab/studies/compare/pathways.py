@@ -36,7 +36,7 @@ def measure_pathway(lm, model_key: str, cell: str, replicate: int, config, run_d
     done = run_dir.done("pathways")
     if model_key in done:
         return done[model_key]
-    from lmlab.studies.base import get_study
+    from lmlab.studies.registry import get_study
     from lmlab.studies.runner import run_study
 
     spec = get_study("knockout")

@@ -1,6 +1,6 @@
 """S3 · Meaningless tokens and the Activation Redistribution Module (Shi et al., arXiv 2510.01032)."""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.filler.config import Config
 
 SPEC = define(__name__, Config,

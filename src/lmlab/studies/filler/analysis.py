@@ -35,7 +35,8 @@ import pandas as pd
 from lmlab.claims import Z_80, Claim, Declared, Gate, declared, evidence, judge
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, duration, wilson
-from lmlab.studies.base import Verdict, canvas, caption, finish
+from lmlab.studies.figures import canvas, caption, finish
+from lmlab.studies.verdict import Verdict
 
 CLAIM = ("Mless and Mful both raise accuracy over w/o; inserted tokens attenuate peak attention on the original "
          "tokens; ARM recovers a gain without inserting tokens")
@@ -106,7 +107,7 @@ def profile_head(result) -> dict:
     the head whose renormalised aligned profile changes most between None and Mless (the sum over problems and
     positions of |Mless - None|) on the even-numbered profiled problems, read on the odd-numbered ones."""
     prof = result.table("profile")
-    fixed = (result.config or {}).get("head")
+    fixed = result.config.head
     if not len(prof):
         return dict(head=int(fixed or 0), rule="no profile recorded", chosen_on=[], judged_on=[])
     problems = sorted(int(p) for p in prof.problem.unique())
@@ -224,9 +225,9 @@ def verdict(result) -> Verdict:
 def scope_line(result) -> str:
     """Where this run stands against the paper's tested range: model, data, generation budget."""
     config, meta = result.config, result.info
-    bench = config.get("benchmark") or "arithmetic"
+    bench = config.benchmark
     data = {"arithmetic": "generated arithmetic", "gsm8k": "GSM8K", "math500": "MATH-500"}.get(bench, bench)
-    budget = meta.get("max_new_tokens") or config.get("max_new_tokens")
+    budget = meta.get("max_new_tokens") or config.max_new_tokens
     outside = bench != "math500" or (budget and int(budget) < 2048)
     return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, {data}"
             + (f", {int(budget):,} new tokens" if budget else "")

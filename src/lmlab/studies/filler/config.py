@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 
 class Config(StudyConfig):

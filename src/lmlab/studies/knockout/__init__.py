@@ -1,6 +1,6 @@
 """S1 · Attention knockout: two pathways to truthfulness (Luo et al., arXiv 2601.07422)."""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.knockout.config import Config
 
 SPEC = define(__name__, Config,

@@ -47,7 +47,8 @@ import pandas as pd
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, wilson
-from lmlab.studies.base import Verdict, canvas, caption, finish
+from lmlab.studies.figures import canvas, caption, finish
+from lmlab.studies.verdict import Verdict
 from lmlab.studies.knockout.config import MIN_GROUP
 
 CLAIM = ("Knocking out the question's exact tokens (E_Q) moves and flips the truthfulness probe far more than "
@@ -139,7 +140,7 @@ def figure(result, fig=None):
     right.set(xlabel="Layer", ylabel="probe predictions flipped (%)", title="flip rate: E_Q vs control", ylim=(0, 100))
     for ax in (left, right):
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7, frameon=False)
-    placebo = " (PLACEBO: E_Q replaced by random question tokens)" if (result.config or {}).get("placebo") else ""
+    placebo = " (PLACEBO: E_Q replaced by random question tokens)" if result.config.placebo else ""
     caption(fig, f"{result.models[0]}: attention knockout of the question's key tokens{placebo}, "
                  f"{', '.join(sorted(ko.dataset.unique()))} ({ko.id.nunique()} answered questions with probes)")
     return finish(fig)
@@ -427,7 +428,7 @@ def verdict(result) -> Verdict:
     layers = sorted(int(l) for l in ko_all.layer.unique())
     n_layers = int(meta.get("n_layers", max(layers) + 1))
     late = late_layers(layers, n_layers)
-    seed = int(result.config.get("seed", 0) or 0)
+    seed = result.config.seed
     claims, gates, notes, sets = [], [], [], {}
     patch = result.table("patching")
     split = split_at_best(ko_all, result.table("probe"))
@@ -520,7 +521,7 @@ def detection_table(result) -> pd.DataFrame:
         return det
     from lmlab.studies.knockout.probes import detection_summary  # scikit-learn loads only where a run has detection
 
-    return detection_summary(det, result.table("detection_score"), int(result.config.get("seed", 0) or 0))
+    return detection_summary(det, result.table("detection_score"), result.config.seed)
 
 
 PAPER_RANGE = "Llama-3.2-1B/3B and Llama-3-8B (1B-8B), PopQA, TriviaQA, HotpotQA and NQ"

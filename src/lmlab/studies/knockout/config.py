@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from lmlab.data.generated import geo_qa
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 MIN_GROUP = 5  # fewest samples of a pathway group that count (a probe of its own, a verdict on the set)
 

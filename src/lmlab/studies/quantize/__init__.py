@@ -1,6 +1,6 @@
 """S2 · Extreme quantization with distillation, XTC (Wu et al., arXiv 2206.01859)."""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.quantize.config import Config
 
 SPEC = define(__name__, Config,

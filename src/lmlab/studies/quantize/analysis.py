@@ -31,7 +31,8 @@ from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
 from lmlab.evaluation import majority_score, metric_value
 from lmlab.stats import duration
-from lmlab.studies.base import Verdict, canvas, caption, finish
+from lmlab.studies.figures import canvas, caption, finish
+from lmlab.studies.verdict import Verdict
 from lmlab.studies.quantize.config import TEACHER_MARGIN, TEACHER_PLATEAU, UNDISTILLED, claims_budget
 from lmlab.studies.quantize.decoder.analysis import perplexities
 
@@ -144,9 +145,9 @@ def claims_and_gates(result, tasks: list[str]):
     """The claims the run's cells support, the gates, and the cells the claim needs that the profile did not run."""
     cells = _Cells(result, tasks)
     k = len(cells.reps)
-    sampler = Resampler(sum(cells.sizes), k, n_boot=400, seed=int(result.config.get("seed", 0) or 0),
+    sampler = Resampler(sum(cells.sizes), k, n_boot=400, seed=result.config.seed,
                         strata=cells.sizes)
-    claims, missing = _claims(cells, sampler, tasks, placebo=bool((result.config or {}).get("placebo")))
+    claims, missing = _claims(cells, sampler, tasks, placebo=result.config.placebo)
     scores = result.table("score")
     students = scores[(scores.bits < 32) & scores.task.isin(tasks)]
     gates = [replicates_gate(k), _teachers_gate(scores[(scores.bits == 32) & scores.task.isin(tasks)], cells),

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 MULTIPLIER = {"A": 1, "B": 3, "C": 6}
 BITS = (1, 2, 4, 8, 32)  # interventions.quant.BITS, said here without torch (a test keeps the two equal)

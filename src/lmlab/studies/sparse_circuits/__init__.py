@@ -1,6 +1,6 @@
 """S4 · Sparse attention post-training and circuit size (Draye et al., arXiv 2512.05865)."""
 
-from lmlab.studies.base import define, study_exports
+from lmlab.studies.registry import define, study_exports
 from lmlab.studies.sparse_circuits.config import Config
 
 SPEC = define(__name__, Config, derives=True, more_figures=True,

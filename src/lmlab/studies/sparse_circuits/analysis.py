@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lmlab.studies.base import Verdict
+from lmlab.studies.verdict import Verdict
 from lmlab.studies.sparse_circuits.declared import CLAIMS, COLUMNS  # noqa: F401  (the claims, whose each is and why; the tables' columns)
 from lmlab.studies.sparse_circuits import circuit_analysis
 from lmlab.studies.sparse_circuits.circuit_analysis import model_figure, model_verdict
@@ -39,8 +39,7 @@ def derive(frame: pd.DataFrame, config) -> pd.DataFrame:
     frame = frame[~frame["kind"].isin(DERIVED)].reset_index(drop=True)
     if not (frame["kind"] == "per_prompt").any():
         return frame
-    setting = config.get if isinstance(config, dict) else (lambda name: getattr(config, name))
-    return circuit_analysis.derive(frame, float(setting("threshold")), int(setting("seed") or 0))
+    return circuit_analysis.derive(frame, config.threshold, config.seed)
 
 
 def figures(result) -> dict:

@@ -37,7 +37,8 @@ import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
 from lmlab.resampling import Resampler
-from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.figures import canvas, finish
+from lmlab.studies.verdict import Verdict
 from lmlab import circuits
 from lmlab.studies.sparse_circuits.config import MIN_PROMPTS
 from lmlab.studies.sparse_circuits.declared import CLAIMS
@@ -119,7 +120,7 @@ def claims_and_gates(result, threshold: float = 0.9):
     tables = {name: result.table(name) for name in ("per_prompt", "sparsity", "sparse_seq", "geco", "rerank",
                                                      "rerank_draw")}
     found = curves_of(tables["per_prompt"].assign(kind="per_prompt"))
-    seed = int(result.config.get("seed", 0) or 0)
+    seed = result.config.seed
     reps = sorted({rep for (_, v, rep) in found if v == "sparse"})
     sparsity = tables["sparsity"]
     sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
@@ -234,7 +235,7 @@ def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]
 
 
 def model_verdict(result, claim: str) -> Verdict:
-    claims, gates = claims_and_gates(result, float(result.config.get("threshold", 0.9) or 0.9))
+    claims, gates = claims_and_gates(result, result.config.threshold)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, text = judge(claims, gates, seconds=seconds)
     sparsity = result.table("sparsity")

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from lmlab.data.generated.circuits import TASKS
-from lmlab.studies.base import StudyConfig
+from lmlab.studies.config import StudyConfig
 
 MIN_PROMPTS = 64  # the bar for a multiplier verdict with power (12-16 pairs give intervals like [0.5, 3.7])
 

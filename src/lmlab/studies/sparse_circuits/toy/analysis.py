@@ -40,9 +40,10 @@ import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
 from lmlab.resampling import Resampler
-from lmlab.studies.base import Verdict, canvas, finish
+from lmlab.studies.figures import canvas, finish
+from lmlab.studies.verdict import Verdict
 from lmlab import circuits
-from lmlab.studies.sparse_circuits.config import TOY_TASKS, Config
+from lmlab.studies.sparse_circuits.config import TOY_TASKS
 from lmlab.studies.sparse_circuits.declared import CLAIMS, EDGES_LIMIT, THRESHOLD
 from lmlab.studies.sparse_circuits.gates import NO_EFFECT, held_out_loss_gate, no_effect_gate, post_training_gates
 from lmlab.studies.sparse_circuits.resample import needed_per_unit, paired, reranked_claim, reranked_gate
@@ -156,12 +157,12 @@ def toy_claims(result):
     reps = replicates_of(toy)
     sparse = toy[toy["variant"] == "sparse"].set_index("replicate").sort_index()
     dense = toy[toy["variant"] == "dense"].set_index("replicate").sort_index()
-    slack = float(result.config.get("toy_slack") or Config.model_fields["toy_slack"].default)
+    slack = result.config.toy_slack
     good, gates = _usable(dense, sparse, slack)
     usable = good if len(good) >= 2 else reps
     seq = result.table("toy_seq")
     seq = seq[seq["replicate"].isin(usable)]
-    seed = int(result.config.get("seed", 0) or 0)
+    seed = result.config.seed
     items = Resampler(seq["idx"].nunique(), len(usable), seed=seed)
     kept = declared(CLAIMS, "toy edges kept").measure(items.mean_claim, _matrix(seq, "kept"), unit="%", scale=100,
                                                       n_unit="test sequences", group="addition toy")

@@ -1,0 +1,36 @@
+"""A study's verdict: its status, the claim, the summary and the numbers behind them (and a placebo run's, said to be
+the placebo's)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+# "answered": a run of lmlab's own question, which no paper claims (compare), that answered at least one of its
+# comparisons; it never stands for a paper's claim, so it is neither "reproduced" nor "not reproduced"
+Status = Literal["reproduced", "not reproduced", "inconclusive", "answered"]
+
+
+class Verdict(BaseModel):
+    """The paper's qualitative claim, checked on the table, with the numbers behind the answer."""
+
+    status: Status
+    claim: str
+    summary: str
+    evidence: dict[str, Any] = {}
+
+    def _repr_html_(self) -> str:
+        from lmlab.render import verdict_html
+
+        return verdict_html(self.status, self.claim, self.summary, self.evidence)
+
+
+def placebo_verdict(verdict: Verdict, treatment: str) -> Verdict:
+    """A placebo run's verdict, as its claims judged it (never overridden: a placebo that comes out "reproduced" is a
+    finding about the claims), said to be the placebo's: the summary opens with what replaced the treatment and the
+    evidence carries it, so the report sets it beside the study's own verdict."""
+    return verdict.model_copy(update={
+        "summary": f"PLACEBO ({treatment}): a verdict here is what the claims say where the paper's effect cannot be; "
+                   f"'reproduced' would mean a claim holds by construction. {verdict.summary}",
+        "evidence": {**verdict.evidence, "placebo": treatment}})
