@@ -451,7 +451,8 @@ def test_latent_bench_rebuilds_the_runs_models(tmp_path):
     from lmlab.benchmarks.latent import latent_bench
 
     result = run_study(study.SPEC, study.Config(**{**TINY, "rates": [16], "codebook": 1024}), tmp_path / "r")
-    assert (result.table("variant").set_index("variant").loc["r16", "codebook_used"] > 40).all()  # K = 1024 runs
+    # K = 1024 runs: more codes used than a codebook of 16 holds (25 and 26 here with the chunk-only encoder)
+    assert (result.table("variant").set_index("variant").loc["r16", "codebook_used"] > 16).all()
     rows = {r["case"]: r for r in latent_bench(latent_run=str(result.path), rounds=1)}
     table = result.table("variant")
     table = table[table.replicate == 0].set_index("variant")  # the benchmark rebuilds replicate 0

@@ -180,6 +180,24 @@ def _claims(result, k: int) -> list:
     return claims
 
 
+def _unread(v: pd.DataFrame, answer_only: pd.Series) -> list[str]:
+    """The latent models that did not learn to read their codes (the gate's rule, in the module's docstring)."""
+    unread = []
+    for row in v[v["variant"].str.startswith("r")].itertuples():
+        ao = float(answer_only.get(row.replicate, np.nan))
+        forced, constant = getattr(row, "forced_accuracy", np.nan), getattr(row, "constant_accuracy", np.nan)
+        who = f"r={int(row.rate)} replicate {int(row.replicate)}"
+        if np.isfinite(ao) and float(row.accuracy) <= ao:
+            unread.append(f"{who}: {100 * row.accuracy:.1f}% is not above answer-only's {100 * ao:.1f}%")
+        if pd.notna(forced) and pd.notna(constant) and float(forced) < float(constant) + FORCED_SLACK:
+            unread.append(f"{who}: {100 * forced:.1f}% with its true codes forced vs {100 * constant:.1f}% with one "
+                          "constant code in their place")
+        elif pd.notna(forced) and pd.isna(constant) and float(forced) < float(row.accuracy) - FORCED_SLACK:
+            unread.append(f"{who}: {100 * forced:.1f}% with the true codes forced vs {100 * row.accuracy:.1f}% with "
+                          "its own")
+    return unread
+
+
 def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
     gates = [replicates_gate(k)]
     answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
@@ -203,19 +221,7 @@ def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
             if float(row.latents) < MIN_LATENTS]
     gates.append(Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
                       if idle else "every latent model writes codes", remedy="more --steps"))
-    unread = []
-    for row in v[v["variant"].str.startswith("r")].itertuples():
-        ao = float(answer_only.get(row.replicate, np.nan))
-        forced, constant = getattr(row, "forced_accuracy", np.nan), getattr(row, "constant_accuracy", np.nan)
-        who = f"r={int(row.rate)} replicate {int(row.replicate)}"
-        if np.isfinite(ao) and float(row.accuracy) <= ao:
-            unread.append(f"{who}: {100 * row.accuracy:.1f}% is not above answer-only's {100 * ao:.1f}%")
-        if pd.notna(forced) and pd.notna(constant) and float(forced) < float(constant) + FORCED_SLACK:
-            unread.append(f"{who}: {100 * forced:.1f}% with its true codes forced vs {100 * constant:.1f}% with one "
-                          "constant code in their place")
-        elif pd.notna(forced) and pd.isna(constant) and float(forced) < float(row.accuracy) - FORCED_SLACK:
-            unread.append(f"{who}: {100 * forced:.1f}% with the true codes forced vs {100 * row.accuracy:.1f}% with "
-                          "its own")
+    unread = _unread(v, answer_only)
     gates.append(Gate("latent models read their codes", not unread, why="; ".join(unread) or
                       "every latent model beats answer-only and answers better with its true codes forced than with "
                       "one constant code in their place",
