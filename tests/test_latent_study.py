@@ -356,6 +356,28 @@ def test_verdict_waits_for_replicates_that_disagree_and_for_a_training_that_fail
     assert ignores.status == "inconclusive" and "with one constant code in their place" in ignores.summary
 
 
+def test_a_model_that_ignores_its_codes_is_a_failed_replicate_not_a_silenced_run():
+    """One latent model of ten that answers as well with a constant code is a failed replicate of the accuracy claims
+    (counted at its worst, accuracy at 100%): the "no" of the other nine stands; one of three holds it open."""
+    worse = [1] * 150 + [0] * 50  # 20 points below CoT's 95%
+    reads, ignores = {"forced": 0.80, "constant": 0.40}, {"forced": 0.80, "constant": 0.78}
+
+    def run(k):
+        rows = [row for r in range(k) for row in _replicate_rows(r, [("r16", 16, worse, [25] * 200,
+                                                                        ignores if r == 1 else reads)])]
+        return verdict(from_rows("latent", pd.DataFrame(rows)))
+
+    many = run(10)
+    claim = next(c for c in many.evidence["claims"] if c["name"] == "accuracy r=16 - CoT")
+    gate = next(g for g in many.evidence["gates"] if g["name"] == "latent models read their codes")
+    assert many.status == "not reproduced" and claim["decision"] == "no", many.summary
+    assert gate["passed"] and "1 of 10 latent models" in gate["why"] and "1 more failed" in many.summary
+    few = run(3)
+    claim = next(c for c in few.evidence["claims"] if c["name"] == "accuracy r=16 - CoT")
+    assert few.status == "inconclusive" and claim["decision"] == "open", few.summary
+    assert "counted at their worst" in few.summary
+
+
 def test_verdict_is_inconclusive_when_no_latent_is_generated():
     idle = verdict(_result(("r16", 16, [1] * 100 + [0] * 100, [40] * 200, {"latents": 0.0})))
     assert idle.status == "inconclusive"  # even though accuracy fell: the method never ran

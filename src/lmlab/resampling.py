@@ -78,7 +78,7 @@ class Resampler:
         values = np.atleast_2d(np.asarray(values, dtype=float))
         ok = np.isfinite(values)
         x = np.where(ok, values, 0.0)
-        per = x.sum(1) / np.maximum(ok.sum(1), 1)
+        per = np.where(ok.any(1), x.sum(1) / np.maximum(ok.sum(1), 1), np.nan)  # NaN: a replicate without items
         counts = self.counts()  # (boot, items)
         num = counts @ x.T  # (boot, replicates)
         den = counts @ ok.T.astype(float)

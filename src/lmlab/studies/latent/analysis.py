@@ -27,10 +27,14 @@ Gates:
 - the method was exercised: every rate's models wrote at least 0.1 latent tokens a problem (blocks every decision);
 - the latent models learned to read their codes: each scores above its replicate's answer-only model, and with its
   true codes forced for the largest m it answers at least 5 points better than with one constant code forced in
-  their place, at the same m (blocks every decision: a model that answers as well whatever its codes say has not
-  learned the method, and a failed training is never a finding). Its own generations are no like comparison: it
-  writes fewer codes than the largest m holds. A placebo model (trained on the constant code) is held to its own
-  codes as before: no lower with the constant code forced for the largest m than with its own by more than 5 points;
+  their place, at the same m. A model that answers as well whatever its codes say has not learned the method, and a
+  failed training is never a finding, but it is one replicate's failure: that replicate is a failed replicate of
+  its rate's accuracy claims (left out of the estimate, counted and shown, and an answer stands only if it also
+  stands with it at its worst: its accuracy at 0% or 100%, whichever is worse for the answer; `Claim.failed`), so
+  more replicates never decide less. The gate blocks every decision only where no model of a rate reads its codes.
+  Its own generations are no like comparison: it writes fewer codes than the largest m holds. A placebo model
+  (trained on the constant code) is held to its own codes as before: no lower with the constant code forced for the
+  largest m than with its own by more than 5 points;
 - training converged: no CoT or latent model's training loss still falling over its last quarter by more than 10%
   of the third quarter's and by more than 0.01 nats per token (a heuristic; blocks "not reproduced"). The
   answer-only models are no arm of any claim, only a reference for the two checks around this one, and on a small
@@ -144,61 +148,98 @@ def _mean(v: pd.DataFrame, variant: str, column: str) -> float:
 def claims_and_gates(result):
     v = _variants(result)
     k = v["replicate"].nunique()
-    return _claims(result, k), _gates(result, v, k)
+    unread = _unread(v)
+    return _claims(result, k, unread), _gates(result, v, k, unread)
 
 
-def _claims(result, k: int) -> list:
-    """The claims of CLAIMS on the paired per-problem tables; an accuracy claim at a ceiling or floor is open."""
-    rates = _rates(result)
+def _replicates(result, variant: str) -> list[int]:
+    """The replicate ids of `variant`'s rows of `_per_problem`, in order."""
+    rows = result.table("problem")
+    if "replicate" not in rows:
+        return [0]
+    return sorted(int(r) for r in rows[rows["variant"] == variant]["replicate"].unique())
+
+
+def _without_unread(result, r: int, diff: np.ndarray, cot: np.ndarray, unread: dict) -> tuple[np.ndarray, dict]:
+    """`diff` (replicates, problems) of rate r with the rows of its models that did not read their codes set to NaN
+    (failed replicates: left out of the estimate, counted at their worst), and the claim's `failed` and `bounds`:
+    a failed replicate's accuracy minus CoT's lies in [-CoT's accuracy, 1 - CoT's accuracy] of its replicate."""
+    ids = _replicates(result, f"r{r}")
+    rows = [i for i, rep in enumerate(ids) if (r, rep) in unread and i < len(diff)]
+    if not rows:
+        return diff, {}
+    diff = diff.copy()
+    diff[rows] = np.nan
+    cot_acc = np.nanmean(cot[rows], axis=1)
+    return diff, dict(failed=len(rows), bounds=(-float(cot_acc.max()), 1.0 - float(cot_acc.min())))
+
+
+def _claims(result, k: int, unread: dict | None = None) -> list:
+    """The claims of CLAIMS on the paired per-problem tables; an accuracy claim at a ceiling or floor is open; a
+    latent model that did not read its codes is a failed replicate of its rate's accuracy claims."""
+    rates, unread = _rates(result), unread or {}
     cot = _per_problem(result, "cot")
     items = Resampler(cot.shape[1], k, seed=result.config.seed)
     spec = lambda name: declared(CLAIMS, name)
     claims = []
     if rates:
         top = _per_problem(result, f"r{rates[-1]}")
-        gain = spec("accuracy, latent - CoT").measure(items.mean_claim, top - cot,
+        diff, failed = _without_unread(result, rates[-1], top - cot, cot, unread)
+        gain = spec("accuracy, latent - CoT").measure(items.mean_claim, diff,
                                                       label=f"accuracy r={rates[-1]} - CoT, a gain", unit=" pp",
-                                                      scale=100, n_unit="test problems", effect=FIGURE_GAIN)
+                                                      scale=100, n_unit="test problems", effect=FIGURE_GAIN, **failed)
         gain.ceiling = at_bound(top, cot) or blocks_gain(top, cot)
         claims.append(gain)
     for r in rates:
         acc = _per_problem(result, f"r{r}")
-        claim = spec("accuracy r - CoT").measure(items.mean_claim, acc - cot, label=f"accuracy r={r} - CoT",
-                                                 unit=" pp", scale=100, n_unit="test problems", effect=POINT)
+        diff, failed = _without_unread(result, r, acc - cot, cot, unread)
+        claim = spec("accuracy r - CoT").measure(items.mean_claim, diff, label=f"accuracy r={r} - CoT",
+                                                 unit=" pp", scale=100, n_unit="test problems", effect=POINT, **failed)
         claim.ceiling = at_bound(acc, cot)
         claims.append(claim)
     if rates:
-        names = ["cot"] + [f"r{r}" for r in rates]
-        labels = ["CoT"] + [f"r={r}" for r in rates]
-        for (a, la), (b, lb) in zip(zip(names, labels), zip(names[1:], labels[1:])):
-            diff = _per_problem(result, b, "tokens") - _per_problem(result, a, "tokens")
-            # fewer than CoT: a token fewer with the interval below 0 ("no": a fall of a token excluded, far short
-            # of the paper's); then no rise beyond half a token
-            name = "tokens r - CoT" if a == "cot" else "tokens, next rate - rate"
-            claims.append(spec(name).measure(items.mean_claim, diff, label=f"tokens {lb} - {la}", unit=" tokens",
-                                             n_unit="test problems"))
+        claims += _token_claims(spec, items, result, rates)
     return claims
 
 
-def _unread(v: pd.DataFrame, answer_only: pd.Series) -> list[str]:
-    """The latent models that did not learn to read their codes (the gate's rule, in the module's docstring)."""
-    unread = []
+def _token_claims(spec, items, result, rates: list[int]) -> list:
+    """Fewer tokens than CoT (a token fewer with the interval below 0; "no": a fall of a token excluded, far short of
+    the paper's), then no rise beyond half a token from each rate to the next (both reported)."""
+    names = ["cot"] + [f"r{r}" for r in rates]
+    labels = ["CoT"] + [f"r={r}" for r in rates]
+    claims = []
+    for (a, la), (b, lb) in zip(zip(names, labels), zip(names[1:], labels[1:])):
+        diff = _per_problem(result, b, "tokens") - _per_problem(result, a, "tokens")
+        name = "tokens r - CoT" if a == "cot" else "tokens, next rate - rate"
+        claims.append(spec(name).measure(items.mean_claim, diff, label=f"tokens {lb} - {la}", unit=" tokens",
+                                         n_unit="test problems"))
+    return claims
+
+
+def _unread(v: pd.DataFrame) -> dict[tuple[int, int], str]:
+    """(rate, replicate) -> why, for the latent models that did not learn to read their codes (the gate's rule, in
+    the module's docstring)."""
+    answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
+    unread = {}
     for row in v[v["variant"].str.startswith("r")].itertuples():
         ao = float(answer_only.get(row.replicate, np.nan))
         forced, constant = getattr(row, "forced_accuracy", np.nan), getattr(row, "constant_accuracy", np.nan)
         who = f"r={int(row.rate)} replicate {int(row.replicate)}"
+        why = []
         if np.isfinite(ao) and float(row.accuracy) <= ao:
-            unread.append(f"{who}: {100 * row.accuracy:.1f}% is not above answer-only's {100 * ao:.1f}%")
+            why.append(f"{who}: {100 * row.accuracy:.1f}% is not above answer-only's {100 * ao:.1f}%")
         if pd.notna(forced) and pd.notna(constant) and float(forced) < float(constant) + FORCED_SLACK:
-            unread.append(f"{who}: {100 * forced:.1f}% with its true codes forced vs {100 * constant:.1f}% with one "
-                          "constant code in their place")
+            why.append(f"{who}: {100 * forced:.1f}% with its true codes forced vs {100 * constant:.1f}% with one "
+                       "constant code in their place")
         elif pd.notna(forced) and pd.isna(constant) and float(forced) < float(row.accuracy) - FORCED_SLACK:
-            unread.append(f"{who}: {100 * forced:.1f}% with the true codes forced vs {100 * row.accuracy:.1f}% with "
-                          "its own")
+            why.append(f"{who}: {100 * forced:.1f}% with the true codes forced vs {100 * row.accuracy:.1f}% with "
+                       "its own")
+        if why:
+            unread[(int(row.rate), int(row.replicate))] = "; ".join(why)
     return unread
 
 
-def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
+def _gates(result, v: pd.DataFrame, k: int, unread: dict) -> list[Gate]:
     gates = [replicates_gate(k)]
     answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
     unlearned = []
@@ -221,11 +262,7 @@ def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
             if float(row.latents) < MIN_LATENTS]
     gates.append(Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
                       if idle else "every latent model writes codes", remedy="more --steps"))
-    unread = _unread(v, answer_only)
-    gates.append(Gate("latent models read their codes", not unread, why="; ".join(unread) or
-                      "every latent model beats answer-only and answers better with its true codes forced than with "
-                      "one constant code in their place",
-                      remedy="a failed training, not a finding: more --steps or --vq-steps"))
+    gates.append(_reading_gate(v, unread))
     falling = [(row.variant, f"{row.variant} replicate {int(row.replicate)}: {q[0]:.3f} -> {q[1]:.3f} nats/token")
                for row in v.itertuples() if (q := still_learning(row._asdict()))]
     learning = [text for variant, text in falling if variant != "answer-only"]
@@ -248,6 +285,26 @@ def _gates(result, v: pd.DataFrame, k: int) -> list[Gate]:
                           f"{100 * _mean(v, 'cot', 'accuracy'):.1f}% (needs {100 * CHAIN_NEEDED:.0f} points between)",
                       remedy="a task whose answer needs the chain", blocks="yes"))
     return gates
+
+
+def _reading_gate(v: pd.DataFrame, unread: dict) -> Gate:
+    """A latent model that did not read its codes failed its recipe: a failed replicate of its rate's accuracy claims
+    (counted and shown there, at its worst; more replicates never decide less). The gate fails, blocking every
+    decision, only where no latent model of a rate read its codes: then the method was not learned at all."""
+    latent = v[v["variant"].str.startswith("r")]
+    dead = [int(r) for r, part in latent.groupby("rate")
+            if all((int(r), int(rep)) in unread for rep in part["replicate"])]
+    listed = "; ".join(unread.values())
+    if dead:
+        why = f"no model at r={', '.join(map(str, dead))} reads its codes: {listed}"
+    elif unread:
+        why = (f"{len(unread)} of {len(latent)} latent models do not read their codes, each a failed replicate of "
+               f"its rate's accuracy claims (counted at its worst): {listed}")
+    else:
+        why = ("every latent model beats answer-only and answers better with its true codes forced than with one "
+               "constant code in their place")
+    return Gate("latent models read their codes", not dead, why=why,
+                remedy="a failed training, not a finding: more --steps or --vq-steps")
 
 
 def verdict(result) -> Verdict:
