@@ -35,7 +35,7 @@ PROMPTS = ["When Mary and John went to the store, John gave a drink to",
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (slower)")
-    config.addinivalue_line("markers", "architectures: one conformance row of tests/architectures.py a test")
+    config.addinivalue_line("markers", "architectures: one conformance row of lmlab.conformance a test")
     config.addinivalue_line("markers", "faults: kills a study at many points and resumes it (tests/faults.py)")
 
 

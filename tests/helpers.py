@@ -1,7 +1,6 @@
 """Small helpers shared by the study tests."""
 
 import importlib.util
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -83,17 +82,6 @@ def near(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5, rtol: fl
 
 def max_diff(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.float() - expected.float()).abs().max())
-
-
-@contextmanager
-def using(model, impl):
-    """The model under another attention implementation for the block, its own afterwards."""
-    old = model.config._attn_implementation
-    model.set_attn_implementation(impl)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(old)
 
 
 def check_declared_columns(result) -> None:

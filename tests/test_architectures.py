@@ -1,12 +1,13 @@
-"""Every architecture's row of `lmlab models --architectures` checked again here (tests/architectures.py), the checks'
+"""Every architecture's row of `lmlab models --architectures` checked again here (lmlab.conformance), the checks'
 own negative controls, and docs/models.md equal to the table. `pytest -m architectures -k phi3` runs one type."""
 
 import dataclasses
 
 import pytest
 
-import architectures as conf
-from lmlab import LmlabError
+from pathlib import Path
+
+from lmlab import LmlabError, conformance as conf
 from lmlab.cli import main
 from lmlab.models import layout as layout_module
 from lmlab.models.architectures import counts, markdown, refusal, table
@@ -113,9 +114,25 @@ def test_the_table_counts_and_docs_models_md_carries_it(capsys):
     main(["models", "--architectures", "--markdown"])
     printed = capsys.readouterr().out
     assert printed == markdown()
-    doc = conf.DOC.read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
     inside = doc.split("<!-- architectures:begin -->\n")[1].split("<!-- architectures:end -->")[0]
-    assert inside == printed, "regenerate with: python tests/architectures.py --write"
+    assert inside == printed, "regenerate with: lmlab models --architectures --write --doc docs/models.md"
+
+
+def test_lmlab_checks_one_architecture_and_refuses_a_bad_request(capsys, tmp_path):
+    """`lmlab models --architectures --check TYPE` runs the conformance checks on one type and writes nothing; an
+    unknown type, --check without --architectures and --doc without --write are refused with one line."""
+    before = conf.TABLE.read_bytes()
+    main(["models", "--architectures", "--check", "llama"])
+    printed = capsys.readouterr().out
+    assert "\nllama (causal): supported\n" in printed and "  knockout: ok\n" in printed, printed
+    assert conf.TABLE.read_bytes() == before
+    for argv, says in ((["--architectures", "--check", "no-such-type"], "--check no-such-type: not a model type"),
+                       (["--check", "llama"], "go with --architectures"),
+                       (["--architectures", "--doc", str(tmp_path / "models.md")], "--doc with --write")):
+        with pytest.raises(SystemExit):
+            main(["models", *argv])
+        assert says in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])

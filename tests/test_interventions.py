@@ -9,8 +9,9 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from helpers import max_diff, near, using
+from helpers import max_diff, near
 from lmlab import LmlabError
+from lmlab.conformance import using
 from lmlab.interventions import (AblateHeads, Capture, EditMLPAct, Knockout, PatchResid, SparseAttention,
                                  intervene)
 

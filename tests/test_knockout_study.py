@@ -72,7 +72,7 @@ def test_sweep_on_a_hybrid_equals_one_forward_per_layer():
     recurrent blocks (the first cut-off, a linear-attention block alone, already moves the state)."""
     import warnings
 
-    import architectures as conf
+    from lmlab import conformance as conf
     from lmlab.models.layout import layout_of
     from lmlab.models.load import LoadedModel
 

@@ -58,6 +58,47 @@ def friendly(fn: Callable) -> Callable:
     return wrapper
 
 
+def _architectures(markdown: bool) -> None:
+    """The shipped table of architectures (and encoders), or its Markdown."""
+    from lmlab.models.architectures import counts, markdown as as_markdown, table
+
+    if markdown:
+        typer.echo(as_markdown(), nl=False)
+        return
+    rows = [[name, row["status"], row.get("blocks", ""), row["reason"]] for name, row in table()["types"].items()]
+    supported, total = counts()
+    out.print(_table(f"architectures: {supported} of {total} supported (transformers {table()['transformers']})",
+                     ["model_type", "status", "blocks (a hybrid's kinds)", "what is refused, and why"], rows,
+                     keep=("model_type",)))
+    encoders = table()["encoders"]
+    n = sum(r["status"] == "supported" for r in encoders.values())
+    out.print(_table(f"encoders, for the quantize study's classifiers: {n} of {len(encoders)} supported",
+                     ["model_type", "status", "what is refused, and why"],
+                     [[name, row["status"], row["reason"]] for name, row in encoders.items()],
+                     keep=("model_type",)))
+
+
+def _check_architectures(types: list[str], write: bool, doc: Path | None) -> None:
+    """--check TYPE: its conformance checks printed; --write: every type checked and the shipped table (and --doc's
+    page) rewritten."""
+    from lmlab import conformance
+
+    if doc is not None and not doc.is_file():
+        raise LmlabError(f"--doc {doc}: no such file")
+    known = set(conformance.causal_types()) | set(conformance.ENCODERS)
+    unknown = [t for t in types if t not in known]
+    if unknown:
+        raise LmlabError(f"--check {unknown[0]}: not a model type transformers registers as a causal LM, nor an "
+                         "encoder the quantize study takes (lmlab models --architectures lists them)")
+    for model_type in types:
+        for kind, got in conformance.check(model_type).items():
+            typer.echo(f"{model_type} ({kind}): {got['status']}{': ' + got['reason'] if got['reason'] else ''}")
+            for name, failure in got.get("checks", {}).items():
+                typer.echo(f"  {name}: {failure or 'ok'}")
+    if write:
+        conformance.write(doc, echo=lambda line: typer.echo(line))
+
+
 @app.command()
 @friendly
 def models(prepare: bool = typer.Option(False, help="de-quantize and cache the embedded models now"),
@@ -66,25 +107,23 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
                                                    "encoders the quantize study takes: supported (each "
                                                    "intervention checked on a tiny random instance) or refused, "
                                                    "and why"),
-           markdown: bool = typer.Option(False, "--markdown", help="with --architectures: print it as Markdown")):
+           markdown: bool = typer.Option(False, "--markdown", help="with --architectures: print it as Markdown"),
+           check: Optional[list[str]] = typer.Option(None, "--check", help="with --architectures: run every "
+                                                     "conformance check on a tiny random instance of this model "
+                                                     "type and print each outcome, writing nothing (repeatable)"),
+           write: bool = typer.Option(False, "--write", help="with --architectures: run the checks on every type "
+                                      "(a few minutes) and rewrite the table lmlab ships"),
+           doc: Optional[Path] = typer.Option(None, "--doc", help="with --write: also rewrite the table in this "
+                                              "Markdown page, between its <!-- architectures:begin --> and "
+                                              "<!-- architectures:end --> marks")):
     """List the embedded, test and cached models (read from their config.json; no weights load)."""
+    if check or write or doc:
+        if not architectures or (doc and not write):
+            raise LmlabError("--check and --write go with --architectures, and --doc with --write")
+        _check_architectures(check or [], write, doc)
+        return
     if architectures:
-        from lmlab.models.architectures import counts, markdown as as_markdown, table
-
-        if markdown:
-            typer.echo(as_markdown(), nl=False)
-            return
-        rows = [[name, row["status"], row.get("blocks", ""), row["reason"]] for name, row in table()["types"].items()]
-        supported, total = counts()
-        out.print(_table(f"architectures: {supported} of {total} supported (transformers {table()['transformers']})",
-                         ["model_type", "status", "blocks (a hybrid's kinds)", "what is refused, and why"], rows,
-                         keep=("model_type",)))
-        encoders = table()["encoders"]
-        n = sum(r["status"] == "supported" for r in encoders.values())
-        out.print(_table(f"encoders, for the quantize study's classifiers: {n} of {len(encoders)} supported",
-                         ["model_type", "status", "what is refused, and why"],
-                         [[name, row["status"], row["reason"]] for name, row in encoders.items()],
-                         keep=("model_type",)))
+        _architectures(markdown)
         return
     from lmlab.models import EMBEDDED, cache_dir
     from lmlab.models.catalog import TINY_NAMES, TINY_SHAPES, describe_folder

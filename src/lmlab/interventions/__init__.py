@@ -4,7 +4,7 @@
         model(**batch)
 
 Every intervention here is checked in tests against an independent computation on two families
-(tests/test_interventions.py), and the core ones on a tiny instance of every architecture (tests/architectures.py).
+(tests/test_interventions.py), and the core ones on a tiny instance of every architecture (lmlab.conformance, `lmlab models --architectures --check TYPE`).
 """
 
 from lmlab.interventions.attention import IMPL

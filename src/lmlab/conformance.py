@@ -6,9 +6,11 @@ modeling file (its scaling, soft-capping, sinks and masks as transformers wrote 
 into its mask; the heads' slice of the output projection's input edited by a plain forward pre-hook; the residual
 stream from `output_hidden_states`; the pattern from `output_attentions`; greedy tokens from `generate`.
 
-`python tests/architectures.py --write` runs every type (a few minutes on 2 cores) and writes the table the package
-ships (src/lmlab/models/architectures.json) and the one in docs/models.md; tests/test_architectures.py checks each
-row again, so the table cannot claim what the checks do not show.
+`lmlab models --architectures --write` runs every type (a few minutes on 2 cores) and writes the table the package
+ships (lmlab/models/architectures.json) and, given `--doc`, the one in a Markdown page between its
+`<!-- architectures:begin -->` and `<!-- architectures:end -->` marks; `lmlab models --architectures --check TYPE`
+checks one type without writing. The tests check each row again, so the table cannot claim what the checks do not
+show.
 """
 
 from __future__ import annotations
@@ -24,11 +26,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import using
-
-ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "src" / "lmlab" / "models" / "architectures.json"
-DOC = ROOT / "docs" / "models.md"
+TABLE = Path(__file__).resolve().parent / "models" / "architectures.json"
 BUILD_SECONDS = 20  # a type whose tiny instance takes longer to build and run is recorded as not checked
 MAX_PARAMS = 50_000_000  # nor one whose config keeps a part at full size (a vision or audio tower): minutes to check
 
@@ -351,7 +349,7 @@ def _check_quantized(model, ids) -> str:
     from transformers.pytorch_utils import Conv1D
 
     from lmlab.errors import LmlabError
-    from lmlab.interventions.quant import quantize_model, xtc_experts_forward
+    from lmlab.interventions.quant import quantize_model
     from lmlab.models.layout import fused_experts, get_submodule, layout_of
 
     copied = copy.deepcopy(model)
@@ -361,12 +359,8 @@ def _check_quantized(model, ids) -> str:
     blocks = layout_of(copied).blocks
     stacked = {(i, n): get_submodule(b, n).detach().clone() for i, b in enumerate(blocks) for n in fused_experts(b)}
 
-    def router(n, m):  # one output per expert, named as a router is (a linear attention's per-head b_proj is not)
-        return isinstance(m, nn.Linear) and m.weight.shape[0] in experts and n.rsplit(".", 1)[-1] in (
-            "gate", "router", "router_proj", "wg", "classifier")
-
     expected = {(i, n): m.weight.detach().clone() for i, b in enumerate(blocks) for n, m in b.named_modules()
-                if isinstance(m, (nn.Linear, Conv1D)) and not router(n, m)}
+                if isinstance(m, (nn.Linear, Conv1D)) and not _router(n, m, experts)}
     embedding = copied.get_input_embeddings()
     with torch.no_grad():
         rows = embedding(ids).clone()  # the rows as the embedding module gives them (Gemma's scale included)
@@ -399,21 +393,37 @@ def _check_quantized(model, ids) -> str:
         return "the quantized model's forward gives non-finite logits"
     if stacked:
         i, name = next(iter(stacked))
-        module = get_submodule(blocks[i], name.rpartition(".")[0])
-        gen = torch.Generator().manual_seed(0)
-        tokens, hidden = 7, config.hidden_size  # (the experts read the block's hidden states)
-        h = torch.randn(tokens, hidden, generator=gen)
-        k = min(2, module.num_experts)
-        index = torch.stack([torch.randperm(module.num_experts, generator=gen)[:k] for _ in range(tokens)])
-        weights = torch.rand(tokens, k, generator=gen)
-        with torch.no_grad():
-            own = type(module).forward(module, h, index, weights)
-            bits, module._lmlab_act_bits = module._lmlab_act_bits, None
-            mine = xtc_experts_forward(module, h, index, weights)
-            module._lmlab_act_bits = bits
-        diff = _close(mine, own, scale=max(float(own.abs().max()), 1e-12))
-        if diff > TOL:
-            return f"lmlab's experts forward differs from the family's own (max relative difference {diff:.1e})"
+        return _check_experts_forward(get_submodule(blocks[i], name.rpartition(".")[0]), config.hidden_size)
+    return ""
+
+
+def _router(name: str, module, experts: set) -> bool:
+    """One output per expert, named as a router is (a linear attention's per-head b_proj is not)."""
+    from torch import nn
+
+    return isinstance(module, nn.Linear) and module.weight.shape[0] in experts and name.rsplit(".", 1)[-1] in (
+        "gate", "router", "router_proj", "wg", "classifier")
+
+
+def _check_experts_forward(module, hidden: int) -> str:
+    """lmlab's experts forward (where the 8-bit quantizers sit) against the family's own on random hidden states and
+    routing, on the quantized weights, its activation quantizer off."""
+    from lmlab.interventions.quant import xtc_experts_forward
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = 7
+    h = torch.randn(tokens, hidden, generator=gen)  # (the experts read the block's hidden states)
+    k = min(2, module.num_experts)
+    index = torch.stack([torch.randperm(module.num_experts, generator=gen)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k, generator=gen)
+    with torch.no_grad():
+        own = type(module).forward(module, h, index, weights)
+        bits, module._lmlab_act_bits = module._lmlab_act_bits, None
+        mine = xtc_experts_forward(module, h, index, weights)
+        module._lmlab_act_bits = bits
+    diff = _close(mine, own, scale=max(float(own.abs().max()), 1e-12))
+    if diff > TOL:
+        return f"lmlab's experts forward differs from the family's own (max relative difference {diff:.1e})"
     return ""
 
 
@@ -490,6 +500,17 @@ TOL = 1e-4
 
 
 @contextmanager
+def using(model, impl):
+    """The model under another attention implementation for the block, its own afterwards."""
+    old = model.config._attn_implementation
+    model.set_attn_implementation(impl)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(old)
+
+
+@contextmanager
 def _ignoring_the_table():
     """Checks judge the architecture itself, not what the shipped table said about it last time."""
     import lmlab.models.architectures as shipped
@@ -508,36 +529,82 @@ def run_checks(model, tokenizer) -> dict[str, str]:
         return _run_checks(model, tokenizer)
 
 
-def _run_checks(model, tokenizer) -> dict[str, str]:
-    from lmlab.errors import LmlabError
-    from lmlab.generation import greedy_answers
-    from lmlab.interventions import AblateHeads, Capture, EditMLPAct, Knockout, intervene
-    from lmlab.models.layout import LEGACY_ATTENTION, layout_of
-    from lmlab.models.load import LoadedModel
+class _Bench:
+    """One tiny model's inputs, its plain logits and the checks' outcomes (name -> "" where it passed, else why)."""
 
-    _register_reference()
-    layout = layout_of(model)
-    lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout, name=model.config.model_type, source="tiny")
-    ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
-                        tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
-    other = ids.flip(1)
-    enc = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
-    # the head edits act on the last attention layer (a hybrid's other blocks have no heads)
-    last, head = layout.attention_layers[-1], min(1, layout.n_heads - 1)
-    out: dict[str, str] = {}
+    def __init__(self, model, tokenizer):
+        from lmlab.models.layout import LEGACY_ATTENTION, layout_of
+        from lmlab.models.load import LoadedModel
 
-    def logits(**kw):
+        self.model, self.tokenizer = model, tokenizer
+        self.layout = layout = layout_of(model)
+        self.lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout, name=model.config.model_type,
+                              source="tiny")
+        self.ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
+                                 tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
+        self.enc = dict(input_ids=self.ids, attention_mask=torch.ones_like(self.ids))
+        # the head edits act on the last attention layer (a hybrid's other blocks have no heads)
+        self.last, self.head = layout.attention_layers[-1], min(1, layout.n_heads - 1)
+        self.d = layout.head_dim_of(self.last)
+        self.attn = layout.attn(self.last)
+        self.legacy = f"{type(self.attn).__module__}.{type(self.attn).__qualname__}" in LEGACY_ATTENTION
+        self.out: dict[str, str] = {}
+        self.plain = self.clean = None
+
+    def logits(self, **kw):
         with torch.no_grad():
-            return model(**enc, **kw).logits
+            return self.model(**self.enc, **kw).logits
 
-    def record(name, diff, changed=None):
+    def record(self, name, diff, changed=None):
         if diff > TOL:
-            out[name] = f"differs from the independent computation (max relative difference {diff:.1e})"
+            self.out[name] = f"differs from the independent computation (max relative difference {diff:.1e})"
         elif changed is not None and changed < 1e-6:
-            out[name] = "changed nothing where the reference changed the output"
+            self.out[name] = "changed nothing where the reference changed the output"
         else:
-            out[name] = ""
+            self.out[name] = ""
 
+    def reference(self, mark, value):
+        """The logits under the reference attention, the last layer's attention marked for it."""
+        setattr(self.attn, mark, value)
+        try:
+            with (_legacy_reference(self.attn) if self.legacy else using(self.model, REF)):
+                return self.logits()
+        finally:
+            delattr(self.attn, mark)
+
+    def by_hand(self, edit):
+        """The logits with the last layer's output projection's input edited by a plain pre-hook (eager)."""
+        handle = self.layout.o_proj(self.last).register_forward_pre_hook(lambda m, a: (edit(a[0].clone()),))
+        try:
+            with using(self.model, "eager"):
+                return self.logits()
+        finally:
+            handle.remove()
+
+    def head_slice(self, x, value):
+        x[..., self.head * self.d:(self.head + 1) * self.d] = value
+        return x
+
+
+def _run_checks(model, tokenizer) -> dict[str, str]:
+    _register_reference()
+    b = _Bench(model, tokenizer)
+    _check_forward(b)
+    _check_knockout(b)
+    _check_heads(b)
+    _check_residual_and_pattern(b)
+    _check_sparse_gate(b)
+    b.out["quantized weights"] = _check_quantized(model, b.ids)
+    _check_mlp_activation(b)
+    b.out["generation"] = _check_generation(b)
+    return b.out
+
+
+def _check_forward(b: _Bench) -> None:
+    """The logits under the model's own attention (sdpa or eager), then routed through lmlab's with captures."""
+    from lmlab.interventions import Capture, intervene
+
+    model = b.model
     base = model.config._attn_implementation
     if base not in ("sdpa", "eager"):  # a model lmlab's function already runs: its own default back
         base = "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
@@ -548,142 +615,140 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
         base = "eager"
         model.set_attn_implementation(base)
     with using(model, base):
-        plain = logits()
-    with intervene(lm, Capture("resid_pre", "z", *(("mlp_out",) if layout.spec.mlp else ()))):
-        routed = logits()
-    record("forward", _close(routed, plain))
+        b.plain = b.logits()
+    with intervene(b.lm, Capture("resid_pre", "z", *(("mlp_out",) if b.layout.spec.mlp else ()))):
+        routed = b.logits()
+    b.record("forward", _close(routed, b.plain))
 
-    keys = torch.zeros_like(ids, dtype=torch.bool)
+
+def _check_knockout(b: _Bench) -> None:
+    """Attention from position 2 blocked at the last attention layer against the reference attention with those pairs
+    masked (and a hybrid's recurrent blocks against the mixer run position by position)."""
+    from lmlab.errors import LmlabError
+    from lmlab.interventions import Knockout, intervene
+
+    keys = torch.zeros_like(b.ids, dtype=torch.bool)
     keys[:, 2] = True
     try:
-        with intervene(lm, Knockout(keys, layers=[last])):
-            got = logits()
+        with intervene(b.lm, Knockout(keys, layers=[b.last])):
+            got = b.logits()
     except LmlabError as exc:  # a hybrid's other mixers carry the tokens on: refused by name
-        got, out["knockout"] = None, f"unavailable: {exc}"
-    if last in layout.mixing_layers:
+        got, b.out["knockout"] = None, f"unavailable: {exc}"
+    if b.last in b.layout.mixing_layers:
         got = None  # (its other mixer is cut too: checked with both below)
-    block = torch.zeros(2, 1, ids.shape[1], ids.shape[1], dtype=torch.bool)
+    block = torch.zeros(2, 1, b.ids.shape[1], b.ids.shape[1], dtype=torch.bool)
     block[:, 0, 3:, 2] = True
-    attn = layout.attn(last)
-
-    legacy = f"{type(attn).__module__}.{type(attn).__qualname__}" in LEGACY_ATTENTION
-
-    def reference(mark, value):
-        """The logits under the reference attention, the last layer's attention marked for it."""
-        setattr(attn, mark, value)
-        try:
-            with (_legacy_reference(attn) if legacy else using(model, REF)):
-                return logits()
-        finally:
-            delattr(attn, mark)
-
-    expected = reference("_conformance_block", block)
-    with using(model, REF):  # (a legacy family: its own method, lmlab's adapter passing through)
-        clean = logits()
+    expected = b.reference("_conformance_block", block)
+    with using(b.model, REF):  # (a legacy family: its own method, lmlab's adapter passing through)
+        b.clean = b.logits()
     if got is not None:
-        record("knockout", _close(got, expected), changed=_close(expected, clean))
+        b.record("knockout", _close(got, expected), changed=_close(expected, b.clean))
+    if b.layout.mixing_layers:
+        b.out["recurrent knockout"] = _check_recurrent_knockout(b.lm, b.enc, keys, b.plain, block)
+        if b.last in b.layout.mixing_layers and "knockout" in b.out:  # (attention and another mixer side by side:
+            b.out["knockout"] = b.out["recurrent knockout"]  # the check above cuts and references both)
 
-    if layout.mixing_layers:
-        out["recurrent knockout"] = _check_recurrent_knockout(lm, enc, keys, plain, block)
-        if last in layout.mixing_layers and "knockout" in out:  # (attention and another mixer side by side:
-            out["knockout"] = out["recurrent knockout"]  # the check above cuts and references both)
 
-    d = layout.head_dim_of(last)
+def _check_heads(b: _Bench) -> None:
+    """A head zeroed, and a head patched from another prompt, against the output projection's input edited by hand."""
+    from lmlab.interventions import AblateHeads, Capture, intervene
 
-    def by_hand(edit):
-        handle = layout.o_proj(last).register_forward_pre_hook(lambda m, a: (edit(a[0].clone()),))
-        try:
-            with using(model, "eager"):
-                return logits()
-        finally:
-            handle.remove()
-
-    def zero(x):
-        x[..., head * d:(head + 1) * d] = 0
-        return x
-
-    with intervene(lm, AblateHeads({last: [head]})):
-        got = logits()
-    record("head ablation", _close(got, by_hand(zero)), changed=_close(got, plain))
-
+    model, last, head, d = b.model, b.last, b.head, b.d
+    with intervene(b.lm, AblateHeads({last: [head]})):
+        got = b.logits()
+    b.record("head ablation", _close(got, b.by_hand(lambda x: b.head_slice(x, 0))), changed=_close(got, b.plain))
+    other = b.ids.flip(1)
     seen = {}
-    handle = layout.o_proj(last).register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach().clone()))
+    handle = b.layout.o_proj(last).register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach().clone()))
     try:
         with torch.no_grad(), using(model, "eager"):
             model(input_ids=other, attention_mask=torch.ones_like(other))
     finally:
         handle.remove()
-    with intervene(lm, Capture("z", layers=last)) as cap, torch.no_grad():
+    with intervene(b.lm, Capture("z", layers=last)) as cap, torch.no_grad():
         model(input_ids=other, attention_mask=torch.ones_like(other))
     ref_z = cap["z", last]
+    with intervene(b.lm, AblateHeads({last: [head]}, mode="patch", reference={last: ref_z})):
+        got = b.logits()
+    patched = b.by_hand(lambda x: b.head_slice(x, seen["x"][..., head * d:(head + 1) * d]))
+    b.record("head patching", _close(got, patched), changed=_close(got, b.plain))
 
-    def patch(x):
-        x[..., head * d:(head + 1) * d] = seen["x"][..., head * d:(head + 1) * d]
-        return x
 
-    with intervene(lm, AblateHeads({last: [head]}, mode="patch", reference={last: ref_z})):
-        got = logits()
-    record("head patching", _close(got, by_hand(patch)), changed=_close(got, plain))
+def _check_residual_and_pattern(b: _Bench) -> None:
+    """The residual stream against `output_hidden_states`, the attention pattern against `output_attentions`."""
+    from lmlab.interventions import Capture, intervene
 
-    with intervene(lm, Capture("resid_pre")) as cap, torch.no_grad():
-        hidden = model(**enc, output_hidden_states=True).hidden_states
-    record("residual", max(_close(cap["resid_pre", l], hidden[l]) for l in range(layout.n_layers)))
-
-    with intervene(lm, Capture("pattern")) as cap:
-        logits()
-    with using(model, "eager"), torch.no_grad():
-        attentions = model(**enc, output_attentions=True).attentions
+    layout = b.layout
+    with intervene(b.lm, Capture("resid_pre")) as cap, torch.no_grad():
+        hidden = b.model(**b.enc, output_hidden_states=True).hidden_states
+    b.record("residual", max(_close(cap["resid_pre", l], hidden[l]) for l in range(layout.n_layers)))
+    with intervene(b.lm, Capture("pattern")) as cap:
+        b.logits()
+    with using(b.model, "eager"), torch.no_grad():
+        attentions = b.model(**b.enc, output_attentions=True).attentions
     layers = layout.attention_layers  # (a hybrid gives None, a linear attention's own weights, or nothing, for the
     if len(attentions) == layout.n_layers:  # blocks without softmax attention)
         attentions = [attentions[l] for l in layers]
     attentions = [a for a in attentions if a is not None]
     if len(attentions) != len(layers):
-        out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {len(layers)} attention layers"
+        b.out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {len(layers)} attention layers"
     else:
-        record("pattern", max(_close(cap["pattern", l], a, 1.0) for l, a in zip(layers, attentions)))
+        b.record("pattern", max(_close(cap["pattern", l], a, 1.0) for l, a in zip(layers, attentions)))
 
-    # the deterministic sparse gate (S4's edit at evaluation) on the last layer against the eager attention whose
-    # mask keeps only the pairs with a positive score
+
+def _check_sparse_gate(b: _Bench) -> None:
+    """The deterministic sparse gate (S4's edit at evaluation) on the last layer against the eager attention whose
+    mask keeps only the pairs with a positive score."""
+    from lmlab.errors import LmlabError
+    from lmlab.interventions import intervene
     from lmlab.interventions.edits import SparseAttention
 
     try:
-        with intervene(lm, SparseAttention(layers=[last], sample=False)):
-            got = logits()
+        with intervene(b.lm, SparseAttention(layers=[b.last], sample=False)):
+            got = b.logits()
     except LmlabError as exc:
-        out["sparse gate"] = f"unavailable: {exc}"
+        b.out["sparse gate"] = f"unavailable: {exc}"
     else:
-        record("sparse gate", _close(got, reference("_conformance_gate", True)), changed=_close(got, clean))
+        b.record("sparse gate", _close(got, b.reference("_conformance_gate", True)), changed=_close(got, b.clean))
 
-    out["quantized weights"] = _check_quantized(model, ids)
 
-    # the MLP activation (ARM's edit, S3): zeroed at the last layer, that layer's MLP output no longer depends on its
-    # input (only the output layer's bias is left), read by a plain hook on the MLP
-    if layout.spec.mlp_act:
-        last = layout.n_layers - 1
-        seen.clear()
-        handle = layout.mlp_out(last).register_forward_hook(
-            lambda m, a, o: seen.setdefault("y", (o[0] if isinstance(o, tuple) else o).detach()))
-        try:
-            with intervene(lm, EditMLPAct(lambda a, layer: a * 0, layers=last)):
-                got = logits()
-        finally:
-            handle.remove()
-        spread = float((seen["y"] - seen["y"][:, :1]).abs().max())
-        out["mlp activation"] = "" if spread < 1e-6 and _close(got, plain) > 1e-6 else (
-            "zeroing the activation found in the MLP left that MLP's output depending on its input")
-    elif not layout.spec.mlp:
-        out["mlp activation"] = "unavailable: its MLPs sit in blocks of their own, not one in every block"
-    else:
-        out["mlp activation"] = "unavailable: the MLP has no activation module of its own (ARM, S3, needs one)"
+def _check_mlp_activation(b: _Bench) -> None:
+    """The MLP activation (ARM's edit, S3): zeroed at the last layer, that layer's MLP output no longer depends on its
+    input (only the output layer's bias is left), read by a plain hook on the MLP."""
+    from lmlab.interventions import EditMLPAct, intervene
 
-    prompts = [ids[0, :6].tolist(), ids[1, :6].tolist()]
+    layout = b.layout
+    if not layout.spec.mlp_act:
+        b.out["mlp activation"] = ("unavailable: its MLPs sit in blocks of their own, not one in every block"
+                                   if not layout.spec.mlp else
+                                   "unavailable: the MLP has no activation module of its own (ARM, S3, needs one)")
+        return
+    last, seen = layout.n_layers - 1, {}
+    handle = layout.mlp_out(last).register_forward_hook(
+        lambda m, a, o: seen.setdefault("y", (o[0] if isinstance(o, tuple) else o).detach()))
     try:
-        got = greedy_answers(lm, prompts, max_new_tokens=5, stop_at_newline=False, share_prefix=False)
+        with intervene(b.lm, EditMLPAct(lambda a, layer: a * 0, layers=last)):
+            got = b.logits()
+    finally:
+        handle.remove()
+    spread = float((seen["y"] - seen["y"][:, :1]).abs().max())
+    b.out["mlp activation"] = "" if spread < 1e-6 and _close(got, b.plain) > 1e-6 else (
+        "zeroing the activation found in the MLP left that MLP's output depending on its input")
+
+
+def _check_generation(b: _Bench) -> str:
+    """lmlab's greedy answers against `generate`'s greedy tokens, cut at the end-of-sequence token."""
+    from lmlab.errors import LmlabError
+    from lmlab.generation import greedy_answers
+
+    model, tokenizer = b.model, b.tokenizer
+    prompts = [b.ids[0, :6].tolist(), b.ids[1, :6].tolist()]
+    try:
+        got = greedy_answers(b.lm, prompts, max_new_tokens=5, stop_at_newline=False, share_prefix=False)
     except LmlabError as exc:  # a model without a cache: refused by name
-        out["generation"] = f"unavailable: {exc}"
-        return out
-    stop = {int(t) for t in ([model.generation_config.eos_token_id] if isinstance(
-        model.generation_config.eos_token_id, int) else (model.generation_config.eos_token_id or []))}
+        return f"unavailable: {exc}"
+    eos = model.generation_config.eos_token_id
+    stop = {int(t) for t in ([eos] if isinstance(eos, int) else (eos or []))} | {tokenizer.eos_token_id}
     expected = []
     for p in prompts:
         with torch.no_grad():
@@ -691,12 +756,11 @@ def _run_checks(model, tokenizer) -> dict[str, str]:
                                  max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)[0, len(p):]
         toks = []
         for t in seq.tolist():
-            if t in stop or t in {tokenizer.eos_token_id}:
+            if t in stop:
                 break
             toks.append(t)
         expected.append(toks)
-    out["generation"] = "" if got == expected else f"greedy tokens {got} where generate gives {expected}"
-    return out
+    return "" if got == expected else f"greedy tokens {got} where generate gives {expected}"
 
 
 def _run_or_refuse(run, model, tokenizer):
@@ -854,22 +918,26 @@ def _run_encoder_checks(model, tokenizer) -> dict[str, str]:
         record("scores", max(_close(cap["scores", l].masked_fill(~keys, float("-inf")).softmax(-1), attentions[l],
                                     1.0) for l in range(layout.n_layers)))
 
+    with intervene(lm, AblateHeads({last: [head]})):
+        got = logits().logits
+    record("head ablation", _close(got, _zeroed_head(model, layout, last, head, d, logits)), changed=_close(got, plain))
+    out["quantized weights"] = _check_quantized(model, ids)
+    return out
+
+
+def _zeroed_head(model, layout, last: int, head: int, d: int, logits) -> torch.Tensor:
+    """The logits with one head's slice of the last layer's output projection input zeroed by a plain pre-hook."""
     def zero(module, args):
         x = args[0].clone()
         x[..., head * d:(head + 1) * d] = 0
         return (x,)
 
-    with intervene(lm, AblateHeads({last: [head]})):
-        got = logits().logits
     handle = layout.o_proj(last).register_forward_pre_hook(zero)
     try:
         with using(model, "eager"):
-            expected = logits().logits
+            return logits().logits
     finally:
         handle.remove()
-    record("head ablation", _close(got, expected), changed=_close(got, plain))
-    out["quantized weights"] = _check_quantized(model, ids)
-    return out
 
 
 def classify_encoder(model_type: str) -> dict:
@@ -891,38 +959,47 @@ def classify_encoder(model_type: str) -> dict:
     return dict(status="supported", reason="", checks=checks)
 
 
-def write() -> None:
+def write(doc: Path | None = None, echo=print) -> None:
+    """Every type checked, the table the package ships rewritten, and `doc`'s table between its marks."""
     import transformers
 
     torch.set_num_threads(1)
     rows = {}
     for model_type in causal_types():
         rows[model_type] = classify(model_type)
-        print(f"{model_type}: {rows[model_type]['status']} {rows[model_type]['reason']}", flush=True)
+        echo(f"{model_type}: {rows[model_type]['status']} {rows[model_type]['reason']}")
     encoders = {}
     for model_type in ENCODERS:
         encoders[model_type] = classify_encoder(model_type)
-        print(f"{model_type} (encoder): {encoders[model_type]['status']} {encoders[model_type]['reason']}", flush=True)
+        echo(f"{model_type} (encoder): {encoders[model_type]['status']} {encoders[model_type]['reason']}")
     table = {"transformers": transformers.__version__,
              "types": {k: {"status": v["status"], "reason": v["reason"], **({"blocks": v["blocks"]} if "blocks" in v
                                                                              else {})} for k, v in rows.items()},
              "encoders": {k: {"status": v["status"], "reason": v["reason"]} for k, v in encoders.items()}}
     TABLE.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    from lmlab.models.architectures import markdown, table as shipped
+    from lmlab.models.architectures import table as shipped
 
     shipped.cache_clear()  # the checks above read the table as it was; the page shows the one just written
-    text = DOC.read_text(encoding="utf-8")
-    head, _, rest = text.partition("<!-- architectures:begin -->")
-    _, _, tail = rest.partition("<!-- architectures:end -->")
-    DOC.write_text(f"{head}<!-- architectures:begin -->\n{markdown()}<!-- architectures:end -->{tail}",
+    if doc is not None:
+        write_doc(doc)
+
+
+def write_doc(doc: Path) -> None:
+    """The shipped table as Markdown between `doc`'s `<!-- architectures:begin -->` and `<!-- architectures:end -->`."""
+    from lmlab.errors import LmlabError
+    from lmlab.models.architectures import markdown
+
+    text = doc.read_text(encoding="utf-8")
+    head, begin, rest = text.partition("<!-- architectures:begin -->")
+    _, end, tail = rest.partition("<!-- architectures:end -->")
+    if not begin or not end:
+        raise LmlabError(f"{doc} has no <!-- architectures:begin --> and <!-- architectures:end --> marks to write "
+                         "the table between")
+    doc.write_text(f"{head}<!-- architectures:begin -->\n{markdown()}<!-- architectures:end -->{tail}",
                    encoding="utf-8")
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write"]:
-        write()
-    else:
-        for t in sys.argv[1:]:
-            print(t, json.dumps(classify(t), indent=1))
-            if t in ENCODERS:
-                print(t, "(encoder)", json.dumps(classify_encoder(t), indent=1))
+def check(model_type: str) -> dict:
+    """One type's checks, without writing: {"causal": ..., "encoder": ...} as far as the type is either."""
+    return {"causal": classify(model_type), **({"encoder": classify_encoder(model_type)}
+                                               if model_type in ENCODERS else {})}
