@@ -52,6 +52,16 @@ def test_a_claim_short_of_its_bar_at_95_but_not_at_the_level_of_no_says_so():
     assert claim.decide(no_confidence=0.95) == "no"
 
 
+def test_a_yes_guarded_as_a_no_is_read_at_its_level():
+    """compare reads "keeps" at the family-wise level as "does not keep": past the bar at 95% but not at 99.99% is
+    open, with the reason; at 95% the same claim says yes."""
+    claim = Resampler(2000, 3).mean_claim("accuracy", _items([0.62, 0.63, 0.64], n=2000), Bar(">=", 0.6), source="paper")
+    assert claim.low > 0.6 and claim.interval(0.9999)[0] < 0.6
+    assert claim.decide(no_confidence=0.9999, yes_confidence=0.9999) == "open"
+    assert "past the bar at 95% but not at the 99.99% that 'yes' is read at" in claim.reason
+    assert claim.decide(no_confidence=0.9999) == "yes"
+
+
 def test_a_claim_on_its_bar_is_not_priced_in_astronomical_seeds():
     rng = np.random.default_rng(0)
     items = np.stack([rng.permutation(np.r_[np.ones(ones), np.zeros(2000 - ones)]) for ones in (1180, 1220, 1200)])

@@ -162,6 +162,7 @@ class Claim:
     decision: Decision = "open"
     reason: str = ""
     no_confidence: float = 0.95
+    yes_confidence: float = 0.95
     decides_at: dict = field(default_factory=dict)
     failed: int = 0  # replicates that failed their recipe or could not compute the statistic: not in the estimate
     bounds: tuple[float, float] | None = None  # the statistic's range: where a failed replicate counts at its worst
@@ -184,9 +185,11 @@ class Claim:
         return self.interval()[1]
 
     # --- the decision
-    def decide(self, no_confidence: float = 0.95) -> Decision:
-        """Set and return yes / no / open (see the module's docstring)."""
-        self.no_confidence = no_confidence
+    def decide(self, no_confidence: float = 0.95, yes_confidence: float = 0.95) -> Decision:
+        """Set and return yes / no / open (see the module's docstring). "no" is read at `no_confidence` (a verdict's
+        family-wise level), "yes" at `yes_confidence` (95%, unless a study guards its "yes" as its "no": compare,
+        whose every comparison is an answer of its own)."""
+        self.no_confidence, self.yes_confidence = no_confidence, yes_confidence
         bar = self.bar
         if self.ceiling:
             self.decision, self.reason = "open", self.ceiling
@@ -194,7 +197,7 @@ class Claim:
         if not np.isfinite(self.estimate) or not np.isfinite(self.se):
             self.decision, self.reason = "open", self.reason or "no estimate or no spread"
             return self.decision
-        low, high = self.interval()
+        low, high = self.interval(yes_confidence)
         nlow, nhigh = self.interval(no_confidence)
         past = (lambda lo, hi: lo >= bar.value) if bar.direction == ">=" else (lambda lo, hi: hi <= bar.value)
         short = ((lambda lo, hi: hi < bar.no_line) if bar.direction == ">=" else
@@ -214,11 +217,21 @@ class Claim:
             if self.decision != "open" and self.failed:
                 self._worst_case(no_confidence)
             if self.decision == "open" and not self.reason:
-                self.reason = (("the interval includes the bar" if bar.margin is None else
-                                "the interval is not clear of the bar, nor past our margin for 'no'")
-                               if not short(low, high) else
-                               f"short of the bar at 95% but not at the {100 * no_confidence:.4g}% that 'no' is read at")
+                self.reason = self._open_reason(short, past)
         return self.decision
+
+    def _open_reason(self, short, past) -> str:
+        """Why an interval decided neither way, read at 95%: across the bar, or past it (or short of it) at 95% but
+        not at the level "yes" (or "no") is read at."""
+        low, high = self.interval()
+        bar = self.bar
+        if short(low, high):
+            return f"short of the bar at 95% but not at the {100 * self.no_confidence:.4g}% that 'no' is read at"
+        clear = past(low, high) if bar.null is None else (low > bar.null if bar.direction == ">=" else high < bar.null)
+        if clear and self.yes_confidence > 0.95:
+            return f"past the bar at 95% but not at the {100 * self.yes_confidence:.4g}% that 'yes' is read at"
+        return ("the interval includes the bar" if bar.margin is None else
+                "the interval is not clear of the bar, nor past our margin for 'no'")
 
     def _worst_case(self, no_confidence: float) -> None:
         """The rule for replicates that failed (`failed`, left out of the estimate): an answer stands only if it also
@@ -238,7 +251,7 @@ class Claim:
         parts = interval_parts(kept + [worst] * self.failed, self.se_item, self.n)
         parts.pop("method")
         other = Claim(name=self.name, bar=self.bar, n=self.n, **parts)
-        if other.decide(no_confidence) != answer:
+        if other.decide(no_confidence, self.yes_confidence) != answer:
             self.decision = "open"
             self.reason = (f"'{answer}' without the {self.failed} failed replicate(s), but not with them counted at "
                            f"their worst ({self.fmt(worst)}{self.unit} each: {self.fmt(other.estimate)}{self.unit} "

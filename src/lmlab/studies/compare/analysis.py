@@ -14,8 +14,9 @@ Claims (lmlab's own: no paper claims this; declared in CLAIMS below):
   original and an unrelated ranking; the claim holds for D >= 0 (declared: the bar is 0, fixed; R and C are in the
   statistic, not in the bar). The interval resamples the prompt pairs (each draw re-ranks both models on both halves
   of every split, so R's uncertainty is in D's, paired with V's) and, where a cell has replicates, the replicates (a
-  t interval over both levels, lmlab.claims). "yes" (keeps it): D's interval above 0; "no": below 0 at the family-
-  wise level; open otherwise, with the reason.
+  t interval over both levels, lmlab.claims). "yes" (keeps it): D's interval above 0, "no": below 0, each read at
+  the family-wise level (Bonferroni over the run's comparisons: each comparison is an answer of its own, so a "keeps"
+  is guarded as a "does not keep" is); open otherwise, with the reason.
   Why halves on both sides: an overlap of rankings made on all the prompt pairs shares the prompts' own noise (both
   models see the same prompts), while a re-measurement on other prompts does not; a bar from R on halves set against
   an overlap on the whole set sits low, and a variant with half its circuit replaced could pass it. On the same
@@ -331,8 +332,9 @@ def claims_of(table: pd.DataFrame, config):
     claims += pathway_claims(table, declared(CLAIMS, "keeps the pathway"))
     decisive = [c for c in claims if not c.reported]
     m = max(len(decisive), 1)
-    for c in claims:
-        c.decide(1 - 0.05 / m if not c.reported else 0.95)
+    for c in claims:  # every comparison is an answer of its own: "keeps" guarded as "does not keep" is
+        level = 1 - 0.05 / m if not c.reported else 0.95
+        c.decide(level, yes_confidence=level)
         if c.name == "keeps the circuit":
             c.reason = why_open(c)
     return claims, []
@@ -441,11 +443,13 @@ def why_open(c) -> str:
     if low <= 0 <= high:
         out = f"the interval of D [{low:+.2f}, {high:+.2f}] includes 0{where}: the run cannot tell it either way"
     else:
-        out = (f"D [{low:+.2f}, {high:+.2f}] is below 0 at 95%{where} but not at the {100 * c.no_confidence:.4g}% "
-               "that 'no' is read at (Bonferroni over the run's comparisons)")
+        side, level, word = (("above", c.yes_confidence, "'keeps'") if low > 0 else
+                             ("below", c.no_confidence, "'does not keep'"))
+        out = (f"D [{low:+.2f}, {high:+.2f}] is {side} 0 at 95%{where} but not at the {100 * level:.4g}% "
+               f"that {word} is read at (Bonferroni over the run's comparisons)")
     if c.replicates >= 2 and c.df < 10:
         out += (f"; {c.replicates} replicates leave the interval {c.df:.1f} degrees of freedom (t "
-                f"{t_quantile(c.df):.1f} at 95%, {t_quantile(c.df, c.no_confidence):.1f} where 'no' is read), the "
+                f"{t_quantile(c.df):.1f} at 95%, {t_quantile(c.df, c.no_confidence):.1f} where either answer is read), the "
                 f"spread between replicates (SE {c.se_seed:.2f}) beside the prompt pairs' (SE {c.se_item:.2f})"
                 + (": two replicates give that spread one degree of freedom, three or more would narrow it"
                    if c.replicates == 2 else ": more replicates would narrow it"))
