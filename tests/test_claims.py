@@ -1,5 +1,7 @@
 """Claims, gates and the two-level interval (lmlab.claims)."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -57,9 +59,12 @@ def test_a_yes_guarded_as_a_no_is_read_at_its_level():
     open, with the reason; at 95% the same claim says yes."""
     claim = Resampler(2000, 3).mean_claim("accuracy", _items([0.62, 0.63, 0.64], n=2000), Bar(">=", 0.6), source="paper")
     assert claim.low > 0.6 and claim.interval(0.9999)[0] < 0.6
-    assert claim.decide(no_confidence=0.9999, yes_confidence=0.9999) == "open"
-    assert "past the bar at 95% but not at the 99.99% that 'yes' is read at" in claim.reason
     assert claim.decide(no_confidence=0.9999) == "yes"
+    claim.guard_yes = True
+    assert claim.decide(no_confidence=0.9999) == "open"
+    assert "past the bar at 95% but not at the 99.99% that 'yes' is read at" in claim.reason
+    many = [copy.deepcopy(claim) for _ in range(500)]  # 500 answers: each read at 1 - 0.05/500 = 99.99%
+    assert judge(many)[0] == "inconclusive" and many[0].decision == "open"  # judge keeps the claim's guard
 
 
 def test_a_claim_on_its_bar_is_not_priced_in_astronomical_seeds():

@@ -155,20 +155,20 @@ def test_vq_vae_round_trips_a_chunk_it_was_trained_on():
         loss.backward()
         opt.step()
     assert torch.equal(vq.reconstruct(prompts, mask, chunks), chunks)
-    codes = vq.codes(prompts, mask, chunks)
+    codes = vq.codes(chunks)
     assert codes.shape == (6, chunk // 2) and int(codes.max()) < 32
 
 
 def test_codes_encoded_in_batches_equal_each_segment_encoded_alone():
-    """The batched encoder (left-padded prompts of several lengths, batches that split an example's segments)
-    gives every segment the code it gets encoded alone, unpadded; a differing code is a near tie of two codes."""
+    """The batched encoder (batches that split an example's segments) gives every segment the code it gets encoded
+    alone; a differing code is a near tie of two codes."""
     from lmlab.data.generated.planning import generate_turtle_problems
     from lmlab.studies.latent.measure import chunk_codes_many, padded
 
     problems = generate_turtle_problems(8, 0, 0, seed=1)["train"] + generate_problems(8, 0, 0, seed=1)["train"]
     vocab = sequences.Vocab.from_texts([p.question + " " + p.chain for p in problems], n_codes=16)
     examples = [sequences.make_example(vocab, p) for p in problems]
-    assert len({len(ex.prompt) for ex in examples}) > 1  # the batches really pad
+    assert len({len(ex.prompt) for ex in examples}) > 1  # segments start at different offsets
     torch.manual_seed(0)
     vq = vqvae.ChunkVQVAE(len(vocab), 16, rate=4, n_codes=16, dim=32, max_prompt=64, pad_id=vocab.pad,
                       max_offset=200).eval()
@@ -179,9 +179,8 @@ def test_codes_encoded_in_batches_equal_each_segment_encoded_alone():
         segs = sequences.segments(ex, 16)
         assert len(got) == 4 * len(segs)
         for s, (a, b) in enumerate(segs):
-            prompt = torch.tensor([ex.prompt])
-            _, _, _, z = vq.encode(prompt, torch.ones_like(prompt, dtype=torch.bool),
-                                   torch.tensor([padded(ex.chain[a:b], 16, vocab.pad)]), torch.tensor([len(ex.prompt) + a]))
+            _, _, _, z = vq.encode(torch.tensor([padded(ex.chain[a:b], 16, vocab.pad)]),
+                                   torch.tensor([len(ex.prompt) + a]))
             dist = torch.cdist(z[0].detach(), books.detach())  # (4 codes, 16)
             alone = dist.argmin(1).tolist()
             for c, (x, y) in enumerate(zip(alone, got[4 * s:4 * s + 4])):

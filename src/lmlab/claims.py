@@ -163,6 +163,7 @@ class Claim:
     reason: str = ""
     no_confidence: float = 0.95
     yes_confidence: float = 0.95
+    guard_yes: bool = False  # "yes" read at the level "no" is (each claim an answer of its own: compare's cells)
     decides_at: dict = field(default_factory=dict)
     failed: int = 0  # replicates that failed their recipe or could not compute the statistic: not in the estimate
     bounds: tuple[float, float] | None = None  # the statistic's range: where a failed replicate counts at its worst
@@ -185,10 +186,11 @@ class Claim:
         return self.interval()[1]
 
     # --- the decision
-    def decide(self, no_confidence: float = 0.95, yes_confidence: float = 0.95) -> Decision:
+    def decide(self, no_confidence: float = 0.95) -> Decision:
         """Set and return yes / no / open (see the module's docstring). "no" is read at `no_confidence` (a verdict's
-        family-wise level), "yes" at `yes_confidence` (95%, unless a study guards its "yes" as its "no": compare,
-        whose every comparison is an answer of its own)."""
+        family-wise level), "yes" at 95%, or at `no_confidence` too where the claim guards its "yes" as its "no"
+        (`guard_yes`: compare, whose every comparison is an answer of its own)."""
+        yes_confidence = no_confidence if self.guard_yes else 0.95
         self.no_confidence, self.yes_confidence = no_confidence, yes_confidence
         bar = self.bar
         if self.ceiling:
@@ -251,7 +253,8 @@ class Claim:
         parts = interval_parts(kept + [worst] * self.failed, self.se_item, self.n)
         parts.pop("method")
         other = Claim(name=self.name, bar=self.bar, n=self.n, **parts)
-        if other.decide(no_confidence, self.yes_confidence) != answer:
+        other.guard_yes = self.guard_yes
+        if other.decide(no_confidence) != answer:
             self.decision = "open"
             self.reason = (f"'{answer}' without the {self.failed} failed replicate(s), but not with them counted at "
                            f"their worst ({self.fmt(worst)}{self.unit} each: {self.fmt(other.estimate)}{self.unit} "
@@ -553,7 +556,8 @@ def unread_claims(claims: Sequence[Claim]) -> list[str]:
 
 def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 0.0,
           seconds_per_replicate: float | None = None) -> tuple[str, str]:
-    """(status, text): decide each claim (Bonferroni over the decisive ones for "no"), apply the gates and the rule
+    """(status, text): decide each claim (Bonferroni over the decisive ones for "no", and for "yes" where a claim
+    guards it), apply the gates and the rule
     of whose claim decides what, and say what would decide the open ones."""
     m = max(len([c for c in claims if not c.reported]), 1)
     for c in claims:

@@ -378,7 +378,8 @@ def results(run_dirs: Optional[list[Path]] = typer.Argument(None, help="finished
     # the run folders by name only: the page is read on other machines, where this one's paths mean nothing
     run_dirs = run_dirs or []
     args = [p.name for p in run_dirs] + ["--records", str(records), "--out", str(out_file)]
-    command = "lmlab results " + " ".join(shlex.quote(a) for a in args + (["--timings", str(timings)] if timings else []))
+    args += (["--timings", str(timings)] if timings else []) + (["--readme", str(readme)] if readme else [])
+    command = "lmlab results " + " ".join(shlex.quote(a) for a in args)
     new = update(run_dirs, records, out_file, timings, command, readme)
     out.print(f"results: {len(new)} run(s) recorded in {records}; {out_file}" + (f"; {timings}" if timings else "")
               + (f"; {readme}" if readme else ""))

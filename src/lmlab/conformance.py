@@ -94,8 +94,6 @@ RECURRENT_KEYS = ("ssm_state_size", "mamba_d_state", "state_size", "mamba_expand
 RECURRENT_LAYER_KINDS = {"linear_attention", "conv", "mamba"}
 RECURRENT_TYPES = ("xlstm",)
 
-CHECKS = ("forward", "knockout", "recurrent knockout", "head ablation", "head patching", "residual", "pattern", "mlp activation",
-          "sparse gate", "quantized weights", "generation")
 # a check whose "unavailable" leaves the rest usable, and what it takes away (the study needing it refuses by name)
 PARTIAL = {"knockout": "knockout (S1's study, `lmlab trace`) unavailable",
            "recurrent knockout": "knockout (S1's study, `lmlab trace`) unavailable",
@@ -986,17 +984,10 @@ def write(doc: Path | None = None, echo=print) -> None:
 
 def write_doc(doc: Path) -> None:
     """The shipped table as Markdown between `doc`'s `<!-- architectures:begin -->` and `<!-- architectures:end -->`."""
-    from lmlab.errors import LmlabError
+    from lmlab.files import atomic_write, splice
     from lmlab.models.architectures import markdown
 
-    text = doc.read_text(encoding="utf-8")
-    head, begin, rest = text.partition("<!-- architectures:begin -->")
-    _, end, tail = rest.partition("<!-- architectures:end -->")
-    if not begin or not end:
-        raise LmlabError(f"{doc} has no <!-- architectures:begin --> and <!-- architectures:end --> marks to write "
-                         "the table between")
-    doc.write_text(f"{head}<!-- architectures:begin -->\n{markdown()}<!-- architectures:end -->{tail}",
-                   encoding="utf-8")
+    atomic_write(doc, splice(doc.read_text(encoding="utf-8"), "architectures", markdown()))
 
 
 def check(model_type: str) -> dict:

@@ -45,3 +45,14 @@ def writable_folder(path: str | Path, option: str) -> Path:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise LmlabError(f"{option} {path}: {probe} cannot be written (permission denied)")
     return path
+
+
+def splice(text: str, name: str, body: str) -> str:
+    """`text` with what lies between its `<!-- NAME:begin -->` and `<!-- NAME:end -->` lines replaced by `body`."""
+    from lmlab.errors import LmlabError
+
+    begin, end = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
+    if begin not in text or end not in text:
+        raise LmlabError(f"no '<!-- {name}:begin -->' ... '<!-- {name}:end -->' markers to write between")
+    head, rest = text.split(begin, 1)
+    return head + begin + body + end + rest.split(end, 1)[1]

@@ -20,12 +20,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
 
 from lmlab.render import headline
 from lmlab.environment import machine
 from lmlab.errors import LmlabError
-from lmlab.files import atomic_write
+from lmlab.files import atomic_write, splice
 
 TIMINGS = Path(__file__).with_name("timings.json")
 
@@ -81,7 +80,7 @@ def _size_fields(study: str) -> set[str]:
 def read_record(run: Path) -> Record:
     """One finished run folder's record; one sentence when the folder holds no finished run."""
     from lmlab.studies import STUDIES
-    from lmlab.studies.result import typed_config
+    from lmlab.studies.result import read_config
 
     manifest_file, verdict_file, config_file = run / "manifest.json", run / "verdict.json", run / "config.yaml"
     if not (manifest_file.is_file() and verdict_file.is_file() and config_file.is_file()):
@@ -92,7 +91,7 @@ def read_record(run: Path) -> Record:
     study = manifest.get("study", "")
     if study not in STUDIES:
         raise LmlabError(f"{run} is a run of '{study}', which is not a study of this lmlab")
-    config = typed_config(STUDIES[study], yaml.safe_load(config_file.read_text()) or {}, manifest.get("model", ""))
+    config = read_config(run, STUDIES[study], manifest.get("model", ""))
     overall = json.loads(verdict_file.read_text())["overall"]
     changed = sorted(k for k in _size_fields(study) if getattr(config, k) is not None)
     env = manifest.get("environment") or {}
@@ -259,15 +258,6 @@ def front_sample(records: list[Record], study: str = "knockout") -> str:
         return ""
     return (f"{STUDIES[study].title}: {r.verdict}\n" + (f"decided by: {r.decided}\n" if r.decided else "")
             + "the whole verdict: …\n" + f"outputs in runs/{r.run} (lmlab report runs/{r.run} draws it as HTML)\n")
-
-
-def splice(text: str, name: str, body: str) -> str:
-    """`text` with what lies between its `<!-- NAME:begin -->` and `<!-- NAME:end -->` lines replaced by `body`."""
-    begin, end = f"<!-- {name}:begin -->\n", f"<!-- {name}:end -->"
-    if begin not in text or end not in text:
-        raise LmlabError(f"no '<!-- {name}:begin -->' ... '<!-- {name}:end -->' markers to write between")
-    head, rest = text.split(begin, 1)
-    return head + begin + body + end + rest.split(end, 1)[1]
 
 
 def spliced_readme(text: str, records: list[Record]) -> str:

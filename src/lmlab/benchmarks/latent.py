@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
 
 from lmlab.benchmarks.registry import benchmark
 from lmlab.errors import LmlabError
@@ -28,15 +27,13 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
     from lmlab.studies import latent as study
     from lmlab.studies import run_study
     from lmlab.studies.latent.measure import evaluate
+    from lmlab.studies.result import read_config
 
     if latent_run is None:
         latent_run = run_study(study.SPEC, study.Config(model="scratch", profile="quick"),
                                Path(out_dir) / "latent-study").path
     run = Path(latent_run)
-    if not (run / "config.yaml").is_file():
-        raise LmlabError(f"{run} is not a run folder (no config.yaml)")
-    fields = yaml.safe_load((run / "config.yaml").read_text())
-    config = study.Config(**{k: v for k, v in fields.items() if k in study.Config.model_fields})
+    config = read_config(run, study.SPEC)
     prep = study.prepare(config)
     rate = max(config.size("rates"))
     weights = {name: study.final_weights(run, name) for name in ("cot", f"r{rate}")}  # replicate 0

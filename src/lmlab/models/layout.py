@@ -6,7 +6,7 @@ whose forward calls transformers' attention interface, which lmlab's attention f
 output projection (the linear layer fed by the concatenated heads), the MLP and its activation, the word
 embeddings. `FAMILIES` keeps the families whose paths were spelled out before discovery (the embedded
 models' among them, so their layouts stay as they were) and the encoders. `architectures.json` records,
-for each architecture transformers registers, whether the conformance checks of tests/architectures
+for each architecture transformers registers, whether the conformance checks of lmlab.conformance
 passed on a tiny random instance of it; a refused architecture is refused here with its reason.
 Studies and interventions ask the layout, never `if family == ...` chains.
 

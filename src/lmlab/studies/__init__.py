@@ -2,9 +2,9 @@
 
 from lmlab.lazy import lazy_exports
 from lmlab.studies.config import StudyConfig
-# registration order = the order `lmlab reproduce` runs them (knockout, quantize, filler, ...)
 from lmlab.studies.registry import STUDIES, StudySpec, get_study, register
 from lmlab.studies.verdict import Verdict
+# registration order = the order `lmlab reproduce` runs them (knockout, quantize, filler, ...)
 from lmlab.studies import knockout, quantize, filler, sparse_circuits, latent, compare  # noqa: E402,F401,I001  (they register themselves)
 
 __all__ = ["STUDIES", "StudyConfig", "StudyResult", "StudySpec", "Verdict", "get_study", "load_result", "register",

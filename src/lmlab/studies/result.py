@@ -208,6 +208,14 @@ def typed_config(spec: StudySpec | None, saved: dict[str, Any], model: str = "mo
                          f"{problem['msg']}; run the study again") from None
 
 
+def read_config(folder: str | Path, spec: StudySpec | None, model: str = "model") -> StudyConfig:
+    """A run folder's config.yaml as the study's config type (`typed_config`); one sentence where it has none."""
+    path = Path(folder).expanduser() / "config.yaml"
+    if not path.is_file():
+        raise LmlabError(f"{folder} is not a run folder (no config.yaml)")
+    return typed_config(spec, yaml.safe_load(path.read_text()) or {}, model)
+
+
 def load_result(folder: str | Path) -> StudyResult:
     """Read a finished run folder back into a `StudyResult`."""
     folder = Path(folder).expanduser()

@@ -319,7 +319,7 @@ def _comparison_row(c) -> dict:
 def claims_of(table: pd.DataFrame, config):
     """Per variant cell and task: keeps the circuit (decisive: D = V - (R + C) / 2 on the same half-splits, see the
     module's docstring), rank correlation and the task metric's change (reported); each decided (Bonferroni over the
-    decisive ones for "no"), an open one with its reason. Returns (claims, gates)."""
+    decisive ones, for "no" and "yes" alike), an open one with its reason. Returns (claims, gates)."""
     settings = {"seed": config.seed, "min_k": config.min_k, "min_verify": config.min_verify}
     models = table[table["kind"] == "model"]
     per, metric = attributions(table), clean_metrics(table)
@@ -333,8 +333,8 @@ def claims_of(table: pd.DataFrame, config):
     decisive = [c for c in claims if not c.reported]
     m = max(len(decisive), 1)
     for c in claims:  # every comparison is an answer of its own: "keeps" guarded as "does not keep" is
-        level = 1 - 0.05 / m if not c.reported else 0.95
-        c.decide(level, yes_confidence=level)
+        c.guard_yes = not c.reported
+        c.decide(1 - 0.05 / m if not c.reported else 0.95)
         if c.name == "keeps the circuit":
             c.reason = why_open(c)
     return claims, []
@@ -428,7 +428,7 @@ def _not_replicated(ref: float, low: float, high: float, luck: float) -> str:
 
 def why_open(c) -> str:
     """An open circuit claim's reason, in words that say what keeps it open (the hold; the replicates' disagreement;
-    the interval across 0; the interval short of 0 at 95% but not at the level "no" is read at), with the degrees of
+    the interval across 0; the interval past 0, or short of it, at 95% but not at the level its answer is read at), with the degrees of
     freedom where few replicates set the interval's width; "" for a decided one."""
     from lmlab.claims import t_quantile
 

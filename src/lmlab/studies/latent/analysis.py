@@ -132,12 +132,18 @@ def _rates(result) -> list[int]:
     return sorted(int(r) for r in v[v["variant"].str.startswith("r")]["rate"].unique())
 
 
-def _per_problem(result, variant: str, column: str = "correct") -> np.ndarray:
-    """(replicates, problems) of `column`, in test order (the same problems for every variant and replicate)."""
+def _pivot(result, variant: str, column: str = "correct") -> pd.DataFrame:
+    """`column` with a row per replicate (sorted) and a column per problem, in test order (the same problems for
+    every variant and replicate)."""
     rows = result.table("problem")
     rows = rows.assign(replicate=rows["replicate"] if "replicate" in rows else 0)
     part = rows[rows["variant"] == variant]
-    return part.pivot_table(index="replicate", columns="idx", values=column).sort_index().to_numpy(dtype=float)
+    return part.pivot_table(index="replicate", columns="idx", values=column).sort_index()
+
+
+def _per_problem(result, variant: str, column: str = "correct") -> np.ndarray:
+    """(replicates, problems) of `column` (`_pivot`'s values)."""
+    return _pivot(result, variant, column).to_numpy(dtype=float)
 
 
 def _mean(v: pd.DataFrame, variant: str, column: str) -> float:
@@ -152,20 +158,12 @@ def claims_and_gates(result):
     return _claims(result, k, unread), _gates(result, v, k, unread)
 
 
-def _replicates(result, variant: str) -> list[int]:
-    """The replicate ids of `variant`'s rows of `_per_problem`, in order."""
-    rows = result.table("problem")
-    if "replicate" not in rows:
-        return [0]
-    return sorted(int(r) for r in rows[rows["variant"] == variant]["replicate"].unique())
-
-
 def _without_unread(result, r: int, diff: np.ndarray, cot: np.ndarray, unread: dict) -> tuple[np.ndarray, dict]:
     """`diff` (replicates, problems) of rate r with the rows of its models that did not read their codes set to NaN
     (failed replicates: left out of the estimate, counted at their worst), and the claim's `failed` and `bounds`:
     a failed replicate's accuracy minus CoT's lies in [-CoT's accuracy, 1 - CoT's accuracy] of its replicate."""
-    ids = _replicates(result, f"r{r}")
-    rows = [i for i, rep in enumerate(ids) if (r, rep) in unread and i < len(diff)]
+    ids = _pivot(result, f"r{r}").index
+    rows = [i for i, rep in enumerate(ids) if (r, int(rep)) in unread and i < len(diff)]
     if not rows:
         return diff, {}
     diff = diff.copy()
@@ -174,10 +172,10 @@ def _without_unread(result, r: int, diff: np.ndarray, cot: np.ndarray, unread: d
     return diff, dict(failed=len(rows), bounds=(-float(cot_acc.max()), 1.0 - float(cot_acc.min())))
 
 
-def _claims(result, k: int, unread: dict | None = None) -> list:
+def _claims(result, k: int, unread: dict) -> list:
     """The claims of CLAIMS on the paired per-problem tables; an accuracy claim at a ceiling or floor is open; a
     latent model that did not read its codes is a failed replicate of its rate's accuracy claims."""
-    rates, unread = _rates(result), unread or {}
+    rates = _rates(result)
     cot = _per_problem(result, "cot")
     items = Resampler(cot.shape[1], k, seed=result.config.seed)
     spec = lambda name: declared(CLAIMS, name)

@@ -16,10 +16,8 @@ import collections
 from pathlib import Path
 
 import torch
-import yaml
-
-from lmlab.studies.latent import sequences
-from lmlab.studies.latent.config import Config
+from lmlab.studies.latent import SPEC, sequences
+from lmlab.studies.result import read_config
 from lmlab.studies.latent.measure import chunk_codes, train_vq
 from lmlab.studies.latent.recipe import final_weights, prepare
 
@@ -35,8 +33,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="test problems to use")
     parser.add_argument("--replicate", type=int, default=0, help="which replicate of the run")
     args = parser.parse_args()
-    fields = yaml.safe_load((args.run / "config.yaml").read_text())
-    config = Config(**{k: v for k, v in fields.items() if k in Config.model_fields})
+    config = read_config(args.run, SPEC)
     prep = prepare(config)
     vocab, rate = prep.vocab, max(config.size("rates"))
     r = args.replicate

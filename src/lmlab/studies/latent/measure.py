@@ -119,18 +119,17 @@ def chunk_codes(vq, vocab, ex: sequences.Example, chunk: int) -> list[int]:
 
 def chunk_codes_many(vq, vocab, examples: list[sequences.Example], chunk: int, batch_size: int = 1024) -> list[list[int]]:
     """`chunk_codes` of each example, the segments of all of them encoded in batches of `batch_size` (each
-    segment's prompt left-padded and masked, as in training: a segment's codes do not depend on its batch)."""
+    segment's codes from the segment and where it starts alone, as in training: they do not depend on its batch)."""
     device = module_device(vq)
     segs = [sequences.segments(ex, chunk) for ex in examples]
-    flat = [(ex.prompt, padded(ex.chain[a:b], chunk, vocab.pad), len(ex.prompt) + a)
+    flat = [(padded(ex.chain[a:b], chunk, vocab.pad), len(ex.prompt) + a)
             for ex, ex_segs in zip(examples, segs) for a, b in ex_segs]
     codes: list[int] = []
     for start in range(0, len(flat), batch_size):
         part = flat[start:start + batch_size]
-        prompt, mask = sequences.pad_left([p for p, _, _ in part], vocab.pad, device)
-        ids = torch.tensor([c for _, c, _ in part], device=device)
-        offset = torch.tensor([o for _, _, o in part], device=device)
-        codes += vq.codes(prompt, mask, ids, offset).reshape(-1).tolist()
+        ids = torch.tensor([c for c, _ in part], device=device)
+        offset = torch.tensor([o for _, o in part], device=device)
+        codes += vq.codes(ids, offset).reshape(-1).tolist()
     per_seg = chunk // vq.rate
     out, at = [], 0
     for ex_segs in segs:
@@ -235,8 +234,7 @@ def vq_quality(vq, vocab, dev_ex: list[sequences.Example], config: Config, train
         out["vq_dev_chunk_exact"] = float((same | ~real).all(1).float().mean())
     sample = train_chunks[:2000]
     if sample:
-        prompt, mask = sequences.pad_left([p for p, _, _ in sample], vocab.pad, device)
-        used = vq.codes(prompt, mask, torch.tensor([c for _, c, _ in sample], device=device),
+        used = vq.codes(torch.tensor([c for _, c, _ in sample], device=device),
                         torch.tensor([o for _, _, o in sample], device=device))
         out["codebook_used"] = int(used.unique().numel())
     return out

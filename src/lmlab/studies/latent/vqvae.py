@@ -123,7 +123,7 @@ class ChunkVQVAE(nn.Module):
             return 0
         return self.where(offset.clamp(max=self.where.num_embeddings - 1).to(like.device))[:, None]
 
-    def encode(self, prompt, prompt_mask, chunk_ids, offset=None):
+    def encode(self, chunk_ids, offset=None):
         """-> (B, chunk/rate) code indices, the quantized vectors, the VQ loss and the encoder's outputs. The encoder
         reads the chunk alone (the paper's f_enc); the prompt is only the decoder's condition."""
         positions = torch.arange(self.max_prompt, self.max_prompt + self.chunk, device=chunk_ids.device)
@@ -141,19 +141,19 @@ class ChunkVQVAE(nn.Module):
         return self.out(self.decoder(q, memory))
 
     def forward(self, prompt, prompt_mask, chunk_ids, offset=None):
-        idx, quantized, vq_loss, z = self.encode(prompt, prompt_mask, chunk_ids, offset)
+        idx, quantized, vq_loss, z = self.encode(chunk_ids, offset)
         logits = self.decode(prompt, prompt_mask, quantized, offset)
         rec = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk_ids.reshape(-1),
                                           ignore_index=self.pad_id)
         return rec + vq_loss, rec, vq_loss, logits, idx, z
 
     @torch.no_grad()
-    def codes(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
+    def codes(self, chunk_ids, offset=None) -> torch.Tensor:
         self.eval()
-        return self.encode(prompt, prompt_mask, chunk_ids, offset)[0]
+        return self.encode(chunk_ids, offset)[0]
 
     @torch.no_grad()
     def reconstruct(self, prompt, prompt_mask, chunk_ids, offset=None) -> torch.Tensor:
         self.eval()
-        _, quantized, _, _ = self.encode(prompt, prompt_mask, chunk_ids, offset)
+        _, quantized, _, _ = self.encode(chunk_ids, offset)
         return self.decode(prompt, prompt_mask, quantized, offset).argmax(-1)

@@ -113,14 +113,14 @@ def _or(value, default):
     return default if value is None else value
 
 
-def claims_and_gates(result, threshold: float = 0.9):
+def claims_and_gates(result):
     """The model half's claims (the multiplier per task and over the tasks; edges kept and the CE change on held-out
     text) and its gates (post-training converged, the held-out CE within the slack over its interval, the multiplier
     powered and re-ranked on each resample, every curve has an effect, replicates)."""
     tables = {name: result.table(name) for name in ("per_prompt", "sparsity", "sparse_seq", "geco", "rerank",
                                                      "rerank_draw")}
     found = curves_of(tables["per_prompt"].assign(kind="per_prompt"))
-    seed = result.config.seed
+    seed, threshold = result.config.seed, result.config.threshold
     reps = sorted({rep for (_, v, rep) in found if v == "sparse"})
     sparsity = tables["sparsity"]
     sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
@@ -235,7 +235,7 @@ def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]
 
 
 def model_verdict(result, claim: str) -> Verdict:
-    claims, gates = claims_and_gates(result, result.config.threshold)
+    claims, gates = claims_and_gates(result)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, text = judge(claims, gates, seconds=seconds)
     sparsity = result.table("sparsity")
