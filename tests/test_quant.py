@@ -397,7 +397,7 @@ def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_
         round_to_nearest(_tiny_moe(), 4)
 
 
-# --- GPTQ (lmlab's own)
+# --- GPTQ (lmlab's own) and AWQ (AutoRound's)
 
 def _correlated_inputs(n_in: int, tokens: int = 1024, seed: int = 0) -> torch.Tensor:
     """Inputs whose dimensions are correlated (a low-rank mix plus noise) and of different sizes, as a layer's are."""
@@ -515,3 +515,48 @@ def test_gptq_model_is_sequential_each_layer_on_the_inputs_the_quantized_layers_
     with pytest.raises(LmlabError, match="GPTQ takes 8, 4, 3, 2 bits, not 5"):
         gptq_model(model, 5, texts)
 
+
+def _autoround_awq_by_its_own_entry(model, tokenizer, bits: int, texts: list):
+    """AutoRound run as its documentation shows (AutoRound(model, tokenizer, scheme, alg_configs=AWQConfig(...),
+    dataset=...).quantize()), in float32 on the CPU, asymmetric, groups of 128: the library's own model."""
+    from auto_round import AutoRound, AWQConfig
+
+    grid = dict(bits=bits, group_size=128, sym=False, data_type="int")
+    rounder = AutoRound(model, tokenizer=tokenizer, scheme=dict(grid), alg_configs=AWQConfig(**grid),
+                        dataset=[t[None] for t in texts], seqlen=len(texts[0]), nsamples=len(texts), batch_size=8,
+                        device_map="cpu", enable_torch_compile=False, amp=False, format="fake", seed=0)
+    rounder.quantize()
+    return rounder.model
+
+
+def test_awq_weights_are_autorounds_own_on_its_grid_with_the_scales_folded_in():
+    """`awq_model` against AutoRound's own AWQ run on the same model and text: the same parameters, in the model's
+    dtype; each quantized layer's weights on the library's grid (its scale and zero point per row and group of 128:
+    integers 0..2^b-1); the norms before q/k/v and gate/up changed (the scales folded in), and at 8 bits the model
+    computes what the original did (s and 1/s cancel)."""
+    pytest.importorskip("auto_round", reason="the autoround extra is not installed")
+    from lmlab.interventions.awq import awq_model
+
+    lm = load_model("tiny-llama")  # hidden 64, 2 KV heads of 16: every dimension a multiple of 32
+    texts = [torch.randint(2, 300, (32,), generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    model = copy.deepcopy(lm.model)
+    done, kept = awq_model(model, lm.tokenizer, 4, texts)
+    assert kept == [] and len(done) == 21
+    own = _autoround_awq_by_its_own_entry(copy.deepcopy(lm.model), lm.tokenizer, 4, texts)
+    for (name, p), (_, q) in zip(model.named_parameters(), own.named_parameters()):
+        assert torch.equal(p, q), name
+    for name, module in own.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in name:
+            codes = module.weight / module.scale + module.zp
+            assert near(codes, codes.round(), atol=1e-3) and codes.min() > -1e-3 and codes.max() < 15 + 1e-3, name
+    block, first = model.model.layers[0], lm.model.model.layers[0]
+    assert not torch.equal(block.input_layernorm.weight, first.input_layernorm.weight)
+    assert torch.equal(model.model.embed_tokens.weight, lm.model.model.embed_tokens.weight)
+    eight = copy.deepcopy(lm.model).to(torch.bfloat16)
+    awq_model(eight, lm.tokenizer, 8, texts)
+    assert all(p.dtype == torch.bfloat16 for p in eight.parameters())
+    with torch.no_grad():
+        ref, out = lm.model(input_ids=texts[0][None]).logits, eight.float()(input_ids=texts[0][None]).logits
+    assert (out - ref).abs().max() < 0.02 * ref.abs().max()
+    with pytest.raises(LmlabError, match="AWQ takes 8, 4, 3, 2 bits, not 5"):
+        awq_model(model, lm.tokenizer, 5, texts)
