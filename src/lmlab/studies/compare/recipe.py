@@ -206,21 +206,21 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
     return float(math.exp(sum(per_seq) / len(per_seq)))
 
 
-CALIBRATION_CHUNKS = 128  # GPTQ's and AWQ's calibration: this many chunks of text (the paper's and AutoRound's count)
+CALIBRATION_DRAW = 512  # standard-library docstrings drawn for GPTQ's and AWQ's calibration (some 250 chunks' worth)
 CALIBRATION_LENGTH = 256  # tokens a chunk (the papers' 2048 would take more docstrings than the standard library has)
 
 
 def _calibration(lm: LoadedModel, config: Config, held_out: list[list[int]]) -> tuple[list, str]:
     """GPTQ's and AWQ's calibration text: standard-library docstrings (up to 256 tokens each) drawn at another seed than
     the perplexity texts, any whose opening is one of those left out, concatenated and cut into chunks of
-    CALIBRATION_LENGTH tokens (CALIBRATION_CHUNKS of them, or as many as the draw fills), on the model's device; and
-    the sentence the made folder's recipe records."""
+    CALIBRATION_LENGTH tokens (the profile's `calibration_chunks`, or as many as the draw fills), on the model's
+    device; and the sentence the made folder's recipe records."""
     import torch
 
-    draw = stdlib_docstrings(lm.tokenizer, 4 * CALIBRATION_CHUNKS, max_tokens=256, seed=config.seed + 1)
+    draw = stdlib_docstrings(lm.tokenizer, CALIBRATION_DRAW, max_tokens=256, seed=config.seed + 1)
     kept = [ids for ids in draw if ids[:PERPLEXITY_TOKENS] not in held_out]
     flat = [t for ids in kept for t in ids]
-    n = min(CALIBRATION_CHUNKS, len(flat) // CALIBRATION_LENGTH)
+    n = min(config.size("calibration_chunks"), len(flat) // CALIBRATION_LENGTH)
     if not n:
         raise LmlabError(f"the standard library's docstrings give {len(flat)} tokens of calibration text with this "
                          f"tokenizer; GPTQ and AWQ need at least {CALIBRATION_LENGTH}")
