@@ -1,4 +1,5 @@
 import copy
+import random
 
 import pytest
 import torch
@@ -532,16 +533,18 @@ def _autoround_awq_by_its_own_entry(model, tokenizer, bits: int, texts: list):
 def test_awq_weights_are_autorounds_own_on_its_grid_with_the_scales_folded_in():
     """`awq_model` against AutoRound's own AWQ run on the same model and text: the same parameters, in the model's
     dtype; each quantized layer's weights on the library's grid (its scale and zero point per row and group of 128:
-    integers 0..2^b-1); the norms before q/k/v and gate/up changed (the scales folded in), and at 8 bits the model
-    computes what the original did (s and 1/s cancel)."""
+    integers 0..2^b-1); the random generators left as they were; the norms before q/k/v and gate/up changed (the
+    scales folded in), and at 8 bits the model computes what the original did (s and 1/s cancel)."""
     pytest.importorskip("auto_round", reason="the autoround extra is not installed")
     from lmlab.interventions.awq import awq_model
 
     lm = load_model("tiny-llama")  # hidden 64, 2 KV heads of 16: every dimension a multiple of 32
     texts = [torch.randint(2, 300, (32,), generator=torch.Generator().manual_seed(i)) for i in range(8)]
     model = copy.deepcopy(lm.model)
+    state = (torch.random.get_rng_state(), random.getstate())
     done, kept = awq_model(model, lm.tokenizer, 4, texts)
     assert kept == [] and len(done) == 21
+    assert torch.equal(state[0], torch.random.get_rng_state()) and state[1] == random.getstate()  # (left as they were)
     own = _autoround_awq_by_its_own_entry(copy.deepcopy(lm.model), lm.tokenizer, 4, texts)
     for (name, p), (_, q) in zip(model.named_parameters(), own.named_parameters()):
         assert torch.equal(p, q), name

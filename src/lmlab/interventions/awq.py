@@ -21,9 +21,11 @@ outputs (o_proj is still rounded). Both are AutoRound's behaviour, not lmlab's c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
+import random
 
 import torch
 from torch import nn
@@ -61,7 +63,8 @@ def awq_model(model: nn.Module, tokenizer, bits: int, texts: list[torch.Tensor],
     targets = post_training_targets(model, "awq")
     device = next(model.parameters()).device
     work = copy.deepcopy(model).float()
-    library = _autoround_awq(work, tokenizer, bits, texts, group_size, seed, device)
+    with _own_random_state(device):  # (AutoRound seeds torch's, numpy's and Python's generators with its seed)
+        library = _autoround_awq(work, tokenizer, bits, texts, group_size, seed, device)
     ours, theirs = dict(model.named_parameters()), dict(library.named_parameters())
     if set(ours) != set(theirs):
         raise LmlabError(f"AutoRound changed the model's parameters ({sorted(set(ours) ^ set(theirs))[:3]}): lmlab "
@@ -73,6 +76,20 @@ def awq_model(model: nn.Module, tokenizer, bits: int, texts: list[torch.Tensor],
     kept = sorted(name for name, m in targets.items()
                   if not isinstance(getattr(library.get_submodule(path[id(m)]), "scale", None), torch.Tensor))
     return sorted(set(targets) - set(kept)), kept
+
+
+@contextlib.contextmanager
+def _own_random_state(device: torch.device):
+    """The random generators' states as they were before, whatever the code inside does to them."""
+    import numpy as np
+
+    python, numpy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            yield
+        finally:
+            random.setstate(python)
+            np.random.set_state(numpy)
 
 
 def _autoround_awq(work: nn.Module, tokenizer, bits: int, texts: list[torch.Tensor], group_size: int, seed: int,
