@@ -314,10 +314,11 @@ def test_make_reads_every_bit_once():
         Config(model="tiny-llama", make=["rtn:9"]).check_inputs(models=False)
     with pytest.raises(LmlabError, match=r"^--make int4:4: unknown method 'int4'; use quantized:BITS .* or sparse "):
         Config(model="tiny-llama", make=["int4:4"]).check_inputs(models=False)
-    for kind in ("gptq", "awq"):  # what lmlab cannot make beside itself: why, and the way round
-        with pytest.raises(LmlabError, match=rf"^--make {kind}:4: lmlab cannot make {kind.upper()} variants here: "
-                                             r"llm-compressor.* transformers <= 5.17.* as --variant DIR"):
-            Config(model="tiny-llama", make=[f"{kind}:4"]).check_inputs(models=False)
+    assert Config(model="tiny-llama", make=["gptq:8,4,3,2"]).made().bits("gptq") == (8, 4, 3, 2)
+    for kind in ("gptq", "awq"):  # a width the method lacks: one line, before any work
+        with pytest.raises(LmlabError, match=rf"^--make {kind}:5: give the bits, each one of 8, 4, 3, 2 \(e.g. "
+                                             rf"{kind}:8,2\)$"):
+            Config(model="tiny-llama", make=[f"{kind}:5"]).check_inputs(models=False)
     assert Config(model="tiny-llama", make=["bnb:4,8", "bnb:4"]).made().bits("bnb") == (4, 8)
     both = Config(model="tiny-llama", make=["sparse", "rtn:4"])
     assert both.made().sparse and both.made().bits("rtn") == (4,)
@@ -368,6 +369,58 @@ def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(ti
     check_declared_columns(result)
     again = lmlab.run("compare", str(tiny_smol_folder), **kw)
     assert again.path == result.path and again.table("made").equals(result.table("made"))
+
+
+def test_make_gptq_and_awq_calibrate_on_shipped_text_into_model_folders(tiny_smol_folder, tmp_path, monkeypatch):
+    """--make gptq:4 (and awq:4 where the autoround extra is installed): a loadable model folder each, its recipe
+    saying the method, the grid, the calibration text (standard-library docstrings, none of those the perplexity is
+    read on) and the library; the rounded layers on 2^4 levels a row (the tiny model's rows are narrower than a group of
+    128); the layers AutoRound leaves in full precision named in the recipe and unchanged. Without the extra, --make
+    awq is refused in one sentence before any work."""
+    import importlib.util
+
+    import torch
+
+    import lmlab
+    from lmlab.data.generated.selftext import stdlib_docstrings
+    from lmlab.models import load_model
+    from lmlab.studies.compare.recipe import _calibration
+
+    awq = importlib.util.find_spec("auto_round") is not None
+    kw = dict(profile="demo", out=tmp_path / "runs", make=["gptq:4", *(["awq:4"] if awq else [])], tasks=["ioi"],
+              n_prompts=4, verify_heads=3)
+    result = lmlab.run("compare", str(tiny_smol_folder), **kw)
+    made = result.table("made").set_index("cell")
+    assert list(made.index) == ["gptq-4bit", *(["awq-4bit"] if awq else [])]
+    original = load_model(str(tiny_smol_folder))
+    for cell, row in made.iterrows():
+        recipe = json.loads((result.path / "made" / cell / "lmlab-recipe.json").read_text())
+        assert recipe["method"] == row.method and recipe["bits"] == 4 and recipe["group_size"] == 128
+        assert recipe["calibration_tokens"] == 256 * recipe["calibration_texts"] == 256 * 32  # (demo's)
+        assert "standard-library docstrings" in recipe["calibration"] and "none of the 64" in recipe["calibration"]
+        assert recipe["library"].startswith("auto-round 0.16.1" if row.method == "awq" else "none: lmlab's own GPTQ")
+        model, kept = load_model(row.folder).model, recipe.get("left_full_precision", [])
+        assert row.perplexity != row.original_perplexity
+        for layer in range(2):
+            for path in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.down_proj"):
+                weight = model.model.layers[layer].get_submodule(path).weight
+                before = original.model.model.layers[layer].get_submodule(path).weight
+                if f"layers.{layer}.{path}" in kept:
+                    assert torch.equal(weight, before)
+                else:
+                    assert all(len(set(r.tolist())) <= 16 for r in weight) and not torch.equal(weight, before)
+        if row.method == "awq":  # (the tiny model's k and v have 16 outputs: not a multiple of 32, AutoRound's unit)
+            assert kept == [f"layers.{i}.self_attn.{p}" for i in range(2) for p in ("k_proj", "v_proj")]
+    texts = stdlib_docstrings(original.tokenizer, 64, seed=0)
+    chunks, _ = _calibration(original, Config(model=str(tiny_smol_folder)), texts)
+    flat = "," + ",".join(str(t) for c in chunks for t in c.tolist()) + ","
+    assert not any("," + ",".join(map(str, ids)) + "," in flat for ids in texts if len(ids) > 8)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "auto_round" else real(name, *a))
+    with pytest.raises(LmlabError, match=r"^--make awq needs Intel's AutoRound package \(its AWQ\): pip install "
+                                         r"'lmlab\[autoround\]'$"):
+        lmlab.run("compare", str(tiny_smol_folder), **{**kw, "make": ["awq:4"], "out": tmp_path / "other"})
+    assert not (tmp_path / "other").exists()
 
 
 def test_repeatable_options_keep_each_value_whole(monkeypatch):

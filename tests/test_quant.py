@@ -1,4 +1,5 @@
 import copy
+import random
 
 import pytest
 import torch
@@ -395,3 +396,170 @@ def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_
     assert torch.equal(model.transformer.wte.weight, lm.model.transformer.wte.weight)
     with pytest.raises(LmlabError, match="experts are stacked in 3-D tensors .* which it does not quantize yet"):
         round_to_nearest(_tiny_moe(), 4)
+
+
+# --- GPTQ (lmlab's own) and AWQ (AutoRound's)
+
+def _correlated_inputs(n_in: int, tokens: int = 1024, seed: int = 0) -> torch.Tensor:
+    """Inputs whose dimensions are correlated (a low-rank mix plus noise) and of different sizes, as a layer's are."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, 8, generator=g) @ torch.randn(8, n_in, generator=g) + 0.3 * torch.randn(tokens, n_in,
+                                                                                                     generator=g)
+    return (x * torch.logspace(-1, 1, n_in)).double()
+
+
+def _gptq_by_hand(w: torch.Tensor, h: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """GPTQ written out plainly (float64): column by column with the OBQ update through the explicit inverse Hessian,
+    which loses the quantized column's row and column after each step (Gaussian elimination; no Cholesky factor, no
+    lazy batches); each group's grid (GPTQ's asymmetric min-max one, as `_gptq_rtn_by_hand`) taken when its first
+    column is reached."""
+    W, H = w.double().clone(), h.double().clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead], W[:, dead] = 1, 0
+    H += 0.01 * torch.diag(H).mean() * torch.eye(len(H), dtype=H.dtype)
+    Hinv, Q, top = torch.linalg.inv(H), torch.zeros_like(W), 2 ** bits - 1
+    for i in range(W.shape[1]):
+        if i % group == 0:
+            cols = W[:, i:i + group]
+            lo, hi = cols.amin(1).clamp(max=0), cols.amax(1).clamp(min=0)
+            scale = (hi - lo) / top
+            zero = torch.round(-lo / scale)
+        Q[:, i] = scale * (torch.clamp(torch.round(W[:, i] / scale) + zero, 0, top) - zero)
+        W[:, i + 1:] -= ((W[:, i] - Q[:, i]) / Hinv[i, i])[:, None] * Hinv[i, i + 1:][None, :]
+        Hinv = Hinv - Hinv[:, i:i + 1] @ Hinv[i:i + 1, :] / Hinv[i, i]
+    return Q
+
+
+@pytest.mark.parametrize("bits,group", [(4, 16), (3, 128), (2, 12)])
+def test_gptq_is_the_obq_update_column_by_column(bits, group):
+    from lmlab.interventions.gptq import gptq_weight
+
+    torch.manual_seed(bits)
+    x = _correlated_inputs(48)
+    x[:, 7] = 0  # an input that is zero on every token: its weights are dropped
+    h = 2 * x.T @ x / len(x)
+    w = torch.randn(10, 48, dtype=torch.float64)
+    got = gptq_weight(w, h, bits, group_size=group)
+    assert near(got, _gptq_by_hand(w, h, bits, group), rtol=1e-9, atol=1e-10)
+    assert (got[:, 7] == 0).all() and not torch.equal(got, _gptq_by_hand(w, torch.eye(48), bits, group))
+    for start in range(0, 48, group):
+        assert all(torch.unique(row).numel() <= 2 ** bits for row in got[:, start:start + group])
+    assert gptq_weight(w.float(), h, bits, group_size=group).dtype == torch.float32
+
+
+@pytest.mark.parametrize("bits", [4, 3, 2])
+def test_gptq_has_less_output_error_than_round_to_nearest_on_the_same_grid(bits):
+    from lmlab.interventions.gptq import gptq_weight
+    from lmlab.interventions.quant import rtn_weight
+
+    torch.manual_seed(bits)
+    x = _correlated_inputs(256).float()
+    w = torch.randn(32, 256)
+    err = lambda q: float(((x @ w.T - x @ q.T) ** 2).sum())  # noqa: E731
+    gptq, rtn = err(gptq_weight(w, 2 * x.T @ x / len(x), bits)), err(rtn_weight(w, bits, group_size=128))
+    assert gptq < 0.7 * rtn
+
+
+@pytest.mark.parametrize("bits", [8, 3])
+def test_gptq_with_an_identity_hessian_is_round_to_nearest_on_its_grid(bits):
+    from lmlab.interventions.gptq import gptq_weight
+    from lmlab.interventions.quant import rtn_weight
+
+    torch.manual_seed(bits)
+    w = torch.randn(16, 300) * torch.rand(16, 1)
+    assert torch.equal(gptq_weight(w, torch.eye(300), bits), rtn_weight(w, bits, group_size=128))
+    assert torch.equal(gptq_weight(w, torch.eye(300) * 5, bits, group_size=300), rtn_weight(w, bits))
+    with pytest.raises(LmlabError, match="round-to-nearest takes 2 to 8 bits, not 1"):
+        gptq_weight(w, torch.eye(300), 1)
+
+
+def _layer_hessians(model, targets: dict, texts: list) -> dict:
+    """2 X^T X / n of each target's inputs over whole forward passes of `model` on `texts`."""
+    grams = {n: [] for n in targets}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: grams[n].append(a[0].reshape(-1, a[0].shape[-1])))
+             for n, m in targets.items()]
+    with torch.no_grad():
+        for ids in texts:
+            model(input_ids=ids[None])
+    for h in hooks:
+        h.remove()
+    return {n: 2 * torch.cat(xs).T @ torch.cat(xs) / len(torch.cat(xs)) for n, xs in grams.items()}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
+def test_gptq_model_is_sequential_each_layer_on_the_inputs_the_quantized_layers_before_it_give(name):
+    """In the made model, every linear layer's input passes only through layers quantized before it was: so each
+    layer's weights are GPTQ of the original's weights on the Hessian of its inputs in the made model, read here by a
+    plain hook on a whole forward pass (not the block-by-block replay the quantizer uses). Calibrating every layer on
+    the original's activations would fail this past the first layers. The embeddings and the output layer stay."""
+    from lmlab.interventions.gptq import gptq_model, gptq_weight
+    from lmlab.interventions.quant import post_training_targets
+
+    original = load_model(name).model.double()
+    model = copy.deepcopy(original)
+    texts = [torch.randint(2, 300, (n,), generator=torch.Generator().manual_seed(n)) for n in (20, 33, 41)]
+    names = gptq_model(model, 3, texts, progress=False)
+    targets, before = post_training_targets(model, "gptq"), post_training_targets(original, "gptq")
+    assert names == sorted(targets) and len(names) == 3 * {"tiny-llama": 7, "tiny-gpt2": 4}[name]
+    conv = name == "tiny-gpt2"
+    weight = lambda m: m.weight.t() if conv else m.weight  # noqa: E731  (GPT-2's Conv1D: (in, out))
+    made, first = _layer_hessians(model, targets, texts), _layer_hessians(original, before, texts)
+    for n, m in targets.items():
+        assert near(weight(m), gptq_weight(weight(before[n]), made[n], 3), rtol=1e-7, atol=1e-9), n
+    on_the_original = sorted(n for n, m in targets.items()
+                             if torch.equal(weight(m), gptq_weight(weight(before[n]), first[n], 3)))
+    first_stage = {"tiny-llama": ["self_attn.k_proj", "self_attn.q_proj", "self_attn.v_proj"],
+                   "tiny-gpt2": ["attn.c_attn"]}[name]  # (their inputs are the same either way; past them, not)
+    assert on_the_original == [f"layers.0.{path}" for path in first_stage]
+    embeddings = model.get_input_embeddings().weight
+    assert torch.equal(embeddings, original.get_input_embeddings().weight)
+    with pytest.raises(LmlabError, match="GPTQ takes 8, 4, 3, 2 bits, not 5"):
+        gptq_model(model, 5, texts)
+
+
+def _autoround_awq_by_its_own_entry(model, tokenizer, bits: int, texts: list):
+    """AutoRound run as its documentation shows (AutoRound(model, tokenizer, scheme, alg_configs=AWQConfig(...),
+    dataset=...).quantize()), in float32 on the CPU, asymmetric, groups of 128: the library's own model."""
+    from auto_round import AutoRound, AWQConfig
+
+    grid = dict(bits=bits, group_size=128, sym=False, data_type="int")
+    rounder = AutoRound(model, tokenizer=tokenizer, scheme=dict(grid), alg_configs=AWQConfig(**grid),
+                        dataset=[t[None] for t in texts], seqlen=len(texts[0]), nsamples=len(texts), batch_size=8,
+                        device_map="cpu", enable_torch_compile=False, amp=False, format="fake", seed=0)
+    rounder.quantize()
+    return rounder.model
+
+
+def test_awq_weights_are_autorounds_own_on_its_grid_with_the_scales_folded_in():
+    """`awq_model` against AutoRound's own AWQ run on the same model and text: the same parameters, in the model's
+    dtype; each quantized layer's weights on the library's grid (its scale and zero point per row and group of 128:
+    integers 0..2^b-1); the random generators left as they were; the norms before q/k/v and gate/up changed (the
+    scales folded in), and at 8 bits the model computes what the original did (s and 1/s cancel)."""
+    pytest.importorskip("auto_round", reason="the autoround extra is not installed")
+    from lmlab.interventions.awq import awq_model
+
+    lm = load_model("tiny-llama")  # hidden 64, 2 KV heads of 16: every dimension a multiple of 32
+    texts = [torch.randint(2, 300, (32,), generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    model = copy.deepcopy(lm.model)
+    state = (torch.random.get_rng_state(), random.getstate())
+    done, kept = awq_model(model, lm.tokenizer, 4, texts)
+    assert kept == [] and len(done) == 21
+    assert torch.equal(state[0], torch.random.get_rng_state()) and state[1] == random.getstate()  # (left as they were)
+    own = _autoround_awq_by_its_own_entry(copy.deepcopy(lm.model), lm.tokenizer, 4, texts)
+    for (name, p), (_, q) in zip(model.named_parameters(), own.named_parameters()):
+        assert torch.equal(p, q), name
+    for name, module in own.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in name:
+            codes = module.weight / module.scale + module.zp
+            assert near(codes, codes.round(), atol=1e-3) and codes.min() > -1e-3 and codes.max() < 15 + 1e-3, name
+    block, first = model.model.layers[0], lm.model.model.layers[0]
+    assert not torch.equal(block.input_layernorm.weight, first.input_layernorm.weight)
+    assert torch.equal(model.model.embed_tokens.weight, lm.model.model.embed_tokens.weight)
+    eight = copy.deepcopy(lm.model).to(torch.bfloat16)
+    awq_model(eight, lm.tokenizer, 8, texts)
+    assert all(p.dtype == torch.bfloat16 for p in eight.parameters())
+    with torch.no_grad():
+        ref, out = lm.model(input_ids=texts[0][None]).logits, eight.float()(input_ids=texts[0][None]).logits
+    assert (out - ref).abs().max() < 0.02 * ref.abs().max()
+    with pytest.raises(LmlabError, match="AWQ takes 8, 4, 3, 2 bits, not 5"):
+        awq_model(model, lm.tokenizer, 5, texts)

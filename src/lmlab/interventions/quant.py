@@ -411,21 +411,41 @@ def load_packed(model: nn.Module, path: str | Path) -> nn.Module:
 RTN_BITS = (2, 3, 4, 5, 6, 7, 8)
 
 
-def rtn_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+def rtn_weight(w: torch.Tensor, bits: int, group_size: int | None = None) -> torch.Tensor:
     """Round-to-nearest of a (out, in) matrix, each row (an output channel) on its own asymmetric grid of 2^bits
     levels spanning its minimum and maximum, zero included: GPTQ's quantizer (Frantar et al., arXiv 2210.17323) and
-    its RTN baseline. Computed in float32; the values come back in `w`'s dtype."""
+    its RTN baseline; with `group_size`, each run of that many input columns of a row has its own grid (the last run
+    may be shorter). Computed in float32; the values come back in `w`'s dtype."""
+    check_rtn_bits(bits)
+    x = w.detach().float()
+    step = group_size or x.shape[-1]
+    out = torch.empty_like(x)
+    for start in range(0, x.shape[-1], step):
+        cols = x[:, start:start + step]
+        out[:, start:start + step] = on_grid(cols, *asymmetric_grid(cols, bits), bits)
+    return out.to(w.dtype)
+
+
+def check_rtn_bits(bits: int) -> int:
     if bits not in RTN_BITS:
         raise LmlabError(f"round-to-nearest takes {RTN_BITS[0]} to {RTN_BITS[-1]} bits, not {bits}")
-    x = w.detach().float()
+    return bits
+
+
+def asymmetric_grid(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) of each row of `x` (float32, (rows, columns)): 2^bits levels from min(min x, 0) to max(max x, 0),
+    the zero point rounded to a level (GPTQ's asymmetric quantizer); an all-zero row gets the grid of -1..1."""
     top = 2 ** bits - 1
     lo, hi = x.amin(-1, keepdim=True).clamp(max=0), x.amax(-1, keepdim=True).clamp(min=0)
     flat = (lo == 0) & (hi == 0)  # an all-zero row: any grid keeps it zero
     lo, hi = torch.where(flat, -1.0, lo), torch.where(flat, 1.0, hi)
     scale = (hi - lo) / top
-    zero = torch.round(-lo / scale)
-    q = torch.clamp(torch.round(x / scale) + zero, 0, top)
-    return (scale * (q - zero)).to(w.dtype)
+    return scale, torch.round(-lo / scale)
+
+
+def on_grid(x: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """`x` rounded to the nearest level of the grid (scale, zero), de-quantized."""
+    return scale * (torch.clamp(torch.round(x / scale) + zero, 0, 2 ** bits - 1) - zero)
 
 
 HQQ_BITS = (8, 4, 3, 2, 1)
@@ -478,6 +498,16 @@ def bnb_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     return values.float().reshape(x.shape).to(device=w.device, dtype=w.dtype)
 
 
+def post_training_targets(model: nn.Module, method: str) -> dict[str, nn.Module]:
+    """name -> module of the linear layers of the blocks a post-training method quantizes (`layers.L.path`); experts
+    stacked in 3-D tensors refused by name."""
+    stacked = expert_targets(model)
+    if stacked:
+        raise LmlabError(f"{method} quantizes linear layers; this model's experts are stacked in 3-D tensors "
+                         f"({next(iter(stacked))}), which it does not quantize yet")
+    return {name: m for name, (m, rowwise) in _linear_targets(model).items() if not rowwise}
+
+
 def round_to_nearest(model: nn.Module, bits: int, method: str = "rtn") -> list[str]:
     """Post-training quantization, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
     weights rounded by `rtn_weight` (`method` "rtn"), HQQ's quantizer (`hqq_weight`, "hqq") or bitsandbytes'
@@ -485,11 +515,7 @@ def round_to_nearest(model: nn.Module, bits: int, method: str = "rtn") -> list[s
     saved folder keeps; the embeddings and the output layer stay as they are (as GPTQ leaves them). Experts stacked
     in 3-D tensors are refused by name. Returns the layers."""
     weight = {"rtn": rtn_weight, "hqq": hqq_weight, "bnb": bnb_weight}[method]
-    stacked = expert_targets(model)
-    if stacked:
-        raise LmlabError(f"{method} quantizes linear layers; this model's experts are stacked in 3-D tensors "
-                         f"({next(iter(stacked))}), which it does not quantize yet")
-    targets = {name: m for name, (m, rowwise) in _linear_targets(model).items() if not rowwise}
+    targets = post_training_targets(model, method)
     with torch.no_grad():
         for module in targets.values():
             if isinstance(module, Conv1D):  # (in, out): the output channels are its columns

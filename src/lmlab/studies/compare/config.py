@@ -50,6 +50,9 @@ class Config(StudyConfig):
                                                        "corrupted, answer and distractor (one token each; a pair's "
                                                        "prompts the same length in tokens)")
     n_prompts: int | None = Field(None, ge=4, description="prompt pairs per task (the same pairs for every model)")
+    calibration_chunks: int | None = Field(None, ge=1, description="--make gptq and awq: chunks of 256 tokens of "
+                                                                   "calibration text (standard-library docstrings "
+                                                                   "the perplexity is not read on)")
     threshold: float = Field(0.9, gt=0, le=1, description="explained effect that defines a circuit's size")
     min_k: int = Field(5, ge=1, description="the fewest heads the overlap is read at (the circuit's size, else this)")
     verify_heads: int | None = Field(None, ge=0, description="each model's top heads checked by activation patching "

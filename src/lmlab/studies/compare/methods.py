@@ -4,7 +4,9 @@ help, its refusals, the checks of its package and the run's jobs come. `parse_ma
 its name.
 
 Adding a method: an entry in METHODS (its widths, what it makes, its grid as the made folder's recipe says it, the
-package it needs) and its quantizer in `lmlab.interventions.quant.round_to_nearest` (a post-training method) or
+package it needs) and its quantizer in `lmlab.interventions.quant.round_to_nearest` (a post-training method that
+rounds weight by weight), its own function under `lmlab.interventions` called from the recipe's `_quantized`
+(`calibrated`: a post-training method that reads the layers' inputs on calibration text, as gptq and awq do), or
 its own maker in the recipe (`trains`: students of lmlab quantize)."""
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class Method:
     what: str  # what it makes, for --make's help
     grid: str = ""  # a post-training method: how the weights are rounded (written into the made folder's recipe)
     trains: bool = False  # students trained by lmlab quantize (one run folder), not a copy of the original
-    needs: str = ""  # the extra package it needs ("hqq", "bnb"), checked before any work
+    needs: str = ""  # the extra package it needs ("hqq", "bnb", "autoround"), checked before any work
+    calibrated: bool = False  # quantizes from the layers' inputs on calibration text (gptq, awq), not weight by weight
 
     @property
     def example(self) -> str:
@@ -48,12 +51,26 @@ METHODS = {m.name: m for m in (
            grid="bitsandbytes' own quantizers: at 4 bits NF4 (blocks of 64 consecutive weights, each scaled by its "
                 "absmax onto the 16 NormalFloat levels), at 8 bits LLM.int8()'s weights (each row in int8 on its "
                 "absmax; its activation rounding at inference not applied); stored de-quantized", needs="bnb"),
+    Method("gptq", (8, 4, 3, 2), "the original quantized by GPTQ (lmlab's implementation): each layer's rounding error "
+           "spread over its inputs not yet rounded through the Hessian of its inputs on calibration text, groups of "
+           "128",
+           grid="GPTQ (Frantar et al. 2022), lmlab's implementation: asymmetric, one grid per output row in groups of "
+                "128 input columns (min to max, zero included); columns in order, the Hessian 2X^TX / n dampened by 1% "
+                "of its mean diagonal; block after block and, within a block, layer after layer on the outputs of the "
+                "layers already quantized; stored de-quantized", calibrated=True),
+    Method("awq", (8, 4, 3, 2), "the original quantized by AWQ through AutoRound: per-channel scales searched on "
+           "calibration text folded into the operation before each layer, then rounded in groups of 128 (the "
+           "autoround extra)",
+           grid="AWQ (Lin et al. 2023) through AutoRound's AWQConfig: per-channel scales s = mean|x|^a / "
+                "mean|w|^(1-a) (19 values of a from 0 to 1) or s = 1, the one that gives the least output error of the "
+                "layers' parent on the calibration text kept and folded into the preceding norm or projection; then "
+                "AutoRound's RTN, asymmetric, one grid per output row in groups of 128 input columns; stored "
+                "de-quantized", needs="autoround", calibrated=True),
 )}
 
-# methods a user may ask for that lmlab cannot make in its own environment: why, and the way round
-_LLM_COMPRESSOR = ("llm-compressor, which makes them, requires transformers <= 5.17 and compressed-tensors 0.19 "
-                   "(lmlab needs transformers 5.24)")
-NOT_MADE = {"gptq": _LLM_COMPRESSOR, "awq": _LLM_COMPRESSOR}
+# methods a user may ask for that lmlab cannot make in its own environment: name -> why (each is then made with
+# llm-compressor in an environment of its own and compared as --variant DIR); none at present
+NOT_MADE: dict[str, str] = {}
 
 # a variant at one bit width of a method made elsewhere: a folder so named (`.../gptq-4bit`); the method is its name
 # without the width (read once, where the variant is expanded)
@@ -66,8 +83,8 @@ def make_help() -> str:
     return (f"variants made in the run: {made}; each post-training variant saved as a model folder with its recipe "
             f"and its perplexity on held-out text; {SPARSE} (lmlab sparse-circuits' model half at this profile's "
             f"--circuits sizes, without its toy: the original post-trained with sparse attention, --seeds "
-            f"replicates). {', '.join(n.upper() for n in NOT_MADE)} are made with llm-compressor in an environment "
-            "of its own and compared as --variant DIR")
+            "replicates)" + (f". {', '.join(n.upper() for n in NOT_MADE)} are made with llm-compressor in an "
+                             "environment of its own and compared as --variant DIR" if NOT_MADE else ""))
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,10 @@ def check_packages(made: Made) -> None:
             from lmlab.models.quantized import bnb_functional
 
             bnb_functional()  # (one sentence where the bnb extra is missing)
+        elif package == "autoround":
+            from lmlab.interventions.awq import check_autoround
+
+            check_autoround()
 
 
 def width_of_name(name: str) -> tuple[str, int] | None:

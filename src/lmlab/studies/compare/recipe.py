@@ -47,6 +47,8 @@ from lmlab.interventions.permute import permute_heads
 from lmlab.data.generated.selftext import stdlib_docstrings
 from lmlab.evaluation import causal_lm_ce
 from lmlab.files import atomic_write
+from lmlab.interventions.awq import AWQ_GROUP, autoround_version, awq_model
+from lmlab.interventions.gptq import GPTQ_GROUP, gptq_model
 from lmlab.interventions.quant import load_packed, round_to_nearest
 from lmlab.models import LoadedModel, layout_of, save_model
 from lmlab.models.quantized import of_folder
@@ -181,11 +183,12 @@ def _made(config: Config, run_dir: RunDir, lm: LoadedModel | None) -> list[str]:
 
 RECIPE = "lmlab-recipe.json"  # written last into a made variant's folder: the folder is whole once it is there
 PERPLEXITY_TEXTS = 64  # standard-library docstrings (up to 64 tokens each) a made variant's perplexity is read on
+PERPLEXITY_TOKENS = 64  # their cut (stdlib_docstrings' default), which the calibration draw is checked against
 
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
-    """--make rtn:B, hqq:B and bnb:B: the original quantized after training at each B, a model folder each in this
-    run's made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
+    """--make rtn:B, hqq:B, bnb:B, gptq:B and awq:B: the original quantized after training at each B, a model folder
+    each in this run's made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
     return [Variant(f"{m.name}-{b}bit", 0, str(_rounded_folder(run_dir, m.name, b)), "model", m.name, b)
             for m, b in config.made().post_training()]
 
@@ -203,29 +206,73 @@ def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
     return float(math.exp(sum(per_seq) / len(per_seq)))
 
 
+CALIBRATION_DRAW = 512  # standard-library docstrings drawn for GPTQ's and AWQ's calibration (some 250 chunks' worth)
+CALIBRATION_LENGTH = 256  # tokens a chunk (the papers' 2048 would take more docstrings than the standard library has)
+
+
+def _calibration(lm: LoadedModel, config: Config, held_out: list[list[int]]) -> tuple[list, str]:
+    """GPTQ's and AWQ's calibration text: standard-library docstrings (up to 256 tokens each) drawn at another seed than
+    the perplexity texts, any whose opening is one of those left out, concatenated and cut into chunks of
+    CALIBRATION_LENGTH tokens (the profile's `calibration_chunks`, or as many as the draw fills), on the model's
+    device; and the sentence the made folder's recipe records."""
+    import torch
+
+    draw = stdlib_docstrings(lm.tokenizer, CALIBRATION_DRAW, max_tokens=256, seed=config.seed + 1)
+    kept = [ids for ids in draw if ids[:PERPLEXITY_TOKENS] not in held_out]
+    flat = [t for ids in kept for t in ids]
+    n = min(config.size("calibration_chunks"), len(flat) // CALIBRATION_LENGTH)
+    if not n:
+        raise LmlabError(f"the standard library's docstrings give {len(flat)} tokens of calibration text with this "
+                         f"tokenizer; GPTQ and AWQ need at least {CALIBRATION_LENGTH}")
+    chunks = [torch.tensor(flat[i * CALIBRATION_LENGTH:(i + 1) * CALIBRATION_LENGTH], device=lm.device)
+              for i in range(n)]
+    return chunks, (f"{n} chunks of {CALIBRATION_LENGTH} tokens cut from {len(kept)} standard-library docstrings "
+                    f"(drawn at seed {config.seed + 1}, none of the {len(held_out)} the perplexity is read on)")
+
+
+def _quantized(lm: LoadedModel, method: str, bits: int, calibration: tuple[list, str] | None,
+               seed: int) -> tuple[object, dict]:
+    """A copy of the original's model quantized by `method` at `bits`, and what its recipe records of how."""
+    model = copy.deepcopy(lm.model)
+    if not METHODS[method].calibrated:
+        return model, {"layers": len(round_to_nearest(model, bits, method))}
+    texts, said = calibration
+    facts = {"calibration": said, "calibration_texts": len(texts), "calibration_tokens": sum(len(t) for t in texts)}
+    if method == "gptq":
+        return model, {"layers": len(gptq_model(model, bits, texts)), "group_size": GPTQ_GROUP, **facts,
+                       "library": "none: lmlab's own GPTQ (lmlab.interventions.gptq)"}
+    layers, kept = awq_model(model, lm.tokenizer, bits, texts, seed=seed)
+    return model, {"layers": len(layers), "left_full_precision": kept, "group_size": AWQ_GROUP, **facts,
+                   "library": f"auto-round {autoround_version()} (AWQConfig, then its RTN)"}
+
+
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
-    """Each --make rtn:B, hqq:B and bnb:B variant's folder (made where it is not whole yet: an interrupted run makes it
-    again) and its `made` row: the recipe, and the perplexity of the variant and the original on held-out text."""
+    """Each --make rtn:B, hqq:B, bnb:B, gptq:B and awq:B variant's folder (made where it is not whole yet: an
+    interrupted run makes it again) and its `made` row: the recipe, and the perplexity of the variant and the original
+    on held-out text."""
     jobs = [(m.name, b) for m, b in config.made().post_training()]
     if not jobs:
         return []
-    texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, seed=config.seed)
-    original = None
+    texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, PERPLEXITY_TOKENS, seed=config.seed)
+    original = calibration = None
     rows = []
     for method, b in jobs:
         folder, cell = _rounded_folder(run_dir, method, b), f"{method}-{b}bit"
         if not (folder / RECIPE).is_file():
             original = original if original is not None else _perplexity(lm, texts)
-            run_dir.log(f"making {cell}: every linear layer of the blocks quantized by {method} at {b} bits")
-            model = copy.deepcopy(lm.model)
-            layers = round_to_nearest(model, b, method)
+            if METHODS[method].calibrated and calibration is None:
+                calibration = _calibration(lm, config, texts)
+            run_dir.log(f"making {cell}: every linear layer of the blocks quantized by {method} at {b} bits"
+                        + (f", calibrated on {calibration[1]}" if METHODS[method].calibrated else ""))
+            model, facts = _quantized(lm, method, b, calibration, config.seed)
             made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-{cell}")
             shutil.rmtree(folder, ignore_errors=True)
             save_model(made, folder)
-            recipe = {"method": method, "bits": b, "grid": METHODS[method].grid, "layers": len(layers),
+            recipe = {"method": method, "bits": b, "grid": METHODS[method].grid, **facts,
                       "embeddings": "full precision", "source": str(config.model),
                       "perplexity": _perplexity(made, texts), "original_perplexity": original,
-                      "perplexity_text": f"{len(texts)} standard-library docstrings, up to 64 tokens each"}
+                      "perplexity_text": f"{len(texts)} standard-library docstrings, up to {PERPLEXITY_TOKENS} tokens "
+                                         "each"}
             del model, made
             atomic_write(folder / RECIPE, json.dumps(recipe, indent=1))
         recipe = json.loads((folder / RECIPE).read_text())
