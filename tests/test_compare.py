@@ -328,6 +328,11 @@ def test_make_reads_every_bit_once():
     assert Config(model="tiny-llama", make=["hqq:4,1", "rtn:4"]).made().bits("hqq") == (4, 1)
     with pytest.raises(LmlabError, match=r"^--make hqq:6: give the bits, each one of 8, 4, 3, 2, 1"):
         Config(model="tiny-llama", make=["hqq:6"]).check_inputs(models=False)
+    with pytest.raises(LmlabError, match=r"^--make rtn:4 4: give the bits"):  # a space where a comma belongs
+        Config(model="tiny-llama", make=["rtn:4 4"]).check_inputs(models=False)
+    from lmlab.studies.compare.methods import EXTRA_CHECKS, METHODS
+
+    assert {m.needs for m in METHODS.values() if m.needs} <= set(EXTRA_CHECKS)  # every extra checked before work
 
 
 def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(tiny_smol_folder, tmp_path):

@@ -124,7 +124,8 @@ def parse_make(items: list[str]) -> Made:
                              + ", ".join(f"{m.name}:BITS (e.g. {m.example})" for m in METHODS.values())
                              + f" or {SPARSE} (lmlab sparse-circuits' sparse-attention models)")
         allowed = METHODS[name].widths
-        parts = [int(b) for b in rest.split(",") if b.strip()] if re.fullmatch(r"[\d,\s]*", rest) else []
+        given = [b.strip() for b in rest.split(",") if b.strip()]
+        parts = [int(b) for b in given] if all(b.isdigit() for b in given) else []
         if not parts or any(b not in allowed for b in parts):
             raise LmlabError(f"--make {item}: give the bits, each one of {', '.join(map(str, allowed))} (e.g. "
                              f"{METHODS[name].example})")
@@ -133,24 +134,35 @@ def parse_make(items: list[str]) -> Made:
     return Made({k: tuple(v) for k, v in widths.items()}, SPARSE in items)
 
 
+def _check_hqq() -> None:
+    import importlib.util
+
+    from lmlab.extras import HQQ
+
+    if importlib.util.find_spec("hqq") is None:
+        raise LmlabError(HQQ)
+
+
+def _check_bnb() -> None:
+    from lmlab.models.quantized import bnb_functional
+
+    bnb_functional()  # (one sentence where the bnb extra is missing)
+
+
+def _check_autoround() -> None:
+    from lmlab.interventions.awq import check_autoround
+
+    check_autoround()
+
+
+# each extra a method may need (`Method.needs`), and the check that says in one sentence it is missing
+EXTRA_CHECKS = {"hqq": _check_hqq, "bnb": _check_bnb, "autoround": _check_autoround}
+
+
 def check_packages(made: Made) -> None:
     """One sentence where a method's extra package is missing (before any work)."""
     for package in made.needs():
-        if package == "hqq":
-            import importlib.util
-
-            from lmlab.extras import HQQ
-
-            if importlib.util.find_spec("hqq") is None:
-                raise LmlabError(HQQ)
-        elif package == "bnb":
-            from lmlab.models.quantized import bnb_functional
-
-            bnb_functional()  # (one sentence where the bnb extra is missing)
-        elif package == "autoround":
-            from lmlab.interventions.awq import check_autoround
-
-            check_autoround()
+        EXTRA_CHECKS[package]()
 
 
 def width_of_name(name: str) -> tuple[str, int] | None:
