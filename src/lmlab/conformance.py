@@ -416,12 +416,14 @@ def _check_experts_forward(module, hidden: int) -> str:
     routing, on the quantized weights, its activation quantizer off."""
     from lmlab.interventions.quant import xtc_experts_forward
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = 7
-    h = torch.randn(tokens, hidden, generator=gen)  # (the experts read the block's hidden states)
+    h = torch.randn(tokens, hidden, generator=gen, device="cpu")  # (the experts read the block's hidden states)
     k = min(2, module.num_experts)
-    index = torch.stack([torch.randperm(module.num_experts, generator=gen)[:k] for _ in range(tokens)])
-    weights = torch.rand(tokens, k, generator=gen)
+    index = torch.stack([torch.randperm(module.num_experts, generator=gen, device="cpu")[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k, generator=gen, device="cpu")
+    device = next(module.parameters()).device  # (drawn on the CPU, so the same numbers on any device)
+    h, index, weights = h.to(device), index.to(device), weights.to(device)
     with torch.no_grad():
         own = type(module).forward(module, h, index, weights)
         bits, module._lmlab_act_bits = module._lmlab_act_bits, None
