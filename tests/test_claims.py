@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from lmlab.claims import declared, Bar, Gate, judge, replicates_gate
+from lmlab.claims import declared, deciding, Bar, Gate, judge, replicates_gate
 from lmlab.resampling import Resampler, replicate_seed
 
 
@@ -65,6 +65,18 @@ def test_a_yes_guarded_as_a_no_is_read_at_its_level():
     assert "past the bar at 95% but not at the 99.99% that 'yes' is read at" in claim.reason
     many = [copy.deepcopy(claim) for _ in range(500)]  # 500 answers: each read at 1 - 0.05/500 = 99.99%
     assert judge(many)[0] == "inconclusive" and many[0].decision == "open"  # judge keeps the claim's guard
+
+
+def test_an_inconclusive_verdict_names_an_open_claim_more_data_could_decide_before_one_at_a_ceiling():
+    """Of two open paper claims, the one held open at a ceiling is not what the verdict names: the other, which more
+    data could decide, is."""
+    items = _items([0.55, 0.6, 0.65], n=200)
+    first = Resampler(200, 3).mean_claim("gain", items, Bar(">=", 0.9), source="paper")
+    first.ceiling = "the arm it must beat sits at the ceiling"
+    second = Resampler(200, 3).mean_claim("level", items, Bar(">=", 0.6), source="paper")
+    status, _ = judge([first, second])
+    assert status == "inconclusive" and first.decision == second.decision == "open"
+    assert deciding([first, second])["name"] == "level"
 
 
 def test_a_claim_on_its_bar_is_not_priced_in_astronomical_seeds():

@@ -612,7 +612,8 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     "no"; for "reproduced" the first decisive paper claim; for "inconclusive" the first failed unscoped gate that
     blocks everything, else the scoped gate that left nothing (or a paper claim nowhere) read, else the first
     decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or every claim's "yes") from
-    deciding, else the first open decisive claim (the paper's first). A dict with `kind` ("claim" or "gate"), its
+    deciding, else the first open decisive claim (the paper's first, one that more data could decide before one
+    held open at a ceiling). A dict with `kind` ("claim" or "gate"), its
     name, source, where and bar."""
     status = _status(claims, gates)
     decisive = [c for c in claims if not c.reported and not c.set_aside]
@@ -633,6 +634,7 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
                 or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
                 or (next((g for g in failed if g.blocks == "no"), None) if paper_no else None)
                 or (next((g for g in failed if g.blocks == "yes"), None) if all_yes else None)
+                or next((c for c in decisive if c.decision == "open" and c.source == "paper" and not c.ceiling), None)
                 or next((c for c in decisive if c.decision == "open" and c.source == "paper"), None)
                 or next((c for c in decisive if c.decision == "open"), None)
                 or (decisive[0] if decisive else None))
