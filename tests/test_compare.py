@@ -104,6 +104,44 @@ def test_the_rule_says_yes_no_and_open_where_it_should():
     assert _decisions(_table(noisy, {"half": half}))["half"] == "open"
 
 
+def _drawn_table(originals: list[np.ndarray], variants: dict[str, list[np.ndarray]], needed: int = 6) -> pd.DataFrame:
+    """A recipe's rows for one task measured on several prompt draws: the original on each draw (key "original",
+    then "original#d"), replicate r of each variant on draw r (the recipe's pairing)."""
+    parts = []
+    for d, original in enumerate(originals):
+        part = _table(original, {cell: [reps[d]] for cell, reps in variants.items() if d < len(reps)}, needed)
+        key = lambda k, d=d: ("original" if d == 0 else f"original#{d}") if k == "original" else k.replace("#0", f"#{d}")
+        part = part.assign(model_key=part["model_key"].map(key), replicate=d, draw=d)
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_an_answer_must_hold_across_the_draws_of_prompt_pairs():
+    """Each replicate is its own draw of prompt pairs, read against the original on that draw: a variant that keeps
+    the circuit in one replicate of three (its other two carry another circuit) is open, not "keeps"; one that keeps
+    it on every draw keeps; one that never does does not. The interval counts the prompt pairs' part once."""
+    rng = np.random.default_rng(4)
+    originals = [_circuit(rng) for _ in range(3)]  # each draw: other prompt pairs, the same circuit
+    kept = [_circuit(rng) for _ in range(3)]
+    other = (5, 9, 30, 33, 44, 58)
+    once = [_circuit(rng)] + [_circuit(rng, circuit=other) for _ in range(2)]
+    moved = [_circuit(rng, circuit=other) for _ in range(3)]
+    claims, _ = analysis.claims_of(_drawn_table(originals, {"kept": kept, "once": once, "moved": moved}),
+                                   Config(model="m", seed=0, min_k=5))
+    found = {c.group.partition(" / ")[0]: c for c in claims if c.name == "keeps the circuit"}
+    assert found["kept"].decision == "yes" and found["moved"].decision == "no"
+    assert found["once"].decision == "open"
+    assert found["once"].replicate_estimates[0] > 0 > max(found["once"].replicate_estimates[1:])
+    assert found["once"].replicates == 3 and found["once"].df < 10  # the replicates' spread sets its width
+    assert "drawn per replicate" in found["once"].method and found["kept"].extra["draws"] == 3
+    # every replicate read against the original on its own draw: a copy of the original on each draw has V = R there
+    copies = _drawn_table(originals, {"copy": [o.copy() for o in originals]})
+    copy = next(c for c in analysis.claims_of(copies, Config(model="m", seed=0, min_k=5))[0]
+                if c.name == "keeps the circuit")
+    assert copy.extra["overlap"] == pytest.approx(copy.extra["self_overlap"])
+    assert copy.decision == "yes"
+
+
 def _noisy(rng, circuit, shared, n_prompts=32, total=64, noise=1.5):
     """Attribution with the prompts' own noise (`shared`, the same for every model on the same prompt pairs) and each
     model's own."""
@@ -543,12 +581,12 @@ def _rejudged_under_another_rule_is_whole(result, monkeypatch):
 
 @pytest.fixture(scope="module")
 def controls(embedded_smollm, tmp_path_factory):
-    """The two controls on the embedded SmolLM2, one run: IOI, 16 prompt pairs."""
+    """The two controls on the embedded SmolLM2, one run: IOI, 16 prompt pairs, two draws of them (two replicates)."""
     import lmlab
 
     out = tmp_path_factory.mktemp("compare")
     return lmlab.run("compare", embedded_smollm, profile="demo", out=out, variant=["same", "ablate"], tasks=["ioi"],
-                     n_prompts=16, verify_heads=4)
+                     n_prompts=16, verify_heads=4, seeds=2)
 
 
 def test_positive_control_a_copy_of_the_original_keeps_its_circuit(controls):
@@ -562,6 +600,12 @@ def test_positive_control_a_copy_of_the_original_keeps_its_circuit(controls):
     a = attr[attr["model_key"] == "original"].sort_values("idx")["scores"].map(json.loads).tolist()
     b = attr[attr["model_key"] == "same#0"].sort_values("idx")["scores"].map(json.loads).tolist()
     np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-6)
+    # its second replicate is the second draw of prompt pairs, the original measured on it too
+    c = attr[attr["model_key"] == "original#1"].sort_values("idx")["scores"].map(json.loads).tolist()
+    d = attr[attr["model_key"] == "same#1"].sort_values("idx")["scores"].map(json.loads).tolist()
+    np.testing.assert_allclose(np.array(c), np.array(d), rtol=1e-4, atol=1e-6)
+    assert not np.allclose(np.array(a), np.array(c))
+    assert same["replicates"] == 2
 
 
 def test_negative_control_the_original_without_its_circuit_does_not_keep_it(controls):
@@ -596,7 +640,7 @@ def test_attribution_ranks_as_activation_patching_on_the_top_heads(controls):
     models = controls.table("model")
     assert (models["verify_rho"] >= 0.5).all(), models[["model_key", "verify_rho"]]
     comp = controls.table("verify_component")
-    assert set(comp["model_key"]) == {"original", "same#0", "ablate#0"}
+    assert set(comp["model_key"]) == {"original", "original#1", "same#0", "same#1", "ablate#0", "ablate#1"}
 
 
 def test_compare_runs_in_bf16_on_the_cpu_and_on_the_emulated_gpu(tiny_smol_folder, tmp_path):
@@ -615,7 +659,7 @@ def test_compare_runs_in_bf16_on_the_cpu_and_on_the_emulated_gpu(tiny_smol_folde
             p.add_(0.01 * torch.randn_like(p))
     model.save_pretrained(tuned)
     AutoTokenizer.from_pretrained(tiny_smol_folder).save_pretrained(tuned)
-    sizes = dict(variant=["same", "ablate:2", str(tuned)], tasks=["ioi"], n_prompts=4, verify_heads=3)
+    sizes = dict(variant=["same", "ablate:2", str(tuned)], tasks=["ioi"], n_prompts=4, verify_heads=3, seeds=1)
     result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "bf16", device="cpu",
                        dtype="bfloat16", **sizes)
     assert set(result.table("model")["model_key"]) == {"original", "same#0", "ablate:2#0", f"{tuned.name}#0"}
@@ -839,12 +883,13 @@ def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(ti
     from lmlab import circuits
     from lmlab.data.generated.circuits import make_task
     from lmlab.models import load_model
+    from lmlab.resampling import replicate_seed
 
     result = lmlab.run("compare", str(tiny_smol_folder), profile="demo", out=tmp_path / "runs", variant=["same"],
                        tasks=["induction", "ioi"], n_prompts=4, verify_heads=3)
     models = result.table("model").set_index(["model_key", "task"])
     lm = load_model(str(tiny_smol_folder))
-    per_head = circuits.induction_scores(lm, make_task("induction", lm.tokenizer, 4, 0), 8)
+    per_head = circuits.induction_scores(lm, make_task("induction", lm.tokenizer, 4, replicate_seed(0, 0)), 8)  # draw 0
     top = [(int(r.layer), int(r["index"])) for _, r in result.table("verify_component").iterrows()
            if r.model_key == "original" and r.task == "induction"]
     assert len(top) == 3
@@ -852,7 +897,9 @@ def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(ti
         np.mean([per_head[l, h] for l, h in top]), abs=1e-5)
     assert np.isnan(models.loc[("original", "ioi"), "induction_score"])
     row = result.table("comparison").set_index("task").loc["induction"]
-    assert row["original_induction"] == pytest.approx(models.loc[("original", "induction"), "induction_score"])
+    originals = result.table("model").query("cell == 'original' and task == 'induction'")
+    assert len(originals) == 3  # the demo's three draws
+    assert row["original_induction"] == pytest.approx(originals["induction_score"].mean())  # over the draws
     assert 0 <= row["variant_induction"] <= 1
     check_declared_columns(result)
 

@@ -37,10 +37,12 @@ class Resampler:
     on the items `idx` (an index array into 0..n_items-1, with repeats)."""
 
     def __init__(self, n_items: int, replicates: int, n_boot: int = 1000, seed: int = 0,
-                 strata: Sequence[int] | None = None):
+                 strata: Sequence[int] | None = None, shared: bool = True):
         """`strata`: sizes of consecutive groups of items (tasks) each resampled within itself, so every draw keeps
-        each group's size (their sum is n_items)."""
-        self.n, self.k, self.n_boot = int(n_items), max(int(replicates), 1), n_boot
+        each group's size (their sum is n_items). `shared`: every replicate reads the same items; False where each
+        draws its own n_items (item i of one replicate unrelated to item i of another: the same resample indices are
+        then independent draws of each, and the interval counts the items' part once, `claims.interval_parts`)."""
+        self.n, self.k, self.n_boot, self.shared = int(n_items), max(int(replicates), 1), n_boot, shared
         rng = np.random.default_rng(seed)
         sizes = list(strata) if strata else [self.n]
         if sum(sizes) != self.n:
@@ -91,7 +93,7 @@ class Resampler:
     def combine(self, name: str, per: np.ndarray, boot: np.ndarray, bar: Bar, **kwargs) -> Claim:
         boot = boot[np.isfinite(boot)]
         se_item = float(np.std(boot, ddof=1)) if len(boot) > 1 else float("nan")
-        parts = interval_parts(per, se_item, self.n)
+        parts = interval_parts(per, se_item, self.n, self.shared)
         method = kwargs.pop("method", parts.pop("method"))
         return Claim(name=name, bar=bar, method=method, n=self.n, **parts, **kwargs)
 

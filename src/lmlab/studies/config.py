@@ -101,9 +101,13 @@ class StudyConfig(BaseModel):
 
     def replicate_seeds(self) -> list[int]:
         """The seed of each replicate, derived from --seed (lmlab.resampling.replicate_seed)."""
+        return [self.replicate_seed(r) for r in range(self.n_seeds)]
+
+    def replicate_seed(self, replicate: int) -> int:
+        """The seed of replicate `replicate` (any index, past the run's replicates too), derived from --seed."""
         from lmlab.resampling import replicate_seed
 
-        return [replicate_seed(self.seed, r) for r in range(self.n_seeds)]
+        return replicate_seed(self.seed, replicate)
 
     def check_replicates(self) -> None:
         if self.replicate_refusal and self.seeds and self.seeds > 1:

@@ -12,9 +12,9 @@ Claims (lmlab's own: no paper claims this; declared in CLAIMS below):
     C = chance: the expected Jaccard of two random k-sets of the model's heads, k / (2N - k).
   The statistic is D = V - (R + C) / 2, the variant's overlap past the midpoint between a re-measurement of the
   original and an unrelated ranking; the claim holds for D >= 0 (declared: the bar is 0, fixed; R and C are in the
-  statistic, not in the bar). The interval resamples the prompt pairs (each draw re-ranks both models on both halves
-  of every split, so R's uncertainty is in D's, paired with V's) and, where a cell has replicates, the replicates (a
-  t interval over both levels, lmlab.claims). "yes" (keeps it): D's interval above 0, "no": below 0, each read at
+  statistic, not in the bar). The interval resamples the prompt pairs (each resample re-ranks both models on both
+  halves of every split, so R's uncertainty is in D's, paired with V's) and the replicates, each on its own draw of
+  prompt pairs (a t interval over both levels, lmlab.claims; see "Replicates are draws" below). "yes" (keeps it): D's interval above 0, "no": below 0, each read at
   the family-wise level (Bonferroni over the run's comparisons: each comparison is an answer of its own, so a "keeps"
   is guarded as a "does not keep" is); open otherwise, with the reason.
   Why halves on both sides: an overlap of rankings made on all the prompt pairs shares the prompts' own noise (both
@@ -39,13 +39,18 @@ prompt pairs other than the judged ones, so none acts on exactly the heads it is
 and `swap:half` alone. The full-prompt Jaccard of the two top-k sets is kept beside the claim (`jaccard`), as a
 description.
 
-Two replicates: a cell of two students gives the between-replicate spread one degree of freedom. Where the two agree
-closely, the Satterthwaite degrees of freedom come from the prompt pairs and the cell decides like any other; where
-they differ more than the prompt pairs let each vary, the degrees of freedom fall toward 1, where the t quantile at
-the Bonferroni level "no" is read at is large (about 15 at 1.5 degrees of freedom and 51 at 1, in a run of four
-comparisons), so the cell stays open unless it lies that many standard errors below 0. That is the honest interval
-for a recipe seen twice, not a defect to remove: the open claim says so, with its degrees of freedom and quantiles,
-and three or more replicates decide it.
+Replicates are draws (lmlab.compare.measure): replicate r of a cell is read on the run's r-th draw of prompt pairs,
+against the original measured on that same draw, at that draw's k, R and C. So every source of variation that
+changes with the run's seed (the prompt pairs, and with them k and R) varies between the replicates inside a run,
+and the interval carries it: D per replicate, then a t interval over the replicates with the prompt pairs' part
+from each draw's resamples, counted once (the replicates' spread beyond what their prompt pairs explain;
+`claims.interval_parts` with `shared=False`). A variant that is one model (a width made in the run, a folder,
+the controls) is measured on every draw; a cell of trained students pairs student r with draw r. A variant that
+keeps in one replicate and not in the others reads a spread between replicates far beyond its prompt pairs', so the
+interval widens on few degrees of freedom and the cell stays open: the honest reading of an answer that does not
+replicate. With one draw (--seeds 1, or a file of prompt pairs) every replicate shares the prompt pairs and the two
+parts add, as before. Where few replicates set the width, the open claim says so, with its degrees of freedom and
+quantiles; more replicates narrow it.
 
 The verdict's status follows lmlab's rule of whose claim decides what: no paper's claim is checked here, so it is
 never "reproduced" nor "not reproduced". It is "answered" where at least one comparison answered (and no gate blocks
@@ -153,6 +158,19 @@ def clean_metrics(table: pd.DataFrame) -> dict[tuple[str, str], np.ndarray]:
     return out
 
 
+def draw_of(row) -> int:
+    """The prompt draw a model row was measured on (0 for a run recorded before draws: every model on one set)."""
+    draw = row.get("draw", 0) if hasattr(row, "get") else 0
+    return int(draw) if pd.notna(draw) else 0
+
+
+def originals(models: pd.DataFrame, per: dict, task: str) -> dict[int, tuple[pd.Series, np.ndarray]]:
+    """draw -> the original's model row on `task` and its attributions there (the draws it was measured on)."""
+    rows = models[(models["cell"] == "original") & (models["task"] == task)]
+    return {draw_of(row): (row, per[(str(row["model_key"]), task)]) for _, row in rows.iterrows()
+            if (str(row["model_key"]), task) in per}
+
+
 def _cells(models: pd.DataFrame) -> dict[str, list[str]]:
     """cell -> its model keys in replicate order (the original excluded)."""
     variants = models[models["cell"] != "original"].drop_duplicates("model_key")
@@ -228,43 +246,51 @@ def _curve_rows(pp: pd.DataFrame) -> list[dict]:
 
 def _overlap_rows(models: pd.DataFrame, per: dict, task: str, seed: int, min_k: int) -> list[dict]:
     """One task's overlap curves over k, like for like on the same half-splits as the claim: the original's split-half
-    reference R, each variant replicate's V against the original (and, as a description, the Jaccard of the two
-    models' top-k on every prompt pair), replicate against replicate within a cell (one's half against the other's
-    other half); and each cell's heads kept, lost and new."""
-    orig_row = models[(models["model_key"] == "original") & (models["task"] == task)]
-    if orig_row.empty or ("original", task) not in per:
+    reference R (its draws pooled), each variant replicate's V against the original on the replicate's own draw (and,
+    as a description, the Jaccard of the two models' top-k on every prompt pair), replicate against replicate within
+    a cell (one's half against the other's other half); and each cell's heads kept, lost and new."""
+    origs = originals(models, per, task)
+    if not origs:
         return []
-    orig_row = orig_row.iloc[0]
-    a = per[("original", task)]
-    n, total = a.shape
-    k_claim = circuit_k(orig_row, min_k)
+    first = origs[min(origs)][0]
+    total = origs[min(origs)][1].shape[1]
+    k_claim = max(circuit_k(row, min_k) for row, _ in origs.values())
     ks = list(range(1, min(max(K_MAX, k_claim), total) + 1))
-    ones = np.ones((1, n)) / n
-    point = half_splits(n, SPLITS, seed)
     rows = []
     for k in ks:
-        ref = self_overlap(a, k, seed)
+        ref = np.concatenate([self_overlap(a, k, seed + d) for d, (_, a) in origs.items()])
         rows.append({"kind": "reference", "task": task, "k": k, "value": float(ref.mean()),
                      "lo": float(np.percentile(ref, 2.5)), "hi": float(np.percentile(ref, 97.5)),
                      "chance": chance(k, total)})
-    mean_a = a.mean(0)
     for cell, keys in _cells(models).items():
-        keys = [key for key in keys if (key, task) in per]
+        keys = [key for key in keys if (key, task) in per and _draw_of_key(models, key, task) in origs]
         for key in keys:
-            b = per[(key, task)]
+            b, d = per[(key, task)], _draw_of_key(models, key, task)
+            a = origs[d][1]
+            n = a.shape[0]
+            ones, point = np.ones((1, n)) / n, half_splits(n, SPLITS, seed + d)
             rep = int(models[models["model_key"] == key]["replicate"].iloc[0])
             rows += [{"kind": "overlap", "cell": cell, "replicate": rep, "task": task, "k": k,
                       "split_jaccard": float(split_overlaps(a, [b], np.ones((1, n)), k, *point)[1][0][0]),
                       "jaccard": float(jaccard(top_masks(a, ones, k), top_masks(b, ones, k))[0]),
-                      "spearman": spearman_union(mean_a, b.mean(0), k)} for k in ks]
+                      "spearman": spearman_union(a.mean(0), b.mean(0), k)} for k in ks]
         for k in ks if len(keys) > 1 else []:
+            n = per[(keys[0], task)].shape[0]
+            point = half_splits(n, SPLITS, seed)
             pairs = [float(split_overlaps(per[(x, task)], [per[(y, task)]], np.ones((1, n)), k, *point)[1][0][0])
-                     for i, x in enumerate(keys) for y in keys[i + 1:]]
+                     for i, x in enumerate(keys) for y in keys[i + 1:] if per[(y, task)].shape[0] == n]
             rows.append({"kind": "replicate_overlap", "cell": cell, "task": task, "k": k, "value": float(np.mean(pairs)),
                          "lo": float(np.min(pairs)), "hi": float(np.max(pairs))})
         if keys:
-            rows.append(_heads_row(cell, task, k_claim, a, [per[(key, task)] for key in keys], int(orig_row["n_heads"])))
+            pairs = [(origs[_draw_of_key(models, key, task)], per[(key, task)]) for key in keys]
+            rows.append(_heads_row(cell, task, [(a, circuit_k(row, min_k), b) for (row, a), b in pairs],
+                                   int(first["n_heads"])))
     return rows
+
+
+def _draw_of_key(models: pd.DataFrame, key: str, task: str) -> int:
+    rows = models[(models["model_key"] == key) & (models["task"] == task)]
+    return draw_of(rows.iloc[0]) if len(rows) else 0
 
 
 def _pathway_row(c) -> dict:
@@ -279,22 +305,27 @@ def _name(index: int, n_heads: int) -> str:
     return f"L{index // n_heads}.H{index % n_heads}"
 
 
-def _heads_row(cell: str, task: str, k: int, a: np.ndarray, reps: list[np.ndarray], n_heads: int) -> dict:
-    """The original's top-k heads the variant keeps in its own top-k (in how many replicates), those it loses, and the
-    heads new to its top-k; named L{layer}.H{head}."""
-    ones = np.ones((1, a.shape[0])) / a.shape[0]
-    orig = top_masks(a, ones, k)[0]
-    masks = [top_masks(b, ones, k)[0] for b in reps]
-    kept_count = np.sum([m & orig for m in masks], axis=0) if masks else np.zeros_like(orig, dtype=int)
-    new_count = np.sum([m & ~orig for m in masks], axis=0) if masks else np.zeros_like(orig, dtype=int)
-    n = max(len(masks), 1)
-    order = np.argsort(-np.abs(a.mean(0)))
+def _heads_row(cell: str, task: str, reps: list[tuple[np.ndarray, int, np.ndarray]], n_heads: int) -> dict:
+    """The original's top-k heads the variant keeps in its own top-k (in how many replicates), those it keeps in none,
+    and the heads new to its top-k; each replicate read against the original on its own draw at that draw's k
+    (`reps`: (the original's attributions, k, the variant's)); named L{layer}.H{head}, in the order of the original's
+    mean attribution over the draws."""
+    pairs = []
+    for a, k, b in reps:
+        ones = np.ones((1, a.shape[0])) / a.shape[0]
+        pairs.append((top_masks(a, ones, k)[0], top_masks(b, np.ones((1, b.shape[0])) / b.shape[0], k)[0]))
+    kept_count = np.sum([m & o for o, m in pairs], axis=0)
+    new_count = np.sum([m & ~o for o, m in pairs], axis=0)
+    in_original = np.any([o for o, _ in pairs], axis=0)
+    n = max(len(pairs), 1)
+    order = np.argsort(-np.abs(np.mean([a.mean(0) for a, _, _ in reps], axis=0)))
 
     def names(selected, counts=None):
         return ", ".join(_name(i, n_heads) + (f" ({counts[i]}/{n})" if counts is not None and n > 1 else "")
                          for i in order if selected[i])
-    return {"kind": "heads", "cell": cell, "task": task, "k": k, "kept": names(kept_count > 0, kept_count),
-            "lost": names(orig & (kept_count == 0)), "new": names(new_count > 0, new_count)}
+    return {"kind": "heads", "cell": cell, "task": task, "k": int(round(np.mean([k for _, k, _ in reps]))),
+            "kept": names(kept_count > 0, kept_count), "lost": names(in_original & (kept_count == 0)),
+            "new": names(new_count > 0, new_count)}
 
 
 def _comparison_row(c) -> dict:
@@ -341,79 +372,105 @@ def claims_of(table: pd.DataFrame, config):
 
 
 def _reference(a: np.ndarray, k: int, seed: int) -> dict:
-    """The original's own half-against-half overlap R on the claim's splits, with its interval over the same
-    resamples of the prompt pairs every cell's claim draws; and those splits."""
+    """The original's own half-against-half overlap R at `k` on one draw's claim splits, with its interval over the
+    resamples of the prompt pairs every cell's claim on that draw makes; those splits and resamples; k and chance."""
     n = a.shape[0]
     point = half_splits(n, SPLITS, seed)  # the estimates: many splits
     draws = half_splits(n, BOOT_SPLITS, seed + 1)  # each resample of the prompt pairs: fewer
-    counts = Resampler(n, 1, n_boot=1000, seed=seed).counts()  # the draws every cell's Resampler makes
+    counts = Resampler(n, 1, n_boot=1000, seed=seed).counts()  # the draws every cell's claim makes on this draw
     ref = float(split_overlaps(a, [], np.ones((1, n)), k, *point)[0][0])
     boot = split_overlaps(a, [], counts, k, *draws)[0]
     se = float(np.nanstd(boot, ddof=1)) if np.isfinite(boot).sum() > 1 else float("nan")
-    return {"point": point, "draws": draws, "ref": ref, "lo": max(ref - 1.96 * se, 0.0),  # a Jaccard lies in [0, 1]
+    return {"point": point, "draws": draws, "counts": counts, "ref": ref, "se": se, "k": k,
+            "chance": chance(k, a.shape[1]), "lo": max(ref - 1.96 * se, 0.0),  # a Jaccard lies in [0, 1]
             "hi": min(ref + 1.96 * se, 1.0)}
 
 
 def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k: int, min_verify: float) -> list:
-    """One task's claims, three per variant cell (undecided)."""
-    orig = models[(models["model_key"] == "original") & (models["task"] == task)]
-    if orig.empty or ("original", task) not in per:
+    """One task's claims, three per variant cell (undecided). Each replicate of a cell is read against the original
+    on the replicate's own prompt draw, at that draw's k and R (lmlab.compare.measure): the prompt pairs, k and R vary
+    between the replicates as they vary between run seeds, and the interval carries them."""
+    origs = originals(models, per, task)
+    if not origs:
         return []
-    orig, a = orig.iloc[0], per[("original", task)]
-    n, total = a.shape
-    k = circuit_k(orig, min_k)
-    luck, ref = chance(k, total), _reference(a, k, seed)
+    refs = {d: _reference(a, circuit_k(row, min_k), seed + d) for d, (row, a) in origs.items()}
     claims = []
     for cell, keys in _cells(models[models["task"] == task]).items():
-        keys = [key for key in keys if (key, task) in per]
+        keys = [key for key in keys if (key, task) in per and _draw_of_key(models, key, task) in origs]
         if not keys:
             continue
-        sampler = Resampler(n, len(keys), n_boot=1000, seed=seed)
+        reps = [(_draw_of_key(models, key, task), per[(key, task)]) for key in keys]
+        shared = len({d for d, _ in reps}) == 1
+        n = reps[0][1].shape[0]
+        sampler = Resampler(n, len(keys), n_boot=1000, seed=seed, shared=shared)
         rows = models[(models["task"] == task) & models["model_key"].isin(keys)]
-        others = [per[(key, task)] for key in keys]
         group = f"{cell} / {task}"
-        c = _circuit_claim(a, others, k, luck, ref, sampler, group)
-        held = _held_open(orig, rows, min_verify) or _not_replicated(ref["ref"], ref["lo"], ref["hi"], luck)
+        c = _circuit_claim(origs, refs, reps, sampler, group)
+        held = (_held_open([origs[d][0] for d in sorted({d for d, _ in reps})], rows, min_verify)
+                or _not_replicated(c.extra["self_overlap"], c.extra["self_lo"], c.extra["self_hi"], c.extra["chance"]))
         if held:
             c.ceiling = held
+        k = c.extra["k"]
         rep_rows = replicate_overlap[(replicate_overlap["cell"] == cell) & (replicate_overlap["task"] == task)
                                      & (replicate_overlap["k"] == k)] if len(replicate_overlap) else []
+        orig_rows = pd.DataFrame([origs[d][0] for d, _ in reps])
         c.extra.update({"replicate_overlap": float(rep_rows["value"].iloc[0]) if len(rep_rows) else float("nan"),
-                        "original_heads": float(orig["heads_needed"]),
+                        "original_heads": float(orig_rows["heads_needed"].mean()),
                         "variant_heads": float(rows["heads_needed"].mean()),
-                        "original_induction": float(orig.get("induction_score", np.nan)),
+                        "original_induction": float(orig_rows["induction_score"].mean())
+                        if "induction_score" in orig_rows else float("nan"),
                         "variant_induction": float(rows["induction_score"].mean()) if "induction_score" in rows
                         else float("nan")})
         claims.append(c)
         claims.append(declared(CLAIMS, "rank correlation").measure(
-            sampler.claim, lambda r, idx, keys=keys: spearman_union(a[idx].mean(0), per[(keys[r], task)][idx].mean(0), k)
+            sampler.claim, lambda r, idx, reps=reps: spearman_union(
+                origs[reps[r][0]][1][idx].mean(0), reps[r][1][idx].mean(0), refs[reps[r][0]]["k"])
             if len(idx) else float("nan"), group=group, n_unit="prompt pairs", reported=True))
-        if ("original", task) in metric and all((key, task) in metric for key in keys):
-            diff = np.stack([metric[(key, task)] - metric[("original", task)] for key in keys])
+        okeys = {d: str(origs[d][0]["model_key"]) for d in origs}
+        if all((okeys[d], task) in metric and (key, task) in metric for key, (d, _) in zip(keys, reps)):
+            diff = np.stack([metric[(key, task)] - metric[(okeys[d], task)] for key, (d, _) in zip(keys, reps)])
             claims.append(declared(CLAIMS, "task metric change").measure(sampler.mean_claim, diff, group=group,
                                                                          n_unit="prompt pairs", reported=True))
     return claims
 
 
-def _circuit_claim(a: np.ndarray, others: list[np.ndarray], k: int, luck: float, ref: dict, sampler: Resampler,
-                   group: str):
-    """keeps the circuit for one cell: D = V - (R + C) / 2 per replicate on the claim's splits, its resamples
-    re-ranking both models on both halves (R recomputed on every draw, paired with V)."""
-    n = a.shape[0]
-    mid = needed(ref["ref"], luck)
-    v_point = np.array([v[0] for v in split_overlaps(a, others, np.ones((1, n)), k, *ref["point"])[1]])
-    r_boot, v_boot = split_overlaps(a, others, sampler.counts(), k, *ref["draws"])
-    d_reps = np.stack([v - needed(r_boot, luck) for v in v_boot])  # (replicates, resamples)
+def _circuit_claim(origs: dict, refs: dict, reps: list[tuple[int, np.ndarray]], sampler: Resampler, group: str):
+    """keeps the circuit for one cell: D = V - (R + C) / 2 per replicate, against the original on the replicate's
+    own draw at that draw's k, R and C, on that draw's splits; its resamples re-rank both models on both halves (R
+    recomputed on every draw, paired with V)."""
+    v_point, d_point, d_boot, whole = [], [], [], []
+    for d, b in reps:
+        a, ref = origs[d][1], refs[d]
+        n, k, luck = a.shape[0], ref["k"], ref["chance"]
+        v = float(split_overlaps(a, [b], np.ones((1, n)), k, *ref["point"])[1][0][0])
+        r_boot, v_boot = split_overlaps(a, [b], ref["counts"], k, *ref["draws"])
+        v_point.append(v)
+        d_point.append(v - needed(ref["ref"], luck))
+        d_boot.append(v_boot[0] - needed(r_boot, luck))
+        ones = np.ones((1, n)) / n
+        whole.append(float(jaccard(top_masks(a, ones, k), top_masks(b, ones, k))[0]))
+    d_reps = np.stack(d_boot)  # (replicates, resamples)
     fin = np.isfinite(d_reps)
-    d_boot = np.where(fin.any(0), np.where(fin, d_reps, 0.0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
+    boot = np.where(fin.any(0), np.where(fin, d_reps, 0.0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
     spec = declared(CLAIMS, "keeps the circuit")
-    c = spec.measure(sampler.combine, v_point - mid, d_boot, group=group, n_unit="prompt pairs")
-    ones = np.ones((1, n)) / n
-    whole = float(np.mean([jaccard(top_masks(a, ones, k), top_masks(b, ones, k))[0] for b in others]))
-    c.extra = {"k": k, "overlap": float(v_point.mean()), "self_overlap": ref["ref"], "self_lo": ref["lo"],
-               "self_hi": ref["hi"], "chance": luck, "midpoint": mid, "jaccard": whole,
-               "relative": float((v_point.mean() - luck) / (ref["ref"] - luck)) if ref["ref"] > luck else float("nan")}
+    c = spec.measure(sampler.combine, np.array(d_point), boot, group=group, n_unit="prompt pairs")
+    used = sorted({d for d, _ in reps})
+    ref, luck = _pooled_reference([refs[d] for d in used])
+    overlap, mid = float(np.mean(v_point)), float(np.mean([needed(refs[d]["ref"], refs[d]["chance"]) for d, _ in reps]))
+    c.extra = {"k": int(round(np.mean([refs[d]["k"] for d, _ in reps]))), "overlap": overlap,
+               "self_overlap": ref["ref"], "self_lo": ref["lo"], "self_hi": ref["hi"], "chance": luck, "midpoint": mid,
+               "jaccard": float(np.mean(whole)), "draws": len(used),
+               "relative": float((overlap - luck) / (ref["ref"] - luck)) if ref["ref"] > luck else float("nan")}
     return c
+
+
+def _pooled_reference(refs: list[dict]) -> tuple[dict, float]:
+    """The original's self-overlap R over the draws a cell was read on (the mean, its standard error from each
+    draw's) and chance at their k (the mean)."""
+    value = float(np.mean([r["ref"] for r in refs]))
+    se = float(np.sqrt(np.nansum([r["se"] ** 2 for r in refs])) / len(refs))
+    return ({"ref": value, "lo": max(value - 1.96 * se, 0.0), "hi": min(value + 1.96 * se, 1.0)},
+            float(np.mean([r["chance"] for r in refs])))
 
 
 def _not_replicated(ref: float, low: float, high: float, luck: float) -> str:
@@ -456,15 +513,20 @@ def why_open(c) -> str:
     return out
 
 
-def _held_open(orig, rows: pd.DataFrame, min_verify: float) -> str:
-    """Why a task's comparison cannot decide (the original has no effect; a ranking not confirmed by activation
-    patching), or ""."""
-    if not bool(orig["has_effect"]):
+def _held_open(origs: list, rows: pd.DataFrame, min_verify: float) -> str:
+    """Why a task's comparison cannot decide (the original has no effect on any of the cell's draws; a ranking not
+    confirmed by activation patching: the original's Spearman averaged over its draws, the variant's over its
+    replicates, so more replicates never hold a cell open more often), or ""."""
+    if not any(bool(o["has_effect"]) for o in origs):
         return "the original shows no effect on this task to explain (clean metric = every head patched)"
     # (a column of NaN only, where no model had three heads checked, is not in the table)
     rhos = rows["verify_rho"] if "verify_rho" in rows else pd.Series(np.nan, index=rows.index)
-    checked = [("the original", orig.get("verify_rho", np.nan))] + [
-        (f"replicate {int(r)}", rho) for r, rho in zip(rows["replicate"], rhos)]
+    mean_rho = np.nanmean([o.get("verify_rho", np.nan) for o in origs]) if any(
+        np.isfinite(o.get("verify_rho", np.nan)) for o in origs) else np.nan
+    finite = rhos[np.isfinite(rhos)]
+    checked = [("the original", mean_rho),
+               ("the variant" + (f" (mean over {len(finite)} replicates)" if len(finite) > 1 else ""),
+                float(finite.mean()) if len(finite) else np.nan)]
     weak = [(who, rho) for who, rho in checked if np.isfinite(rho) and rho < min_verify]
     if weak:
         return ("attribution does not track activation patching on the top heads of "
@@ -523,7 +585,7 @@ def _keep_line(c, models: pd.DataFrame) -> str:
             f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
             f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
             f"{c.estimate:+.2f} [{low:+.2f}, {high:+.2f}] against 0, over {c.replicates} replicate(s) x "
-            f"{c.n} prompt pairs"
+            f"{c.n} prompt pairs" + (", each replicate its own draw" if e.get("draws", 1) > 1 else "")
             + (f"; replicate-to-replicate {e['replicate_overlap']:.2f}" if np.isfinite(e["replicate_overlap"]) else "")
             + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")"
             + (f", and it has lost the task itself (its clean metric {done['clean_metric']:.2f} at or below "
@@ -706,10 +768,10 @@ def figure(result, fig=None):
 
 
 def _scatter_panel(ax, models, per, task, cells, color) -> None:
-    a = per.get(("original", task))
-    n_heads = int(models[(models["model_key"] == "original") & (models["task"] == task)].iloc[0]["n_heads"])
-    if a is not None:
-        x = a.mean(0)
+    origs = originals(models, per, task)
+    n_heads = int(models[(models["cell"] == "original") & (models["task"] == task)].iloc[0]["n_heads"])
+    if origs:
+        x = np.mean([a.mean(0) for _, a in origs.values()], axis=0)
         for cell in cells:
             keys = models[(models["cell"] == cell) & (models["task"] == task)]["model_key"]
             ys = [per[(k, task)].mean(0) for k in keys if (k, task) in per]
@@ -721,7 +783,7 @@ def _scatter_panel(ax, models, per, task, cells, color) -> None:
             ax.annotate(_name(int(i), n_heads), (x[i], x[i]), fontsize=7, xytext=(3, -9), textcoords="offset points")
     ax.set_xlabel("original: mean attribution")
     ax.set_ylabel("variant: mean attribution")
-    ax.set_title(f"{task}: head attribution")
+    ax.set_title(f"{task}: head attribution (draws pooled)")
     ax.legend(fontsize=7, loc="upper left")
 
 
@@ -809,7 +871,7 @@ def _curve_panel(ax, curves, task, color) -> None:
         first = cell == "original"
         ax.plot(sub["n_heads"], sub["value"], color="tab:blue" if first else color.get(cell, "k"),
                 lw=2.2 if first else 1.0, ls="-" if first else "--", zorder=1 if first else 2,
-                label=cell if key.endswith("#0") or first else None)
+                label=cell if key.endswith("#0") or key == "original" else None)
     ax.axhline(0.9, color="grey", ls=":", lw=1)
     ax.set_xscale("symlog", linthresh=10)
     ax.set_xlim(left=0)

@@ -24,7 +24,7 @@ class Config(StudyConfig):
     _made: tuple | None = PrivateAttr(default=None)  # (--make's values, what they read as)
     device_map_refusal = ("compare holds the original and one variant at a time on one device (a packed student is "
                           "rebuilt from the original's weights)")
-    replicate_refusal = None  # --seeds: the students --make trains per cell
+    replicate_refusal = None  # --seeds: the prompt draws every cell is read on, and the students --make trains a cell
     placebo_treatment: ClassVar[str] = (
         "the variants (and any students --make would train) replaced by the original with each task's top-k heads, "
         "ranked on other prompt pairs, exchanged in the weights with other heads of the same layers: 'swap' moves "

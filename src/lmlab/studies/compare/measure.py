@@ -1,6 +1,12 @@
 """What compare measures on one model and one task, recorded as one unit (resumable): each prompt pair's attribution
 score of every head, the explained-effect curve along the model's own ranking, and activation patching on its top
-heads (the attribution checked). Every model sees the same prompt pairs, so the analysis pairs them prompt by prompt.
+heads (the attribution checked).
+
+Prompt pairs come in draws: draw p is the task's pairs generated at the p-th replicate seed of the run's --seed
+(`prompt_seed`), one draw per replicate (`draws`), so the prompt pairs, and with them the original's circuit size k and
+its self-overlap R, vary between the replicates inside a run as they vary between run seeds. The original is measured
+on every draw; replicate r of a variant on draw r, so the analysis pairs a variant with the original prompt by prompt
+within a draw. A file of prompt pairs is one draw (its first n pairs): its replicates are the same pairs.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import json
 import numpy as np
 
 from lmlab import circuits
-from lmlab.data.generated.circuits import CircuitTask, make_task
+from lmlab.data.generated.circuits import CircuitTask, make_task, pairs_file
 from lmlab.errors import LmlabError
 from lmlab.evaluation import metric_values
 from lmlab.runs import RunDir
@@ -25,17 +31,40 @@ def unit_key(model_key: str, task: str) -> str:
     return f"{model_key}|{task}"
 
 
-def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, config, run_dir: RunDir) -> list[dict]:
-    """One model on one task: rows of kinds `model` (its clean and corrupted metric, circuit size, the check of
-    attribution against activation patching), `attribution` (one row per prompt pair: every head's score, layer-major),
-    `per_prompt` (the explained-effect curve's per-prompt metric at each N) and `verify_component`. On the induction
-    task the model row carries `induction_score`: the mean induction score of the heads patching verified."""
+def prompt_seed(config, draw: int) -> int:
+    """The seed prompt-pair draw `draw` is generated at: the run's replicate seed of that index."""
+    return config.replicate_seed(draw)
+
+
+def draws(config, task_name: str) -> list[int]:
+    """The prompt-pair draws a task is measured on: one per replicate (--seeds, the profile's `seeds`); a file of
+    prompt pairs is one draw."""
+    return [0] if pairs_file(task_name) is not None else list(range(config.n_seeds))
+
+
+def judged_task(task_name: str, tokenizer, config, draw: int) -> CircuitTask:
+    """Draw `draw` of a task's judged prompt pairs (a file's first n whatever the draw)."""
+    return make_task(task_name, tokenizer, config.size("n_prompts"), prompt_seed(config, draw))
+
+
+def original_key(draw: int) -> str:
+    """The original's model key on prompt draw `draw` ("original" on the first, as a run of one draw has it)."""
+    return "original" if draw == 0 else f"original#{draw}"
+
+
+def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, config, run_dir: RunDir,
+            draw: int = 0) -> list[dict]:
+    """One model on one task's prompt draw `draw`: rows of kinds `model` (its clean and corrupted metric, circuit size,
+    the check of attribution against activation patching, and the draw), `attribution` (one row per prompt pair: every
+    head's score, layer-major), `per_prompt` (the explained-effect curve's per-prompt metric at each N) and
+    `verify_component`. On the induction task the model row carries `induction_score`: the mean induction score of
+    the heads patching verified."""
     done = run_dir.done("models")
     key = unit_key(model_key, task_name)
     if key in done:
         return done[key]
     batch = config.batch_size
-    task = make_task(task_name, lm.tokenizer, config.size("n_prompts"), config.seed)
+    task = judged_task(task_name, lm.tokenizer, config, draw)
     z_corr = circuits.corrupted_z(lm, task, batch)
     per = circuits.attribution_scores(lm, task, batch, z_corr=z_corr, per_prompt=True)  # (prompts, layers, heads)
     scores = per.mean(0)
@@ -62,7 +91,7 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
         per_head = circuits.induction_scores(lm, task, batch)
         induction = float(np.nanmean([per_head[l, h] for l, h in top]))
     ident = {"model_key": model_key, "cell": cell, "replicate": replicate, "task": task_name}
-    rows = [{"kind": "model", **ident, "model_name": lm.name, "clean_metric": float(curve.clean.mean()),
+    rows = [{"kind": "model", **ident, "draw": draw, "model_name": lm.name, "clean_metric": float(curve.clean.mean()),
              "corrupted_metric": float(corrupted.mean()), "metric": task.metric, "n_prompts": len(task),
              "heads_needed": float(needed) if needed is not None else float("nan"), "total_heads": len(order),
              "has_effect": bool(curve.has_effect()), "verify_rho": rho, "verify_heads": len(top),
@@ -90,34 +119,38 @@ def top_heads(rows: list[dict], n: int | None, min_k: int, chosen: list[dict] | 
     return circuits.ranking(scores)[:n]
 
 
-def selection_task(name: str, tokenizer, n: int, seed: int) -> tuple[CircuitTask, bool]:
-    """Up to `n` prompt pairs of the task other than the `n` judged ones (the generator's stream continued past them,
-    or a file's pairs after its first `n`; pairs whose clean text is a judged one's left out), and whether they are
-    other pairs: a file that holds fewer than 4 others gives the judged pairs back (False)."""
-    judged = make_task(name, tokenizer, n, seed)
-    seen = {p.clean_text for p in judged.prompts}
+def selection_task(name: str, tokenizer, n: int, judged_seeds: list[int], seed: int) -> tuple[CircuitTask, bool]:
+    """Up to `n` prompt pairs of the task other than the judged ones of every draw (generated at `seed`, a draw none
+    judges, or a file's pairs after its first `n`; pairs whose clean text is a judged one's left out), and whether
+    they are other pairs: a file that holds fewer than 4 others gives the judged pairs back (False)."""
+    judged = [make_task(name, tokenizer, n, s) for s in judged_seeds]
+    seen = {p.clean_text for task in judged for p in task.prompts}
+    from_file = pairs_file(name) is not None
     try:
         pool = make_task(name, tokenizer, 3 * n, seed)
     except LmlabError:  # a file's later pairs that this tokenizer cannot take: none of them is used
-        return judged, False
+        return judged[0], False
     others = []
-    for p in pool.prompts[n:]:
+    for p in pool.prompts[n:] if from_file else pool.prompts:
         if p.clean_text not in seen:
             seen.add(p.clean_text)
             others.append(p)
     if len(others) < min(4, n):
-        return judged, False
-    return CircuitTask(judged.name, judged.metric, others[:n]), True
+        return judged[0], False
+    return CircuitTask(judged[0].name, judged[0].metric, others[:n]), True
 
 
 def select(lm, task_name: str, config, run_dir: RunDir) -> list[dict]:
-    """The original's attribution of every head on prompt pairs other than the judged ones (`selection_task`): where
+    """The original's attribution of every head on prompt pairs other than the judged ones of every draw
+    (`selection_task`): where
     the controls `ablate` and `swap` choose the heads they zero or move, so that a control does not act on exactly the
     heads its overlap is then read at. One recorded unit per task (kind `selection`, one row per prompt pair)."""
     done = run_dir.done("selection")
     if task_name in done:
         return done[task_name]
-    task, other = selection_task(task_name, lm.tokenizer, config.size("n_prompts"), config.seed)
+    judged = draws(config, task_name)
+    task, other = selection_task(task_name, lm.tokenizer, config.size("n_prompts"),
+                                 [prompt_seed(config, d) for d in judged], prompt_seed(config, len(judged)))
     per = circuits.attribution_scores(lm, task, config.batch_size, per_prompt=True)
     rows = [{"kind": "selection", "task": task_name, "idx": i, "other_pairs": other, "scores": json.dumps(_round(p))}
             for i, p in enumerate(per)]

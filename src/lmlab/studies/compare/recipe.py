@@ -3,8 +3,11 @@
 1. The original: on each circuit task (data/generated/circuits.py: IOI, Greater-Than, Docstring, IOI-Long) every
    head's attribution score per prompt pair (attribution patching, lmlab.circuits: the same scorer S4 uses), the
    explained-effect curve along its ranking and the heads it needs for 0.9 of the effect, and activation patching on
-   its top heads (the attribution checked against the exact intervention on the heads that matter).
-2. Each variant, the same measurements on the same prompt pairs. A variant is any model of the original's
+   its top heads (the attribution checked against the exact intervention on the heads that matter); on every draw of
+   prompt pairs, one draw per replicate (`--seeds`, the profile's `seeds`; measure.py), so the prompt pairs, k and R
+   vary between the replicates inside a run as they do between run seeds.
+2. Each variant, the same measurements on the same prompt pairs: a variant that is one model on every draw (its
+   replicate r on draw r), a cell of trained students student r on draw r. A variant is any model of the original's
    architecture and tokenizer: a folder or hub id; a packed student of `lmlab quantize` (rebuilt on the original's
    weights); a quantize run folder (each of its students: a cell per bits and budget, its replicates pooled) or a
    sparse-circuits run folder (each post-trained replicate); students trained here (`--make quantized:2,1`: lmlab
@@ -40,7 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from lmlab.data.generated.circuits import TASKS as CIRCUIT_TASKS
-from lmlab.data.generated.circuits import make_task
+from lmlab.data.generated.circuits import make_task, pairs_file
 from lmlab.errors import LmlabError
 from lmlab.interventions import AblateHeads, install
 from lmlab.interventions.permute import permute_heads
@@ -56,7 +59,7 @@ from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, pack
                         sparse_model_folders)
 from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
 from lmlab.studies.compare.methods import METHODS, width_of_name
-from lmlab.studies.compare.measure import measure, select, top_heads
+from lmlab.studies.compare.measure import draws, measure, original_key, select, top_heads, unit_key
 from lmlab.studies.compare.pathways import measure_pathway
 from lmlab.studies.compare.placebo import HALF, moved_heads, moves
 
@@ -75,6 +78,18 @@ class Variant:
     @property
     def key(self) -> str:
         return f"{self.cell}#{self.replicate}"
+
+    def units(self, config: Config, task: str) -> list[tuple[str, int, int]]:
+        """(model key, replicate, prompt draw) of each measurement on `task`. One model (same, ablate, swap, a model
+        folder or hub id, a width made in the run) is measured on every draw, its replicate r on draw r: the draws are
+        its replicates. A model that is one replicate of a cell (a student, a sparse model) is measured on its own
+        replicate's draw (a file's one draw for a file of prompt pairs)."""
+        if self.kind in SINGLE:
+            return [(f"{self.cell}#{d}", d, d) for d in draws(config, task)]
+        return [(self.key, self.replicate, 0 if pairs_file(task) is not None else self.replicate)]
+
+
+SINGLE = ("same", "ablate", "swap", "model")  # the variant kinds that are one model (its replicates are prompt draws)
 
 
 def _rep_of(name: str) -> tuple[str, int]:
@@ -313,7 +328,8 @@ def _swap_rows(variant: Variant, task: str, top: list, moved: list, perms: dict,
 def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir, original: dict,
              chosen: dict) -> list[dict]:
     """A swap variant, one model per task (that task's top-k heads, ranked on other prompt pairs, moved to other
-    heads of their layers), each measured as any variant; the `placebo` rows saying what moved."""
+    heads of their layers), each measured as any variant; the `placebo` rows saying what moved. `original`: each task's
+    measurement rows on the first prompt draw (the circuit's size k read there)."""
     rows = []
     for t in original:
         top = top_heads(original[t], None, config.min_k, chosen[t])
@@ -321,9 +337,11 @@ def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir,
         moved = moved_heads(top, how, lm.layout.n_heads, lm.layout.n_kv_heads)
         perms, stuck = moves(top, moved, lm.layout.n_heads, lm.layout.n_kv_heads)
         rows.append(_swap_rows(variant, t, top, moved, perms, stuck, bool(chosen[t][0]["other_pairs"]), lm))
-        if f"{variant.key}|{t}" not in run_dir.done("models"):
+        units = [u for u in variant.units(config, t) if unit_key(u[0], t) not in run_dir.done("models")]
+        if units:
             model = _load(variant, lm, config, [], perms)
-            measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
+            for key, replicate, draw in units:
+                measure(model, key, variant.cell, replicate, t, config, run_dir, draw)
             del model
     return rows
 
@@ -356,7 +374,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         made += [v.spec for v in rounded]
     _once(variants)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
-    original = {t: measure(lm, ORIGINAL, ORIGINAL, 0, t, config, run_dir) for t in tasks}
+    needed, original = _originals(lm, variants, tasks, config, run_dir)
     # the controls' heads: the original's ranking on other prompt pairs of each task
     chosen = ({t: select(lm, t, config, run_dir) for t in tasks}
               if any(v.kind in ("ablate", "swap") for v in variants) else {})
@@ -370,7 +388,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if variant.kind == "swap":
             placebo_rows += _swapped(variant, lm, config, run_dir, original, chosen)
             continue
-        if (all(f"{variant.key}|{t}" in run_dir.done("models") for t in tasks)
+        if (all(unit_key(key, t) in run_dir.done("models") for t in tasks for key, _, _ in variant.units(config, t))
                 and (not pathways or variant.key in run_dir.done("pathways"))):
             continue
         ablated = []
@@ -381,12 +399,14 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if not any(variant.spec.startswith(f) for f in made):
             _width_perplexity(variant, model, lm, config, run_dir)
         for t in tasks:
-            measure(model, variant.key, variant.cell, variant.replicate, t, config, run_dir)
+            for key, replicate, draw in variant.units(config, t):
+                measure(model, key, variant.cell, replicate, t, config, run_dir, draw)
         if pathways:
             measure_pathway(model, variant.key, variant.cell, variant.replicate, config, run_dir)
         del model
-    rows = [r for _, rs in sorted(run_dir.done("models").items(), key=lambda kv: _order(kv[0], variants, tasks))
-            for r in rs]
+    order = [unit_key(original_key(d), t) for t in tasks for d in needed[t]]
+    order += [unit_key(key, t) for v in variants for t in tasks for key, _, _ in v.units(config, t)]
+    rows = [r for _, rs in sorted(run_dir.done("models").items(), key=lambda kv: _order(kv[0], order)) for r in rs]
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
@@ -397,9 +417,17 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
 
 
-def _order(key: str, variants: list[Variant], tasks: list[str]) -> tuple:
-    model_key, _, task = key.rpartition("|")
-    keys = [ORIGINAL] + [v.key for v in variants]
-    return (keys.index(model_key) if model_key in keys else len(keys), tasks.index(task) if task in tasks else 0)
+def _originals(lm: LoadedModel, variants: list[Variant], tasks: list[str], config: Config,
+               run_dir: RunDir) -> tuple[dict[str, list[int]], dict[str, list[dict]]]:
+    """The original measured on every prompt draw a variant is read on (each replicate's own draw; measure.py): per
+    task the draws, and the rows of the first (where the controls read the circuit's size k)."""
+    needed = {t: sorted(set(draws(config, t)) | {d for v in variants for _, _, d in v.units(config, t)}) for t in tasks}
+    for t in tasks:
+        for d in needed[t]:
+            measure(lm, original_key(d), ORIGINAL, d, t, config, run_dir, d)
+    return needed, {t: run_dir.done("models")[unit_key(original_key(0), t)] for t in tasks}
 
 
+def _order(key: str, order: list[str]) -> int:
+    """A recorded unit's place in the run's order (the original's draws, then each variant's, task by task)."""
+    return order.index(key) if key in order else len(order)
