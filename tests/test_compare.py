@@ -431,13 +431,17 @@ def test_make_gptq_and_awq_calibrate_on_shipped_text_into_model_folders(tiny_smo
 
     awq = importlib.util.find_spec("auto_round") is not None
     kw = dict(profile="demo", out=tmp_path / "runs", make=["gptq:4", *(["awq:4"] if awq else [])], tasks=["ioi"],
-              n_prompts=4, verify_heads=3)
+              n_prompts=4, verify_heads=3, seeds=2)
     result = lmlab.run("compare", str(tiny_smol_folder), **kw)
-    made = result.table("made").set_index("cell")
-    assert list(made.index) == ["gptq-4bit", *(["awq-4bit"] if awq else [])]
+    made = result.table("made")
+    # a calibrated method: one model per replicate, each calibrated on its own draw of text, read on its own draw
+    assert list(zip(made["cell"], made["replicate"].astype(int))) == [(c, r) for c in ["gptq-4bit", *(["awq-4bit"] if awq else [])]
+                                                          for r in (0, 1)]
+    assert set(result.table("model").query("cell == 'gptq-4bit'")["model_key"]) == {"gptq-4bit#0", "gptq-4bit#1"}
     original = load_model(str(tiny_smol_folder))
-    for cell, row in made.iterrows():
-        recipe = json.loads((result.path / "made" / cell / "lmlab-recipe.json").read_text())
+    for _, row in made.iterrows():
+        recipe = json.loads((result.path / "made" / row.folder.rsplit("/", 1)[-1] / "lmlab-recipe.json").read_text())
+        assert f"replicate {int(row.replicate)}'s draw" in recipe["calibration"]
         assert recipe["method"] == row.method and recipe["bits"] == 4 and recipe["group_size"] == 128
         assert recipe["calibration_tokens"] == 256 * recipe["calibration_texts"] == 256 * 32  # (demo's)
         assert "standard-library docstrings" in recipe["calibration"] and "none of the 64" in recipe["calibration"]
@@ -454,6 +458,9 @@ def test_make_gptq_and_awq_calibrate_on_shipped_text_into_model_folders(tiny_smo
                     assert all(len(set(r.tolist())) <= 16 for r in weight) and not torch.equal(weight, before)
         if row.method == "awq":  # (the tiny model's k and v have 16 outputs: not a multiple of 32, AutoRound's unit)
             assert kept == [f"layers.{i}.self_attn.{p}" for i in range(2) for p in ("k_proj", "v_proj")]
+    first, second = (load_model(f).model for f in made[made["cell"] == "gptq-4bit"]["folder"])
+    weight = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(first.state_dict()[weight], second.state_dict()[weight])  # other calibration, other model
     texts = stdlib_docstrings(original.tokenizer, 64, seed=0)
     chunks, _ = _calibration(original, Config(model=str(tiny_smol_folder)), texts)
     flat = "," + ",".join(str(t) for c in chunks for t in c.tolist()) + ","

@@ -106,7 +106,8 @@ COLUMNS = {
     "verify_component": ("model_key", "task", "layer", "index", "attribution", "activation"),
     "variant": ("cell", "replicate", "model_key", "source", "variant_kind", "made"),  # (and, for a variant at a bit
     # width, method and bits: NaN-only columns are not in the table)
-    "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text", "origin"),
+    "made": ("cell", "method", "bits", "folder", "perplexity", "original_perplexity", "n_text", "origin"),  # (and,
+    # for a width made in the run, its replicate: a calibrated method's one per replicate)
     "curve": ("model_key", "cell", "replicate", "task", "n_heads", "value"),
     "overlap": ("cell", "replicate", "task", "k", "split_jaccard", "jaccard", "spearman"),
     "reference": ("task", "k", "value", "lo", "hi", "chance"),
@@ -841,6 +842,7 @@ def _bits_panel(ax, bits: pd.DataFrame, task: str, made: pd.DataFrame) -> None:
     color = {m: COLORS[i % len(COLORS)] for i, m in enumerate(methods)}
     if len(made):  # each width's perplexity on held-out text, on its own (log) axis, in its method's colour
         other = ax.twinx()
+        made = made.groupby(["method", "bits"], as_index=False, sort=False)["perplexity"].mean()  # replicates pooled
         for method, sub in made.sort_values("bits").groupby("method", sort=False):
             other.plot(sub["bits"], sub["perplexity"], color=color.get(method, "grey"), ls="--", marker="s", ms=3,
                        lw=0.8, alpha=0.6)

@@ -74,6 +74,7 @@ class Variant:
     kind: str  # same, ablate, swap, packed, sparse, model
     method: str | None = None  # a variant at a bit width: its method and width (made in the run, or a folder so
     bits: int | None = None  # named, read once in `expand`)
+    replicated: bool = False  # one model per replicate (a calibrated width made in the run: each its own calibration)
 
     @property
     def key(self) -> str:
@@ -83,8 +84,9 @@ class Variant:
         """(model key, replicate, prompt draw) of each measurement on `task`. One model (same, ablate, swap, a model
         folder or hub id, a width made in the run) is measured on every draw, its replicate r on draw r: the draws are
         its replicates. A model that is one replicate of a cell (a student, a sparse model) is measured on its own
-        replicate's draw (a file's one draw for a file of prompt pairs)."""
-        if self.kind in SINGLE:
+        replicate's draw (a file's one draw for a file of prompt pairs), as is a width of a calibrated method made in
+        the run (gptq, awq: one model per replicate, each calibrated on its own draw of text)."""
+        if self.kind in SINGLE and not self.replicated:
             return [(f"{self.cell}#{d}", d, d) for d in draws(config, task)]
         return [(self.key, self.replicate, 0 if pairs_file(task) is not None else self.replicate)]
 
@@ -203,13 +205,21 @@ PERPLEXITY_TOKENS = 64  # their cut (stdlib_docstrings' default), which the cali
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
     """--make rtn:B, hqq:B, bnb:B, gptq:B and awq:B: the original quantized after training at each B, a model folder
-    each in this run's made/ folder (made by `_round` once the original is loaded), compared as any folder is."""
-    return [Variant(f"{m.name}-{b}bit", 0, str(_rounded_folder(run_dir, m.name, b)), "model", m.name, b)
-            for m, b in config.made().post_training()]
+    each in this run's made/ folder (made by `_round` once the original is loaded), compared as any folder is. A
+    calibrated method (gptq, awq) makes one model per replicate, each calibrated on its own draw of text, so the
+    calibration text varies between the replicates inside a run as it varies between run seeds."""
+    return [Variant(f"{m.name}-{b}bit", r, str(_rounded_folder(run_dir, m.name, b, r)), "model", m.name, b,
+                    replicated=m.calibrated)
+            for m, b in config.made().post_training() for r in _made_replicates(config, m.name)]
 
 
-def _rounded_folder(run_dir: RunDir, method: str, bits: int) -> Path:
-    return run_dir.path / "made" / f"{method}-{bits}bit"
+def _made_replicates(config: Config, method: str) -> range:
+    """The replicates a width of `method` is made for: one per replicate where it is calibrated, else one model."""
+    return range(config.n_seeds) if METHODS[method].calibrated else range(1)
+
+
+def _rounded_folder(run_dir: RunDir, method: str, bits: int, replicate: int = 0) -> Path:
+    return run_dir.path / "made" / (f"{method}-{bits}bit" + (f"-rep{replicate}" if replicate else ""))
 
 
 def _perplexity(lm: LoadedModel, texts: list[list[int]]) -> float:
@@ -225,14 +235,15 @@ CALIBRATION_DRAW = 512  # standard-library docstrings drawn for GPTQ's and AWQ's
 CALIBRATION_LENGTH = 256  # tokens a chunk (the papers' 2048 would take more docstrings than the standard library has)
 
 
-def _calibration(lm: LoadedModel, config: Config, held_out: list[list[int]]) -> tuple[list, str]:
-    """GPTQ's and AWQ's calibration text: standard-library docstrings (up to 256 tokens each) drawn at another seed than
-    the perplexity texts, any whose opening is one of those left out, concatenated and cut into chunks of
-    CALIBRATION_LENGTH tokens (the profile's `calibration_chunks`, or as many as the draw fills), on the model's
-    device; and the sentence the made folder's recipe records."""
+def _calibration(lm: LoadedModel, config: Config, held_out: list[list[int]], replicate: int = 0) -> tuple[list, str]:
+    """GPTQ's and AWQ's calibration text for replicate `replicate`: standard-library docstrings (up to 256 tokens each)
+    drawn at the replicate's own seed (another than the perplexity texts'), any whose opening is one of those left
+    out, concatenated and cut into chunks of CALIBRATION_LENGTH tokens (the profile's `calibration_chunks`, or as
+    many as the draw fills), on the model's device; and the sentence the made folder's recipe records."""
     import torch
 
-    draw = stdlib_docstrings(lm.tokenizer, CALIBRATION_DRAW, max_tokens=256, seed=config.seed + 1)
+    seed = config.replicate_seed(replicate) + 1
+    draw = stdlib_docstrings(lm.tokenizer, CALIBRATION_DRAW, max_tokens=256, seed=seed)
     kept = [ids for ids in draw if ids[:PERPLEXITY_TOKENS] not in held_out]
     flat = [t for ids in kept for t in ids]
     n = min(config.size("calibration_chunks"), len(flat) // CALIBRATION_LENGTH)
@@ -242,7 +253,8 @@ def _calibration(lm: LoadedModel, config: Config, held_out: list[list[int]]) -> 
     chunks = [torch.tensor(flat[i * CALIBRATION_LENGTH:(i + 1) * CALIBRATION_LENGTH], device=lm.device)
               for i in range(n)]
     return chunks, (f"{n} chunks of {CALIBRATION_LENGTH} tokens cut from {len(kept)} standard-library docstrings "
-                    f"(drawn at seed {config.seed + 1}, none of the {len(held_out)} the perplexity is read on)")
+                    f"(replicate {replicate}'s draw, at seed {seed}; none of the {len(held_out)} the perplexity is "
+                    "read on)")
 
 
 def _quantized(lm: LoadedModel, method: str, bits: int, calibration: tuple[list, str] | None,
@@ -263,38 +275,48 @@ def _quantized(lm: LoadedModel, method: str, bits: int, calibration: tuple[list,
 
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
     """Each --make rtn:B, hqq:B, bnb:B, gptq:B and awq:B variant's folder (made where it is not whole yet: an
-    interrupted run makes it again) and its `made` row: the recipe, and the perplexity of the variant and the original
-    on held-out text."""
-    jobs = [(m.name, b) for m, b in config.made().post_training()]
+    interrupted run makes it again; a calibrated method's one per replicate) and its `made` row: the recipe, and the
+    perplexity of the variant and the original on held-out text."""
+    jobs = [(m.name, b, r) for m, b in config.made().post_training() for r in _made_replicates(config, m.name)]
     if not jobs:
         return []
     texts = stdlib_docstrings(lm.tokenizer, PERPLEXITY_TEXTS, PERPLEXITY_TOKENS, seed=config.seed)
-    original = calibration = None
+    state: dict = {}
     rows = []
-    for method, b in jobs:
-        folder, cell = _rounded_folder(run_dir, method, b), f"{method}-{b}bit"
+    for method, b, r in jobs:
+        folder, cell = _rounded_folder(run_dir, method, b, r), f"{method}-{b}bit"
         if not (folder / RECIPE).is_file():
-            original = original if original is not None else _perplexity(lm, texts)
-            if METHODS[method].calibrated and calibration is None:
-                calibration = _calibration(lm, config, texts)
-            run_dir.log(f"making {cell}: every linear layer of the blocks quantized by {method} at {b} bits"
-                        + (f", calibrated on {calibration[1]}" if METHODS[method].calibrated else ""))
-            model, facts = _quantized(lm, method, b, calibration, config.seed)
-            made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-{cell}")
-            shutil.rmtree(folder, ignore_errors=True)
-            save_model(made, folder)
-            recipe = {"method": method, "bits": b, "grid": METHODS[method].grid, **facts,
-                      "embeddings": "full precision", "source": str(config.model),
-                      "perplexity": _perplexity(made, texts), "original_perplexity": original,
-                      "perplexity_text": f"{len(texts)} standard-library docstrings, up to {PERPLEXITY_TOKENS} tokens "
-                                         "each"}
-            del model, made
-            atomic_write(folder / RECIPE, json.dumps(recipe, indent=1))
+            _make_width(config, run_dir, lm, method, b, r, texts, state)
         recipe = json.loads((folder / RECIPE).read_text())
-        rows.append({"kind": "made", "cell": cell, "method": method, "bits": b, "folder": str(folder),
+        rows.append({"kind": "made", "cell": cell, "replicate": r, "method": method, "bits": b, "folder": str(folder),
                      "perplexity": recipe["perplexity"], "original_perplexity": recipe["original_perplexity"],
                      "n_text": len(texts), "origin": "made"})
     return rows
+
+
+def _make_width(config: Config, run_dir: RunDir, lm: LoadedModel, method: str, b: int, r: int,
+                texts: list[list[int]], state: dict) -> None:
+    """One made width's folder (replicate `r`'s, for a calibrated method), its recipe written last. `state` keeps
+    the original's perplexity and each replicate's calibration text across the widths."""
+    folder, cell = _rounded_folder(run_dir, method, b, r), f"{method}-{b}bit"
+    if "original" not in state:
+        state["original"] = _perplexity(lm, texts)
+    calibration = None
+    if METHODS[method].calibrated:
+        calibration = state.get(r) or state.setdefault(r, _calibration(lm, config, texts, r))
+    run_dir.log(f"making {cell}" + (f" (replicate {r})" if METHODS[method].calibrated else "")
+                + f": every linear layer of the blocks quantized by {method} at {b} bits"
+                + (f", calibrated on {calibration[1]}" if calibration else ""))
+    model, facts = _quantized(lm, method, b, calibration, config.replicate_seed(r))
+    made = dataclasses.replace(lm, model=model, layout=layout_of(model), name=f"{lm.name}-{cell}")
+    shutil.rmtree(folder, ignore_errors=True)
+    save_model(made, folder)
+    recipe = {"method": method, "bits": b, "grid": METHODS[method].grid, **facts,
+              "embeddings": "full precision", "source": str(config.model),
+              "perplexity": _perplexity(made, texts), "original_perplexity": state["original"],
+              "perplexity_text": f"{len(texts)} standard-library docstrings, up to {PERPLEXITY_TOKENS} tokens each"}
+    del model, made
+    atomic_write(folder / RECIPE, json.dumps(recipe, indent=1))
 
 
 def _width_perplexity(variant: Variant, model: LoadedModel, lm: LoadedModel, config: Config,
