@@ -70,27 +70,26 @@ def interval_parts(per, se_item: float, n: int, shared: bool = True) -> dict:
     method (see lmlab.claims: the between-replicate part on k - 1 degrees of freedom, the items' from their
     resamples, combined by Welch-Satterthwaite).
 
-    `shared`: every replicate reads the same items (a test set), so the spread between replicates is what the items
-    do not explain and the two parts add. Where each replicate draws items of its own (`shared=False`: compare's
-    prompt draws), the spread between replicates already holds the items' part, and adding the two would count it
-    twice: the between-replicate part is then only the spread beyond what the items explain, max(0, s^2/k -
-    se_item^2) (a random-effects reading: the standard error is the larger of the two estimates of the same
-    variance, never below the items' alone, and a replicate that disagrees beyond its items' noise widens it on k - 1
-    degrees of freedom)."""
+    `shared`: every replicate reads the same items (a test set): the spread between replicates is what the items do
+    not explain, and the two parts add. `shared=False`: each replicate draws items of its own (compare's prompt
+    draws): the spread between replicates then holds the items' noise too, and the two parts still add, which counts
+    the items' part twice. DECISION: that is conservative, and kept: the spread beyond the items' alone, max(0, s^2/k -
+    se_item^2), would need the k - 1 degrees of freedom of s^2 for the whole variance (Satterthwaite credits the items'
+    part with n - 1 it does not have there), and at three replicates its t quantile at a Bonferroni level (about 20)
+    would hold open even a control whose replicates agree; the sum's standard error is never below either part's.
+    """
     per = np.asarray(per, dtype=float)
     good = per[np.isfinite(per)]
     k = len(good)
     estimate = float(good.mean()) if k else float("nan")
     if k > 1:
         se_seed = float(np.std(good, ddof=1) / np.sqrt(k))
-        b = se_item ** 2 if np.isfinite(se_item) else 0.0
-        a = se_seed ** 2 if shared else max(se_seed ** 2 - b, 0.0)
-        se_seed = math.sqrt(a)
+        a, b = se_seed ** 2, se_item ** 2 if np.isfinite(se_item) else 0.0
         denom = (a * a / (k - 1) if a else 0.0) + (b * b / max(n - 1, 1) if b else 0.0)
         df = (a + b) ** 2 / denom if denom > 0 else float(k - 1)
         method = (f"t over {k} replicates and {n} items (Satterthwaite df {df:.1f}; "
-                  + ("item resamples shared)" if shared else "items drawn per replicate: the replicates' spread beyond "
-                     "the items')"))
+                  + ("item resamples shared)" if shared else "items drawn per replicate: their part counted in "
+                     "both, conservative)"))
     else:
         se_seed, df = 0.0, float(max(n - 1, 1))
         method = f"one replicate: items only ({n} items, bootstrap SE, normal t)"

@@ -41,7 +41,7 @@ class Resampler:
         """`strata`: sizes of consecutive groups of items (tasks) each resampled within itself, so every draw keeps
         each group's size (their sum is n_items). `shared`: every replicate reads the same items; False where each
         draws its own n_items (item i of one replicate unrelated to item i of another: the same resample indices are
-        then independent draws of each, and the interval counts the items' part once, `claims.interval_parts`)."""
+        then independent draws of each; `claims.interval_parts` says how the interval reads them)."""
         self.n, self.k, self.n_boot, self.shared = int(n_items), max(int(replicates), 1), n_boot, shared
         rng = np.random.default_rng(seed)
         sizes = list(strata) if strata else [self.n]

@@ -27,8 +27,9 @@ Claims (lmlab's own: no paper claims this; declared in CLAIMS below):
 - task metric change (reported): the variant's clean metric minus the original's, paired prompt by prompt.
 - keeps the pathway (with --pathways; pathways.py): S1's knockout effect on the variant where the original has it.
 Per claim, DECISION: a model whose attribution does not track activation patching on its top heads (Spearman below
-`min_verify`) or whose task has no effect to explain (clean metric = every head patched) holds that task's claim open:
-a ranking that does not measure the heads cannot be compared.
+`min_verify`; read on several draws, the original's mean over its draws and the variant's over its replicates) or a
+task with no effect to explain on any draw (clean metric = every head patched; a replicate on a draw without one is
+left out) holds that task's claim open: a ranking that does not measure the heads cannot be compared.
 
 Controls and the placebo (recipe.py, placebo.py): `same` (V = R: D = (R - C) / 2 > 0, keeps); `swap`, the original
 with its circuit's heads moved to other heads of their layers in the weights (a working model, its answers unchanged,
@@ -98,7 +99,7 @@ CLAIMS = [
 
 # the tables the recipe hands to the analysis, and the columns each always carries
 COLUMNS = {
-    "model": ("model_key", "cell", "replicate", "task", "model_name", "clean_metric", "corrupted_metric", "metric",
+    "model": ("model_key", "cell", "replicate", "draw", "task", "model_name", "clean_metric", "corrupted_metric", "metric",
               "n_prompts", "heads_needed", "total_heads", "has_effect", "verify_rho", "verify_heads", "n_layers",
               "n_heads"),  # (and, on the induction task, induction_score: a column of NaN only is not in the table)
     "attribution": ("model_key", "cell", "replicate", "task", "idx", "scores"),
@@ -204,8 +205,10 @@ def derive(table: pd.DataFrame, config) -> pd.DataFrame:
     models = table[table["kind"] == "model"]
     per = attributions(table)
     rows = _curve_rows(table[table["kind"] == "per_prompt"])
+    variants = table[table["kind"] == "variant"]
+    one_model = {str(c) for c, n in variants.groupby("cell").size().items() if n == 1} if len(variants) else set()
     for task in dict.fromkeys(models["task"]):
-        rows += _overlap_rows(models, per, task, seed, min_k)
+        rows += _overlap_rows(models, per, task, seed, min_k, one_model)
     out = pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
     claims, _ = claims_of(out, config)
     comparison = [_comparison_row(c) for c in claims if c.name == "keeps the circuit"]
@@ -245,11 +248,13 @@ def _curve_rows(pp: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def _overlap_rows(models: pd.DataFrame, per: dict, task: str, seed: int, min_k: int) -> list[dict]:
+def _overlap_rows(models: pd.DataFrame, per: dict, task: str, seed: int, min_k: int,
+                  one_model: set[str] = frozenset()) -> list[dict]:
     """One task's overlap curves over k, like for like on the same half-splits as the claim: the original's split-half
     reference R (its draws pooled), each variant replicate's V against the original on the replicate's own draw (and,
     as a description, the Jaccard of the two models' top-k on every prompt pair), replicate against replicate within
-    a cell (one's half against the other's other half); and each cell's heads kept, lost and new."""
+    a cell of several models (one's half against the other's other half; not for a cell that is one model read on
+    several draws, `one_model`); and each cell's heads kept, lost and new."""
     origs = originals(models, per, task)
     if not origs:
         return []
@@ -275,7 +280,7 @@ def _overlap_rows(models: pd.DataFrame, per: dict, task: str, seed: int, min_k: 
                       "split_jaccard": float(split_overlaps(a, [b], np.ones((1, n)), k, *point)[1][0][0]),
                       "jaccard": float(jaccard(top_masks(a, ones, k), top_masks(b, ones, k))[0]),
                       "spearman": spearman_union(a.mean(0), b.mean(0), k)} for k in ks]
-        for k in ks if len(keys) > 1 else []:
+        for k in ks if len(keys) > 1 and cell not in one_model else []:
             n = per[(keys[0], task)].shape[0]
             point = half_splits(n, SPLITS, seed)
             pairs = [float(split_overlaps(per[(x, task)], [per[(y, task)]], np.ones((1, n)), k, *point)[1][0][0])
@@ -401,6 +406,9 @@ def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k:
         if not keys:
             continue
         reps = [(_draw_of_key(models, key, task), per[(key, task)]) for key in keys]
+        if len({d for d, _ in reps}) > 1:  # a draw where the original has no effect has nothing to compare: left out
+            kept = [i for i, (d, _) in enumerate(reps) if bool(origs[d][0]["has_effect"])]
+            keys, reps = ([keys[i] for i in kept], [reps[i] for i in kept]) if kept else (keys, reps)
         shared = len({d for d, _ in reps}) == 1
         n = reps[0][1].shape[0]
         sampler = Resampler(n, len(keys), n_boot=1000, seed=seed, shared=shared)
@@ -458,7 +466,8 @@ def _circuit_claim(origs: dict, refs: dict, reps: list[tuple[int, np.ndarray]], 
     used = sorted({d for d, _ in reps})
     ref, luck = _pooled_reference([refs[d] for d in used])
     overlap, mid = float(np.mean(v_point)), float(np.mean([needed(refs[d]["ref"], refs[d]["chance"]) for d, _ in reps]))
-    c.extra = {"k": int(round(np.mean([refs[d]["k"] for d, _ in reps]))), "overlap": overlap,
+    c.extra = {"k": int(round(np.mean([refs[d]["k"] for d, _ in reps]))), "k_draws": [refs[d]["k"] for d in used],
+               "overlap": overlap,
                "self_overlap": ref["ref"], "self_lo": ref["lo"], "self_hi": ref["hi"], "chance": luck, "midpoint": mid,
                "jaccard": float(np.mean(whole)), "draws": len(used),
                "relative": float((overlap - luck) / (ref["ref"] - luck)) if ref["ref"] > luck else float("nan")}
@@ -509,25 +518,28 @@ def why_open(c) -> str:
         out += (f"; {c.replicates} replicates leave the interval {c.df:.1f} degrees of freedom (t "
                 f"{t_quantile(c.df):.1f} at 95%, {t_quantile(c.df, c.no_confidence):.1f} where either answer is read), the "
                 f"spread between replicates (SE {c.se_seed:.2f}) beside the prompt pairs' (SE {c.se_item:.2f})"
-                + (": two replicates give that spread one degree of freedom, three or more would narrow it"
+                + (": two replicates give that spread one degree of freedom, more replicates would narrow it"
                    if c.replicates == 2 else ": more replicates would narrow it"))
     return out
 
 
 def _held_open(origs: list, rows: pd.DataFrame, min_verify: float) -> str:
-    """Why a task's comparison cannot decide (the original has no effect on any of the cell's draws; a ranking not
-    confirmed by activation patching: the original's Spearman averaged over its draws, the variant's over its
-    replicates, so more replicates never hold a cell open more often), or ""."""
+    """Why a task's comparison cannot decide (the original has no effect on any draw the cell is read on; a ranking
+    not confirmed by activation patching), or "". On one draw (a run of one draw, or one recorded before draws) any
+    model below `min_verify` holds the cell; read on several draws, the original's Spearman is averaged over its draws
+    and the variant's over its replicates, so more draws never hold a cell open more often."""
     if not any(bool(o["has_effect"]) for o in origs):
         return "the original shows no effect on this task to explain (clean metric = every head patched)"
     # (a column of NaN only, where no model had three heads checked, is not in the table)
     rhos = rows["verify_rho"] if "verify_rho" in rows else pd.Series(np.nan, index=rows.index)
-    mean_rho = np.nanmean([o.get("verify_rho", np.nan) for o in origs]) if any(
-        np.isfinite(o.get("verify_rho", np.nan)) for o in origs) else np.nan
-    finite = rhos[np.isfinite(rhos)]
-    checked = [("the original", mean_rho),
-               ("the variant" + (f" (mean over {len(finite)} replicates)" if len(finite) > 1 else ""),
-                float(finite.mean()) if len(finite) else np.nan)]
+    if len(origs) == 1:
+        checked = [("the original", origs[0].get("verify_rho", np.nan))] + [
+            (f"replicate {int(r)}", rho) for r, rho in zip(rows["replicate"], rhos)]
+    else:
+        finite = [float(o.get("verify_rho", np.nan)) for o in origs if np.isfinite(o.get("verify_rho", np.nan))]
+        mine = rhos[np.isfinite(rhos)]
+        checked = [(f"the original (mean over {len(finite)} draws)", float(np.mean(finite)) if finite else np.nan),
+                   (f"the variant (mean over {len(mine)} replicates)", float(mine.mean()) if len(mine) else np.nan)]
     weak = [(who, rho) for who, rho in checked if np.isfinite(rho) and rho < min_verify]
     if weak:
         return ("attribution does not track activation patching on the top heads of "
@@ -582,7 +594,10 @@ def _keep_line(c, models: pd.DataFrame) -> str:
     low, high = c.interval()
     e = c.extra
     done = _task_done(models, c.group.partition(" / ")[0], c.group.partition(" / ")[2])
-    return (f"{c.group}: {SAYS[c.decision]} (top-{e['k']} heads, half against half: the variant's overlap "
+    ks = e.get("k_draws", [e["k"]])
+    top = (f"top-{e['k']} heads" if len(set(ks)) <= 1 else
+           f"top-k heads, k {', '.join(map(str, ks))} on the draws (the original's circuit size on each)")
+    return (f"{c.group}: {SAYS[c.decision]} ({top}, half against half: the variant's overlap "
             f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
             f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
             f"{c.estimate:+.2f} [{low:+.2f}, {high:+.2f}] against 0, over {c.replicates} replicate(s) x "
@@ -603,7 +618,8 @@ def verdict(result) -> Verdict:
     judged = _judged_top(result, placebo) if len(placebo) else {}
     for row in placebo.itertuples() if len(placebo) else []:
         read = judged.get(row.task)
-        within = (f", {sum(h in read for h in str(row.heads).split(', '))} of them in the top-k the overlap reads"
+        within = (f", {sum(h in read for h in str(row.heads).split(', '))} of them in the top-k the overlap reads on "
+                  "the first draw"
                   if read is not None else "")
         lines.append(f"{row.cell} / {row.task}: {int(row.moved)} of the original's top-{int(row.k)} heads moved to "
                      f"other heads of their layers in the weights ({row.heads}), ranked on "

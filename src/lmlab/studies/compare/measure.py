@@ -27,8 +27,10 @@ def _round(values) -> list[float]:
     return [float(f"{float(v):.6g}") for v in np.asarray(values).ravel()]
 
 
-def unit_key(model_key: str, task: str) -> str:
-    return f"{model_key}|{task}"
+def unit_key(model_key: str, task: str, draw: int) -> str:
+    """A recorded measurement's key: the model, the task and the prompt draw (a unit recorded before draws, keyed
+    without one, is measured again rather than read as a draw it may not be)."""
+    return f"{model_key}|{task}|draw{draw}"
 
 
 def prompt_seed(config, draw: int) -> int:
@@ -60,7 +62,7 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
     `verify_component`. On the induction task the model row carries `induction_score`: the mean induction score of
     the heads patching verified."""
     done = run_dir.done("models")
-    key = unit_key(model_key, task_name)
+    key = unit_key(model_key, task_name, draw)
     if key in done:
         return done[key]
     batch = config.batch_size
@@ -140,7 +142,7 @@ def selection_task(name: str, tokenizer, n: int, judged_seeds: list[int], seed: 
     return CircuitTask(judged[0].name, judged[0].metric, others[:n]), True
 
 
-def select(lm, task_name: str, config, run_dir: RunDir) -> list[dict]:
+def select(lm, task_name: str, config, run_dir: RunDir, judged: list[int] | None = None) -> list[dict]:
     """The original's attribution of every head on prompt pairs other than the judged ones of every draw
     (`selection_task`): where
     the controls `ablate` and `swap` choose the heads they zero or move, so that a control does not act on exactly the
@@ -148,9 +150,9 @@ def select(lm, task_name: str, config, run_dir: RunDir) -> list[dict]:
     done = run_dir.done("selection")
     if task_name in done:
         return done[task_name]
-    judged = draws(config, task_name)
+    judged = judged if judged is not None else draws(config, task_name)  # every draw a model is read on
     task, other = selection_task(task_name, lm.tokenizer, config.size("n_prompts"),
-                                 [prompt_seed(config, d) for d in judged], prompt_seed(config, len(judged)))
+                                 [prompt_seed(config, d) for d in judged], prompt_seed(config, max(judged) + 1))
     per = circuits.attribution_scores(lm, task, config.batch_size, per_prompt=True)
     rows = [{"kind": "selection", "task": task_name, "idx": i, "other_pairs": other, "scores": json.dumps(_round(p))}
             for i, p in enumerate(per)]

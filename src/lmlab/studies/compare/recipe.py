@@ -359,7 +359,7 @@ def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir,
         moved = moved_heads(top, how, lm.layout.n_heads, lm.layout.n_kv_heads)
         perms, stuck = moves(top, moved, lm.layout.n_heads, lm.layout.n_kv_heads)
         rows.append(_swap_rows(variant, t, top, moved, perms, stuck, bool(chosen[t][0]["other_pairs"]), lm))
-        units = [u for u in variant.units(config, t) if unit_key(u[0], t) not in run_dir.done("models")]
+        units = [u for u in variant.units(config, t) if unit_key(u[0], t, u[2]) not in run_dir.done("models")]
         if units:
             model = _load(variant, lm, config, [], perms)
             for key, replicate, draw in units:
@@ -398,7 +398,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     needed, original = _originals(lm, variants, tasks, config, run_dir)
     # the controls' heads: the original's ranking on other prompt pairs of each task
-    chosen = ({t: select(lm, t, config, run_dir) for t in tasks}
+    chosen = ({t: select(lm, t, config, run_dir, needed[t]) for t in tasks}
               if any(v.kind in ("ablate", "swap") for v in variants) else {})
     # DECISION: a head permutation leaves S1's knockout (every head's attention blocked alike) exactly as it was, so the
     # swaps say nothing about the pathway: they, and a placebo run, skip it
@@ -410,7 +410,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if variant.kind == "swap":
             placebo_rows += _swapped(variant, lm, config, run_dir, original, chosen)
             continue
-        if (all(unit_key(key, t) in run_dir.done("models") for t in tasks for key, _, _ in variant.units(config, t))
+        if (all(unit_key(key, t, d) in run_dir.done("models") for t in tasks for key, _, d in variant.units(config, t))
                 and (not pathways or variant.key in run_dir.done("pathways"))):
             continue
         ablated = []
@@ -426,9 +426,10 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         if pathways:
             measure_pathway(model, variant.key, variant.cell, variant.replicate, config, run_dir)
         del model
-    order = [unit_key(original_key(d), t) for t in tasks for d in needed[t]]
-    order += [unit_key(key, t) for v in variants for t in tasks for key, _, _ in v.units(config, t)]
-    rows = [r for _, rs in sorted(run_dir.done("models").items(), key=lambda kv: _order(kv[0], order)) for r in rs]
+    order = [unit_key(original_key(d), t, d) for t in tasks for d in needed[t]]
+    order += [unit_key(key, t, d) for v in variants for t in tasks for key, _, d in v.units(config, t)]
+    done = run_dir.done("models")
+    rows = [r for key in order for r in done[key]]  # (a unit recorded under another key is not this run's)
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
@@ -447,9 +448,5 @@ def _originals(lm: LoadedModel, variants: list[Variant], tasks: list[str], confi
     for t in tasks:
         for d in needed[t]:
             measure(lm, original_key(d), ORIGINAL, d, t, config, run_dir, d)
-    return needed, {t: run_dir.done("models")[unit_key(original_key(0), t)] for t in tasks}
-
-
-def _order(key: str, order: list[str]) -> int:
-    """A recorded unit's place in the run's order (the original's draws, then each variant's, task by task)."""
-    return order.index(key) if key in order else len(order)
+    first = {t: needed[t][0] for t in tasks}
+    return needed, {t: run_dir.done("models")[unit_key(original_key(first[t]), t, first[t])] for t in tasks}
