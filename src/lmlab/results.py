@@ -77,6 +77,22 @@ def _size_fields(study: str) -> set[str]:
     return names & set(spec.config.model_fields)
 
 
+def _set_knobs(config) -> list[str]:
+    """The study's own scalar settings a run set away from their defaults (the latent study's --codebook 512), which
+    change what was measured as a size does."""
+    from lmlab.studies.config import StudyConfig
+
+    fields = type(config).model_fields
+    return sorted(k for k, f in fields.items() if k not in StudyConfig.model_fields and k not in _size_fields_of(config)
+                  and isinstance(getattr(config, k), (bool, int, float, str)) and getattr(config, k) != f.default)
+
+
+def _size_fields_of(config) -> set[str]:
+    from lmlab.studies import STUDIES
+
+    return next((_size_fields(name) for name, spec in STUDIES.items() if spec.config is type(config)), set())
+
+
 def read_record(run: Path) -> Record:
     """One finished run folder's record; one sentence when the folder holds no finished run."""
     from lmlab.studies import STUDIES
@@ -93,7 +109,7 @@ def read_record(run: Path) -> Record:
         raise LmlabError(f"{run} is a run of '{study}', which is not a study of this lmlab")
     config = read_config(run, STUDIES[study], manifest.get("model", ""))
     overall = json.loads(verdict_file.read_text())["overall"]
-    changed = sorted(k for k in _size_fields(study) if getattr(config, k) is not None)
+    changed = sorted(k for k in _size_fields(study) if getattr(config, k) is not None) + _set_knobs(config)
     env = manifest.get("environment") or {}
     if not env and manifest.get("children"):  # a several-model run: its first child ran on the same machine
         child = Path(manifest["children"][0]) / "manifest.json"
