@@ -80,8 +80,10 @@ def test_a_size_no_profile_names_still_makes_the_runs_sizes_its_own(tmp_path):
     assert read_record(tmp_path / "latent-a").sizes == "moves 12, plan False"
     assert read_record(tmp_path / "latent-b").sizes == "profile"
     # a setting of the study's own set away from its default (not a size) is named too: it changed what was measured
-    _run(tmp_path, "latent-c", study="latent", model="scratch", codebook=512)
-    assert read_record(tmp_path / "latent-c").sizes == "codebook 512"
+    _run(tmp_path, "latent-c", study="latent", model="scratch", chunk=8)
+    assert read_record(tmp_path / "latent-c").sizes == "chunk 8"
+    _run(tmp_path, "latent-d", study="latent", model="scratch", codebook=512)  # a size the profiles name
+    assert read_record(tmp_path / "latent-d").sizes == "codebook 512"
 
 
 def test_the_readme_table_takes_each_cells_latest_run_at_the_profiles_sizes(tmp_path):

@@ -2,7 +2,7 @@
 problem.
 
 The two fine-tuned models of one finished `lmlab latent` run (given with `--latent-run DIR`; without it
-the quick from-scratch study is run, or reused, under the bench folder) generate greedily on the same
+the quick from-scratch study is run at one replicate, or reused, under the bench folder) generate greedily on the same
 test problems, alternating over several rounds in one process; the ratio is latent time over CoT time
 (< 1: latent is faster) next to the ratio of generated tokens.
 
@@ -30,7 +30,8 @@ def latent_bench(latent_run: str | None = None, out_dir: str | Path = "runs/benc
     from lmlab.studies.result import read_config
 
     if latent_run is None:
-        latent_run = run_study(study.SPEC, study.Config(model="scratch", profile="quick"),
+        # one replicate: the bench reads replicate 0 only
+        latent_run = run_study(study.SPEC, study.Config(model="scratch", profile="quick", seeds=1),
                                Path(out_dir) / "latent-study").path
     run = Path(latent_run)
     config = read_config(run, study.SPEC)

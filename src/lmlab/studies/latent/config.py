@@ -21,8 +21,8 @@ class Config(StudyConfig):
     launch_refusal = None  # every model trains data-parallel; codes and generation in shares (recipe.py)
     rates: list[int] | None = Field(None, description="compression rates r (each divides the chunk length)")
     chunk: int = Field(16, ge=1, description="chunk length L (chain tokens per VQ-VAE chunk)")
-    codebook: int = Field(64, description="codebook size K (the paper uses 1024 for math; 64 holds a walk's "
-                                           "position)")
+    codebook: int | None = Field(None, description="codebook size K (the paper uses 1024 for math; the quick "
+                                                  "profile 512, which rebuilds a 24-move walk's chunks whole)")
     n_train: int | None = Field(None, ge=1, description="training problems")
     n_test: int | None = Field(None, ge=1, description="test problems")
     steps: int | None = Field(None, ge=1, description="training steps of every variant (CoT, answer-only, each rate), "
@@ -84,7 +84,7 @@ def check_config(config: Config) -> None:
         raise LmlabError(f"rate {bad[0]} does not divide the chunk length {config.chunk}")
     if not rates:
         raise LmlabError("give at least one compression rate")
-    if config.codebook < 2:
+    if config.size("codebook") < 2:
         raise LmlabError("the codebook needs at least 2 codes")
     if config.model not in ("scratch", *sorted(PRETRAINED)):
         raise LmlabError(f"latent supports --model scratch (a small transformer trained in the run, the default) "

@@ -73,7 +73,7 @@ def build_vq(vocab, examples: list[sequences.Example], config: Config, rate: int
     """An untrained VQ-VAE for `rate`, sized to hold `examples`' prompts and positions, built on `device` (default:
     the config's, where it trains and runs); its initial weights come from torch's current seed."""
     with torch.device(device or config.torch_device()):
-        return vqvae.ChunkVQVAE(len(vocab), config.chunk, rate, config.codebook,
+        return vqvae.ChunkVQVAE(len(vocab), config.chunk, rate, config.size("codebook"),
                             max_prompt=max(len(ex.prompt) for ex in examples) + 8, pad_id=vocab.pad,
                             max_offset=max_offset(examples) + 64)
 

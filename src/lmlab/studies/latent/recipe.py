@@ -133,7 +133,7 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
             initial.append(model)
     else:
         texts = [p.question + " " + p.chain for split in problems.values() for p in split]
-        vocab = sequences.Vocab.from_texts(texts, config.codebook)
+        vocab = sequences.Vocab.from_texts(texts, config.size("codebook"))
     train_ex = [sequences.make_example(vocab, p) for p in problems["train"]]
     test_ex = [sequences.make_example(vocab, p) for p in problems["test"]]
     dev_ex = [sequences.make_example(vocab, p) for p in problems["dev"]]
@@ -151,8 +151,9 @@ def prepare(config: Config, lm: LoadedModel | None = None) -> Prepared:
         raise LmlabError(f"a prompt plus {max_new} generated tokens ({longest}) exceeds the model's context of "
                          f"{context}")
     n_chunks = sum(len(sequences.segments(ex, config.chunk)) for ex in train_ex)
-    if n_chunks < config.codebook:
-        raise LmlabError(f"only {n_chunks} training chunks for a codebook of {config.codebook}: lower --codebook "
+    codebook = config.size("codebook")
+    if n_chunks < codebook:
+        raise LmlabError(f"only {n_chunks} training chunks for a codebook of {codebook}: lower --codebook "
                          "or generate more problems")
     return Prepared(initial, vocab, train_ex, dev_ex, test_ex, max_new)
 
@@ -162,7 +163,7 @@ def _pretrained(config: Config, lm: LoadedModel | None = None):
     embeddings resized to match (models.resize_vocabulary)."""
     # the vocabulary grows: a model passed in is copied, never resized in place
     lm = copy.deepcopy(lm) if lm is not None else config.load(train=True)
-    vocab = sequences.TokenizerVocab(lm.tokenizer, config.codebook)
+    vocab = sequences.TokenizerVocab(lm.tokenizer, config.size("codebook"))
     resize_vocabulary(lm.model, len(vocab))
     return lm.model, vocab
 
