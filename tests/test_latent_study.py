@@ -240,8 +240,8 @@ def test_bad_settings_fail_before_training(tmp_path):
         vocab.encode("Emma has 3 pears")
 
 
-def _metrics(result):
-    return result.table("variant").drop(columns=["seconds_per_problem"])
+def _metrics(result, kind="variant"):
+    return result.table(kind).drop(columns=["seconds_per_problem"], errors="ignore")
 
 
 def test_resume_after_interruption_gives_the_same_metrics(tmp_path, monkeypatch):
@@ -610,13 +610,22 @@ def test_placebo_end_to_end_is_the_same_run_with_codes_that_carry_nothing(tmp_pa
     "reproduced", and no decisive claim at "yes"."""
     tiny = {**TINY, "rates": [16], "n_train": 150, "n_test": 8, "max_new": 40}
     normal = run_study(study.SPEC, study.Config(**tiny), tmp_path)
+    alone = run_study(study.SPEC, study.Config(**tiny, placebo=True), tmp_path / "alone")
     placebo = run_study(study.SPEC, study.Config(**tiny, placebo=True), tmp_path)
     assert placebo.path != normal.path and placebo.config.placebo and not normal.config.placebo
     same = ["variant", "replicate", "idx", "correct", "tokens", "latents"]
     for name in ("cot", "answer-only"):
-        tables = [r.table("problem") for r in (normal, placebo)]
+        tables = [r.table("problem") for r in (normal, alone)]
         rows = [t[t["variant"] == name][same].reset_index(drop=True) for t in tables]
         pd.testing.assert_frame_equal(rows[0], rows[1])
+    # beside the study's run the placebo takes over its baselines and VQ-VAEs, trains only its latent models, and
+    # measures what the placebo trained alone measures
+    assert not list(placebo.path.glob("vq-*")) and list(alone.path.glob("vq-*"))
+    assert "taken from " + normal.path.name in (placebo.path / "log.txt").read_text()
+    for kind in ("variant", "problem"):
+        pd.testing.assert_frame_equal(_metrics(placebo, kind), _metrics(alone, kind), check_dtype=False)
+    assert study.final_weights(placebo.path, "cot")["model.embed_tokens.weight"].equal(
+        study.final_weights(normal.path, "cot")["model.embed_tokens.weight"])
     latent = [r.table("variant").set_index(["variant", "replicate"]).loc["r16"] for r in (normal, placebo)]
     for column in ("forced_tokens", "forced_m_share", "train_m_share", "tokens_per_code"):  # the study's layout
         assert latent[1][column].tolist() == pytest.approx(latent[0][column].tolist()), column

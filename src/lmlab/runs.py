@@ -93,13 +93,21 @@ class RunDir:
     def __init__(self, path: Path, study: str, config: dict):
         self.path, self.study, self.config = Path(path), study, config
         self._t0 = time.perf_counter()
+        self.tag: str | None = None  # the weights' fingerprint that joined the folder's name (open)
         self.meta: dict = {}  # what the run counted and chose (describe), written as meta.json with its tables
+
+    @staticmethod
+    def folder(root: str | Path, study: str, model: str, config: dict, tag: str | None = None) -> Path:
+        """Where the run of `config` lives under `root`; `tag` (e.g. the weights' fingerprint of a model passed in)
+        joins the folder's hash, not the config."""
+        return (Path(root).expanduser()
+                / f"{study}-{slug(model)}-{config_hash(config if tag is None else {**config, '_weights': tag})}")
 
     @classmethod
     def open(cls, root: str | Path, study: str, model: str, config: dict, tag: str | None = None) -> "RunDir":
-        """`tag` (e.g. the weights' fingerprint of a model passed in) joins the folder's hash, not the config."""
+        """The run folder of `config` under `root` (`folder`), made if new; its config.yaml must match."""
         root = Path(root).expanduser()
-        path = root / f"{study}-{slug(model)}-{config_hash(config if tag is None else {**config, '_weights': tag})}"
+        path = cls.folder(root, study, model, config, tag)
         try:
             path.mkdir(parents=True, exist_ok=True)
             probe = path / f".write-test{parallel.world()[0]}"
@@ -108,6 +116,7 @@ class RunDir:
         except OSError as exc:
             raise LmlabError(f"cannot write to the output directory {root}: {exc.strerror or exc}") from exc
         run = cls(path, study, config)
+        run.tag = tag
         cfg_file = path / "config.yaml"
         if cfg_file.exists():  # (processes of one launch may all write it: the same bytes, renamed atomically)
             if yaml.safe_load(cfg_file.read_text()) != json.loads(json.dumps(config, default=str)):
@@ -115,6 +124,17 @@ class RunDir:
         else:
             atomic_write(cfg_file, yaml.safe_dump(json.loads(json.dumps(config, default=str)), sort_keys=False))
         return run
+
+    def beside(self, model: str, config: dict) -> "RunDir | None":
+        """The run of `config` in the same --out folder, on the same weights, where one was started (read only: for
+        units another run finished that this one may take over); None where there is none."""
+        path = self.folder(self.path.parent, self.study, model, config, self.tag)
+        cfg_file = path / "config.yaml"
+        if path == self.path or not cfg_file.is_file():
+            return None
+        if yaml.safe_load(cfg_file.read_text()) != json.loads(json.dumps(config, default=str)):
+            return None
+        return RunDir(path, self.study, config)
 
     def describe(self, **facts) -> None:
         """What the run counted and chose (the questions it asked, the examples a task kept, the sizes it took), kept

@@ -44,7 +44,10 @@ variant train together as one stacked module (lmlab.train.ensemble) and generate
    chain they stand for. The VQ-VAE is trained and its reconstruction measured as in the study (its codes are thrown
    away); CoT and answer-only are the study's own models. Where the text the codes replace is needed for the answer,
    the placebo's latent models must lose accuracy; where it restates the prompt, they lose nothing, and the accuracy
-   claims cannot tell the codes from a constant.
+   claims cannot tell the codes from a constant. Where the study's own run of the same settings sits in the same --out
+   folder, the placebo takes over what that run finished and it would only repeat (the CoT and answer-only models,
+   the VQ-VAEs and their codes, before the constant replaces them): the same seeds, data and steps give the same
+   models, and a placebo beside its study then trains only its latent models.
 
 Compression rate on the figure's x axis: r; CoT and answer-only are reference lines; each replicate is a point.
 
@@ -221,23 +224,72 @@ def _stored_codes(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
     their values end to end and each one's length) and the reconstruction numbers a unit of `codes`, so a resumed
     run reads them back instead of loading the VQ-VAE and encoding every problem again. Every process decides
     alike: rank 0 records the unit only after the encoding's gathers, which every process reaches after its own
-    look here."""
-    from safetensors.numpy import load, save
+    look here. Beside the study's own run of the same settings, a placebo run takes the study's codes (`_study_run`)
+    and makes every one of them its constant code, as `_encoded` would from the same VQ-VAE."""
+    from safetensors.numpy import save
 
     file = run_dir.path / "codes" / f"r{rate}-rep{replicate}.safetensors"
-    saved = run_dir.done("codes").get(f"{rate}|{replicate}")
-    if saved is not None and file.is_file():
-        arrays = load(file.read_bytes())
-        codes = _ragged(arrays["codes"], arrays["codes_lengths"])
-        prefixes = _ragged(arrays["forced"], arrays["forced_lengths"])
-        return codes, list(zip(prefixes, arrays["forced_m"].tolist())), dict(saved[0])
-    codes, forced, extra = _encoded(prep, config, rate, run_dir, replicate, seed, ms)
+    saved = _read_codes(run_dir, rate, replicate)
+    if saved is not None:
+        return saved
+    study = _study_run(config, run_dir)
+    taken = _read_codes(study, rate, replicate) if study is not None else None
+    if taken is not None:  # the study's VQ-VAE and codes, every code then the placebo's constant one
+        codes, forced, extra = taken
+        codes = [sequences.carry_nothing(c) for c in codes]
+        forced = [(sequences.constant_prefix(prep.vocab, f), m) for f, m in forced]
+    else:
+        codes, forced, extra = _encoded(prep, config, rate, run_dir, replicate, seed, ms)
     if parallel.is_main():  # the arrays first, then the unit that says they are whole
         arrays = {**_flat("codes", codes), **_flat("forced", [f for f, _ in forced]),
                   "forced_m": np.array([m for _, m in forced], dtype=np.int64)}
         atomic_write(file, save(arrays))
         run_dir.record("codes", f"{rate}|{replicate}", [extra])
     return codes, forced, extra
+
+
+def _read_codes(run_dir: RunDir, rate: int, replicate: int):
+    """(codes, forced prefixes with their m, reconstruction numbers) a run stored for `rate` and `replicate`
+    (`_stored_codes`), or None where it has not."""
+    from safetensors.numpy import load
+
+    file = run_dir.path / "codes" / f"r{rate}-rep{replicate}.safetensors"
+    saved = run_dir.done("codes").get(f"{rate}|{replicate}")
+    if saved is None or not file.is_file():
+        return None
+    arrays = load(file.read_bytes())
+    codes = _ragged(arrays["codes"], arrays["codes_lengths"])
+    prefixes = _ragged(arrays["forced"], arrays["forced_lengths"])
+    return codes, list(zip(prefixes, arrays["forced_m"].tolist())), dict(saved[0])
+
+
+def _study_run(config: Config, run_dir: RunDir) -> RunDir | None:
+    """Beside a placebo run, the study's own run of the same settings in the same --out folder (None elsewhere). Its
+    CoT and answer-only models and its VQ-VAEs are the placebo's by construction (the same seeds, data, steps and
+    initial weights; only the latent models' codes differ), so the placebo takes over those the study finished
+    instead of training them again."""
+    if not config.placebo:
+        return None
+    return run_dir.beside(config.model, config.model_copy(update={"placebo": False}).identity())
+
+
+def _taken_over(config: Config, run_dir: RunDir, name: str) -> bool:
+    """A baseline variant (CoT, answer-only) the study's own run finished, recorded as this placebo run's: its rows,
+    and its checkpoints copied for the commands that read a run's models (`final_weights`); False where there is
+    none to take."""
+    import shutil
+
+    study = _study_run(config, run_dir)
+    rows = study.done("variants").get(name) if study is not None else None
+    if rows is None or not (study.path / f"train-{name}").is_dir():
+        return False
+    if parallel.is_main():
+        target = run_dir.path / f"train-{name}"
+        shutil.rmtree(target, ignore_errors=True)  # a training this run began itself
+        shutil.copytree(study.path / f"train-{name}", target)
+        run_dir.record("variants", name, rows)
+        run_dir.log(f"{name}: the study's own models, taken from {study.path.name} (the same seeds, data and steps)")
+    return True
 
 
 def _flat(name: str, lists: list[list[int]]) -> dict:
@@ -274,7 +326,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     parallel.sync()  # every process has read the same variants as done before rank 0 records one
     variants = [("cot", 1), ("answer-only", 0)] + [(f"r{r}", r) for r in config.size("rates")]
     for name, rate in variants:
-        if name in done:
+        if name in done or name in ("cot", "answer-only") and _taken_over(config, run_dir, name):
             continue
         extras = [{} for _ in seeds]
         forced = None
