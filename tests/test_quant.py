@@ -381,6 +381,37 @@ def test_hqq_weights_are_what_hqqs_own_layer_computes_with(bits):
         hqq_weight(w, 5)
 
 
+@pytest.mark.parametrize("bits,width", [(8, 96), (4, 256), (4, 192), (4, 40)])
+def test_torchao_weights_are_what_torchaos_own_layer_computes_with(bits, width):
+    """`torchao_weight` against torchao's own quantized layer (`quantize_` on an nn.Linear, its output on random
+    inputs): the same product; and against an independent computation of the grid: 8 bits, each row symmetric on its
+    absmax in int8 (scale absmax / 127.5); 4 bits, each group of 128 weights along the input (64 where 128 does not
+    divide the input, one group a row where neither 32 does) on a symmetric int4 grid (scale absmax / 7.5)."""
+    pytest.importorskip("torchao", reason="the torchao extra is not installed")
+    from lmlab.interventions.quant import torchao_api, torchao_group, torchao_weight
+
+    quantize_, Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerAxis, PerGroup = torchao_api()
+    torch.manual_seed(bits + width)
+    layer = torch.nn.Linear(width, 24, bias=False)
+    w = layer.weight.detach().clone()
+    got = torchao_weight(w, bits)
+    group = torchao_group(width)
+    quantize_(layer, Int8WeightOnlyConfig(set_inductor_config=False) if bits == 8 else IntxWeightOnlyConfig(
+        weight_dtype=torch.int4, granularity=PerGroup(group) if group else PerAxis(0)))
+    x = torch.randn(5, width)
+    assert near(layer(x), x @ got.t(), rtol=1e-5, atol=1e-6)
+    assert group == {96: 32, 256: 128, 192: 64, 40: None}[width]
+    size = width if bits == 8 or group is None else group
+    parts = w.reshape(-1, size)
+    scale = parts.abs().amax(-1, keepdim=True) / (2 ** bits - 1) * 2
+    levels = 2 ** (bits - 1)
+    mine = torch.round(parts / scale).clamp(-levels, levels - 1) * scale
+    steps = (got.reshape(-1, size) - mine).abs() / scale  # in grid steps
+    assert (steps < 1e-3).float().mean() > 0.99 and steps.max() <= 1 + 1e-3  # a tie may round the other way
+    with pytest.raises(LmlabError, match="torchao's weight-only quantizers take 8 .* or 4 .* bits here, not 2"):
+        torchao_weight(w, 2)
+
+
 def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_leaves_the_embeddings():
     """GPT-2's Conv1D keeps its output channels in columns: they are what is rounded; the word embeddings (and so the
     tied output layer) stay as they were."""

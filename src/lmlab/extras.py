@@ -11,4 +11,5 @@ COMPRESSED = ("this model folder is a compressed-tensors checkpoint (llm-compres
               "the compressed-tensors package: pip install 'lmlab[export]'")
 BITSANDBYTES = ("this model folder (or --make bnb) needs bitsandbytes (its CPU backend serves here): "
                 "pip install 'lmlab[bnb]'")
+TORCHAO = "--make torchao needs PyTorch's torchao package (its weight-only quantizers): pip install 'lmlab[torchao]'"
 AUTOROUND = "--make awq needs Intel's AutoRound package (its AWQ): pip install 'lmlab[autoround]'"

@@ -498,6 +498,55 @@ def bnb_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
     return values.float().reshape(x.shape).to(device=w.device, dtype=w.dtype)
 
 
+TORCHAO_BITS = (8, 4)
+TORCHAO_GROUPS = (128, 64, 32)  # int4's group along the input: torchao's default 128, else the largest that divides it
+
+
+def torchao_group(in_features: int) -> int | None:
+    """The group along the input that `torchao_weight` rounds int4 in: 128 (torchao's default), else the largest of
+    64 and 32 that divides `in_features` (SmolLM2's 576 takes 64), else None (one group a row)."""
+    return next((g for g in TORCHAO_GROUPS if in_features % g == 0), None)
+
+
+def torchao_api():
+    """torchao's quantize_ and the configs `torchao_weight` uses; one sentence where the extra is missing. Its import
+    logs the GPU kernels it cannot load on a CPU-only machine: kept quiet."""
+    import logging
+
+    from lmlab.extras import TORCHAO
+
+    quiet = logging.getLogger("torchao")
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerAxis, PerGroup
+    except ImportError:
+        raise LmlabError(TORCHAO) from None
+    finally:
+        quiet.level = level
+    return quantize_, Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerAxis, PerGroup
+
+
+def torchao_weight(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """torchao's weight-only quantizers (its own `quantize_` on a linear layer holding `w`), returned de-quantized:
+    at 8 bits `Int8WeightOnlyConfig` (each row in int8, symmetric on its absmax), at 4 bits `IntxWeightOnlyConfig`
+    at int4 (symmetric, in groups of `torchao_group` weights along the input): the int4 weight-only path torchao runs
+    on a CPU (its `Int4WeightOnlyConfig` needs a GPU kernel library). Computed in float32 on the host; `w`'s dtype
+    back."""
+    if bits not in TORCHAO_BITS:
+        raise LmlabError(f"torchao's weight-only quantizers take 8 (int8) or 4 (int4) bits here, not {bits}")
+    quantize_, Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerAxis, PerGroup = torchao_api()
+    x = w.detach().float().cpu()
+    layer = nn.Linear(x.shape[1], x.shape[0], bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(x)
+    group = torchao_group(x.shape[1])
+    config = (Int8WeightOnlyConfig(set_inductor_config=False) if bits == 8 else
+              IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(group) if group else PerAxis(0)))
+    quantize_(layer, config)
+    return layer.weight.dequantize().float().reshape(x.shape).to(device=w.device, dtype=w.dtype)
+
+
 def post_training_targets(model: nn.Module, method: str) -> dict[str, nn.Module]:
     """name -> module of the linear layers of the blocks a post-training method quantizes (`layers.L.path`); experts
     stacked in 3-D tensors refused by name."""
@@ -511,10 +560,11 @@ def post_training_targets(model: nn.Module, method: str) -> dict[str, nn.Module]
 def round_to_nearest(model: nn.Module, bits: int, method: str = "rtn") -> list[str]:
     """Post-training quantization, in place: every linear layer of the blocks (the ones XTC quantizes) holds its
     weights rounded by `rtn_weight` (`method` "rtn"), HQQ's quantizer (`hqq_weight`, "hqq") or bitsandbytes'
-    (`bnb_weight`, "bnb": NF4 at 4 bits, LLM.int8() at 8), as plain values a
+    (`bnb_weight`, "bnb": NF4 at 4 bits, LLM.int8() at 8) or torchao's (`torchao_weight`, "torchao": int8 rows, int4
+    groups), as plain values a
     saved folder keeps; the embeddings and the output layer stay as they are (as GPTQ leaves them). Experts stacked
     in 3-D tensors are refused by name. Returns the layers."""
-    weight = {"rtn": rtn_weight, "hqq": hqq_weight, "bnb": bnb_weight}[method]
+    weight = {"rtn": rtn_weight, "hqq": hqq_weight, "bnb": bnb_weight, "torchao": torchao_weight}[method]
     targets = post_training_targets(model, method)
     with torch.no_grad():
         for module in targets.values():

@@ -26,7 +26,7 @@ class Method:
     what: str  # what it makes, for --make's help
     grid: str = ""  # a post-training method: how the weights are rounded (written into the made folder's recipe)
     trains: bool = False  # students trained by lmlab quantize (one run folder), not a copy of the original
-    needs: str = ""  # the extra package it needs ("hqq", "bnb", "autoround"), checked before any work
+    needs: str = ""  # the extra package it needs ("hqq", "bnb", "torchao", "autoround"), checked before any work
     calibrated: bool = False  # quantizes from the layers' inputs on calibration text (gptq, awq), not weight by weight
 
     @property
@@ -51,6 +51,12 @@ METHODS = {m.name: m for m in (
            grid="bitsandbytes' own quantizers: at 4 bits NF4 (blocks of 64 consecutive weights, each scaled by its "
                 "absmax onto the 16 NormalFloat levels), at 8 bits LLM.int8()'s weights (each row in int8 on its "
                 "absmax; its activation rounding at inference not applied); stored de-quantized", needs="bnb"),
+    Method("torchao", (8, 4), "torchao's weight-only quantizers: int8 rows at 8 bits, int4 in groups of 128 at 4 (the "
+           "torchao extra)",
+           grid="torchao's own quantize_ (weight-only): at 8 bits Int8WeightOnlyConfig, each row in int8, symmetric on "
+                "its absmax; at 4 bits IntxWeightOnlyConfig at int4, symmetric, in groups of 128 weights along the "
+                "input (64 or 32 where 128 does not divide the input; the CPU's int4 path); stored de-quantized",
+           needs="torchao"),
     Method("gptq", (8, 4, 3, 2), "the original quantized by GPTQ (lmlab's implementation): each layer's rounding error "
            "spread over its inputs not yet rounded through the Hessian of its inputs on calibration text, groups of "
            "128",
@@ -149,6 +155,12 @@ def _check_bnb() -> None:
     bnb_functional()  # (one sentence where the bnb extra is missing)
 
 
+def _check_torchao() -> None:
+    from lmlab.interventions.quant import torchao_api
+
+    torchao_api()  # (one sentence where the torchao extra is missing)
+
+
 def _check_autoround() -> None:
     from lmlab.interventions.awq import check_autoround
 
@@ -156,7 +168,7 @@ def _check_autoround() -> None:
 
 
 # each extra a method may need (`Method.needs`), and the check that says in one sentence it is missing
-EXTRA_CHECKS = {"hqq": _check_hqq, "bnb": _check_bnb, "autoround": _check_autoround}
+EXTRA_CHECKS = {"hqq": _check_hqq, "bnb": _check_bnb, "torchao": _check_torchao, "autoround": _check_autoround}
 
 
 def check_packages(made: Made) -> None:

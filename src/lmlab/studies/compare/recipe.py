@@ -204,10 +204,10 @@ PERPLEXITY_TOKENS = 64  # their cut (stdlib_docstrings' default), which the cali
 
 
 def _rounded_variants(config: Config, run_dir: RunDir) -> list[Variant]:
-    """--make rtn:B, hqq:B, bnb:B, gptq:B and awq:B: the original quantized after training at each B, a model folder
-    each in this run's made/ folder (made by `_round` once the original is loaded), compared as any folder is. A
-    calibrated method (gptq, awq) makes one model per replicate, each calibrated on its own draw of text, so the
-    calibration text varies between the replicates inside a run as it varies between run seeds."""
+    """--make rtn:B, hqq:B, bnb:B, torchao:B, gptq:B and awq:B: the original quantized after training at each B, a
+    model folder each in this run's made/ folder (made by `_round` once the original is loaded), compared as any
+    folder is. A calibrated method (gptq, awq) makes one model per replicate, each calibrated on its own draw of text,
+    so the calibration text varies between the replicates inside a run as it varies between run seeds."""
     return [Variant(f"{m.name}-{b}bit", r, str(_rounded_folder(run_dir, m.name, b, r)), "model", m.name, b,
                     replicated=m.calibrated)
             for m, b in config.made().post_training() for r in _made_replicates(config, m.name)]
@@ -274,8 +274,8 @@ def _quantized(lm: LoadedModel, method: str, bits: int, calibration: tuple[list,
 
 
 def _round(config: Config, run_dir: RunDir, lm: LoadedModel) -> list[dict]:
-    """Each --make rtn:B, hqq:B, bnb:B, gptq:B and awq:B variant's folder (made where it is not whole yet: an
-    interrupted run makes it again; a calibrated method's one per replicate) and its `made` row: the recipe, and the
+    """Each --make rtn:B, hqq:B, bnb:B, torchao:B, gptq:B and awq:B variant's folder (made where it is not whole yet:
+    an interrupted run makes it again; a calibrated method's one per replicate) and its `made` row: the recipe, and the
     perplexity of the variant and the original on held-out text."""
     jobs = [(m.name, b, r) for m, b in config.made().post_training() for r in _made_replicates(config, m.name)]
     if not jobs:
