@@ -412,6 +412,19 @@ def test_torchao_weights_are_what_torchaos_own_layer_computes_with(bits, width):
         torchao_weight(w, 2)
 
 
+def test_torchaos_import_notes_are_dropped_and_its_other_warnings_kept():
+    """transformers imports torchao wherever it is installed; its notes that GPU kernels do not load (and torch's on
+    its enums) are not printed by a process that imported lmlab, while another torchao warning still is."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torchao", reason="the torchao extra is not installed")
+    code = ("import lmlab, logging; import transformers.quantizers.auto; "
+            "logging.getLogger('torchao').warning('a warning of its own')")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "Failed to load" not in err and "register_constant" not in err and "a warning of its own" in err, err
+
+
 def test_round_to_nearest_rounds_the_blocks_linear_layers_by_output_channel_and_leaves_the_embeddings():
     """GPT-2's Conv1D keeps its output channels in columns: they are what is rounded; the word embeddings (and so the
     tied output layer) stay as they were."""

@@ -8,7 +8,10 @@ and the CLI's `--help` stay fast.
 """
 
 from lmlab.errors import LmlabError
+from lmlab.extras import quiet_import_notes
 from lmlab.lazy import lazy_exports
+
+quiet_import_notes()
 
 __version__ = "0.1.0"
 __all__ = ["LmlabError", "__version__", "load_model", "load_result", "run", "studies"]

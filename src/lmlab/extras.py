@@ -13,3 +13,23 @@ BITSANDBYTES = ("this model folder (or --make bnb) needs bitsandbytes (its CPU b
                 "pip install 'lmlab[bnb]'")
 TORCHAO = "--make torchao needs PyTorch's torchao package (its weight-only quantizers): pip install 'lmlab[torchao]'"
 AUTOROUND = "--make awq needs Intel's AutoRound package (its AWQ): pip install 'lmlab[autoround]'"
+
+
+def _keep(record) -> bool:
+    """False for the two import notes `quiet_import_notes` drops."""
+    text = str(record.msg)
+    return not (text.startswith("Failed to load") and ".so" in record.getMessage()
+                or "register_constant() on Enum subclasses is deprecated" in text)
+
+
+def quiet_import_notes() -> None:
+    """Drop two notes the torchao extra's import logs (transformers imports torchao wherever it is installed, so every
+    run would print them): that its GPU kernels do not load on a machine without a GPU, and torch's that torchao
+    registers enums the old way. They speak of the installed packages, not of a run; only those records are
+    dropped, every other warning of both loggers stays."""
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logger = logging.getLogger(name)
+        if _keep not in logger.filters:
+            logger.addFilter(_keep)
