@@ -828,6 +828,25 @@ def test_prompt_pairs_of_ones_own_from_a_file(tiny_smol_folder, tmp_path):
     assert not list((tmp_path / "runs3").glob("*/made"))
 
 
+def test_a_runs_claims_are_measured_once_and_rejudged_alike(tiny_smol_folder, tmp_path, monkeypatch):
+    """derive (the comparison table) and verdict read the same rows: the claims are measured once a run, once again
+    when the run is re-judged, and the re-judged verdict is the run's own; the cache never answers another run."""
+    import lmlab
+    from lmlab.studies.runner import rejudge
+
+    calls = []
+    measure = analysis._claims_of
+    monkeypatch.setattr(analysis, "_claims_of", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    kw = dict(profile="demo", variant=["same"], tasks=["ioi"], n_prompts=4, verify_heads=2, seeds=1)
+    result = lmlab.run("compare", str(tiny_smol_folder), out=tmp_path / "a", **kw)
+    assert len(calls) == 1
+    other = lmlab.run("compare", str(tiny_smol_folder), out=tmp_path / "b", **{**kw, "seed": 1})
+    assert len(calls) == 2 and other.table("comparison")["estimate"].tolist() != result.table("comparison")["estimate"].tolist()
+    again = rejudge(result.path)
+    assert len(calls) == 3 and again.verdict.summary == result.verdict.summary
+    pd.testing.assert_frame_equal(again.table("comparison"), result.table("comparison"))
+
+
 def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():
     from types import SimpleNamespace
 
