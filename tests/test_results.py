@@ -84,6 +84,9 @@ def test_a_size_no_profile_names_still_makes_the_runs_sizes_its_own(tmp_path):
     assert read_record(tmp_path / "latent-c").sizes == "chunk 8"
     _run(tmp_path, "latent-d", study="latent", model="scratch", codebook=512)  # a size the profiles name
     assert read_record(tmp_path / "latent-d").sizes == "codebook 512"
+    # a size set to the profile's own value (an older run recorded the codebook before it was a size) is the profile's
+    _run(tmp_path, "latent-e", study="latent", model="scratch", codebook=64)
+    assert read_record(tmp_path / "latent-e").sizes == "profile"
 
 
 def test_the_readme_table_takes_each_cells_latest_run_at_the_profiles_sizes(tmp_path):

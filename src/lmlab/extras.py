@@ -16,15 +16,21 @@ AUTOROUND = "--make awq needs Intel's AutoRound package (its AWQ): pip install '
 
 
 def _keep(record) -> bool:
-    """False for the two import notes `quiet_import_notes` drops."""
+    """False for the two import notes `quiet_import_notes` drops (the kernels' only where no GPU is visible: on a GPU
+    machine a kernel that does not load is news)."""
     text = str(record.msg)
-    return not (text.startswith("Failed to load") and ".so" in record.getMessage()
-                or "register_constant() on Enum subclasses is deprecated" in text)
+    if "register_constant() on Enum subclasses is deprecated" in text:
+        return False
+    if text.startswith("Failed to load") and ".so" in record.getMessage():
+        import torch  # (imported already: torchao is importing it)
+
+        return torch.cuda.is_available()
+    return True
 
 
 def quiet_import_notes() -> None:
     """Drop two notes the torchao extra's import logs (transformers imports torchao wherever it is installed, so every
-    run would print them): that its GPU kernels do not load on a machine without a GPU, and torch's that torchao
+    run would print them): that its GPU kernels do not load, on a machine without a GPU, and torch's that torchao
     registers enums the old way. They speak of the installed packages, not of a run; only those records are
     dropped, every other warning of both loggers stays."""
     import logging

@@ -77,8 +77,16 @@ def _size_fields(study: str) -> set[str]:
     return names & set(spec.config.model_fields)
 
 
+def _set_away(config, name: str) -> bool:
+    """Whether a run set size `name` to other than its profile's value (a value equal to the profile's is the profile's
+    own run: an older run that recorded a setting which has since become a size, the latent study's codebook 64,
+    stays the profile's)."""
+    value = getattr(config, name)
+    return value is not None and value != config.model_copy(update={name: None}).size(name)
+
+
 def _set_knobs(config) -> list[str]:
-    """The study's own scalar settings a run set away from their defaults (the latent study's --codebook 512), which
+    """The study's own scalar settings a run set away from their defaults (the latent study's --chunk 8), which
     change what was measured as a size does."""
     from lmlab.studies.config import StudyConfig
 
@@ -109,7 +117,7 @@ def read_record(run: Path) -> Record:
         raise LmlabError(f"{run} is a run of '{study}', which is not a study of this lmlab")
     config = read_config(run, STUDIES[study], manifest.get("model", ""))
     overall = json.loads(verdict_file.read_text())["overall"]
-    changed = sorted(k for k in _size_fields(study) if getattr(config, k) is not None) + _set_knobs(config)
+    changed = sorted(k for k in _size_fields(study) if _set_away(config, k)) + _set_knobs(config)
     env = manifest.get("environment") or {}
     if not env and manifest.get("children"):  # a several-model run: its first child ran on the same machine
         child = Path(manifest["children"][0]) / "manifest.json"

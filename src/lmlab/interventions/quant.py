@@ -509,21 +509,15 @@ def torchao_group(in_features: int) -> int | None:
 
 
 def torchao_api():
-    """torchao's quantize_ and the configs `torchao_weight` uses; one sentence where the extra is missing. Its import
-    logs the GPU kernels it cannot load on a CPU-only machine: kept quiet."""
-    import logging
-
+    """torchao's quantize_ and the configs `torchao_weight` uses; one sentence where the extra is missing (its import
+    notes on a machine without a GPU are dropped where lmlab is imported: extras.quiet_import_notes)."""
     from lmlab.extras import TORCHAO
 
-    quiet = logging.getLogger("torchao")
-    level, quiet.level = quiet.level, logging.ERROR
     try:
         from torchao.quantization import Int8WeightOnlyConfig, IntxWeightOnlyConfig, quantize_
         from torchao.quantization.granularity import PerAxis, PerGroup
     except ImportError:
         raise LmlabError(TORCHAO) from None
-    finally:
-        quiet.level = level
     return quantize_, Int8WeightOnlyConfig, IntxWeightOnlyConfig, PerAxis, PerGroup
 
 

@@ -384,17 +384,7 @@ def _checked(config: Config, lm: LoadedModel | None, tasks: list[str]) -> Loaded
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     tasks = list(config.size("tasks"))
     lm = _checked(config, lm, tasks)
-    if config.placebo:  # the treatment (the variants given, the students --make trains) replaced by the swaps
-        variants, made = [v for spec in PLACEBO_VARIANTS for v in expand(spec)], []
-        run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
-    else:
-        variants = _once([v for spec in (config.variant or []) for v in expand(spec)])  # before any variant is made
-        made = _made(config, run_dir, lm)
-        variants += [v for folder in made for v in expand(folder)]
-        rounded = _rounded_variants(config, run_dir)
-        variants += rounded
-        made += [v.spec for v in rounded]
-    _once(variants)
+    variants, made = _variants(config, run_dir, lm)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     needed, original = _originals(lm, variants, tasks, config, run_dir)
     # the controls' heads: the original's ranking on other prompt pairs of each task
@@ -409,35 +399,64 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     for variant in variants:
         if variant.kind == "swap":
             placebo_rows += _swapped(variant, lm, config, run_dir, original, chosen)
-            continue
-        if (all(unit_key(key, t, d) in run_dir.done("models") for t in tasks for key, _, d in variant.units(config, t))
-                and (not pathways or variant.key in run_dir.done("pathways"))):
-            continue
-        ablated = []
-        if variant.kind == "ablate":
-            n = int(variant.spec.partition(":")[2] or 0) or None  # None: each task's circuit (the claim's k)
-            ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k, chosen[t])})
-        model = _load(variant, lm, config, ablated)
-        if not any(variant.spec.startswith(f) for f in made):
-            _width_perplexity(variant, model, lm, config, run_dir)
-        for t in tasks:
-            for key, replicate, draw in variant.units(config, t):
-                measure(model, key, variant.cell, replicate, t, config, run_dir, draw)
-        if pathways:
-            measure_pathway(model, variant.key, variant.cell, variant.replicate, config, run_dir)
-        del model
+        else:
+            _measure_variant(variant, lm, config, run_dir, tasks, (original, chosen), made, pathways)
+    rows = _rows(config, run_dir, tasks, needed, variants, made, pathways)
+    rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
+    rows += [r for key, rs in run_dir.done("width-perplexity").items() if key != "original" for r in rs]
+    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
+
+
+def _variants(config: Config, run_dir: RunDir, lm: LoadedModel) -> tuple[list[Variant], list[str]]:
+    """The run's variants, each once (those given, then the students --make trains, then the widths it rounds; a
+    placebo run's are the swaps, the treatment replaced), and the specs of those made in the run."""
+    if config.placebo:  # the treatment (the variants given, the students --make trains) replaced by the swaps
+        run_dir.log("placebo: the variants are the original with its circuit's heads moved (swap, swap:half)")
+        return _once([v for spec in PLACEBO_VARIANTS for v in expand(spec)]), []
+    variants = _once([v for spec in (config.variant or []) for v in expand(spec)])  # before any variant is made
+    made = _made(config, run_dir, lm)
+    variants += [v for folder in made for v in expand(folder)]
+    rounded = _rounded_variants(config, run_dir)
+    return _once(variants + rounded), made + [v.spec for v in rounded]
+
+
+def _measure_variant(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir, tasks: list[str],
+                     controls: tuple[dict, dict], made: list[str], pathways: bool) -> None:
+    """One variant (not a swap) loaded and measured on every task and draw it is read on (and its pathway), unless
+    every unit of it is recorded already; `controls`: the original's attributions and the controls' heads per task."""
+    original, chosen = controls
+    if (all(unit_key(key, t, d) in run_dir.done("models") for t in tasks for key, _, d in variant.units(config, t))
+            and (not pathways or variant.key in run_dir.done("pathways"))):
+        return
+    ablated = []
+    if variant.kind == "ablate":
+        n = int(variant.spec.partition(":")[2] or 0) or None  # None: each task's circuit (the claim's k)
+        ablated = sorted({h for t in tasks for h in top_heads(original[t], n, config.min_k, chosen[t])})
+    model = _load(variant, lm, config, ablated)
+    if not any(variant.spec.startswith(f) for f in made):
+        _width_perplexity(variant, model, lm, config, run_dir)
+    for t in tasks:
+        for key, replicate, draw in variant.units(config, t):
+            measure(model, key, variant.cell, replicate, t, config, run_dir, draw)
+    if pathways:
+        measure_pathway(model, variant.key, variant.cell, variant.replicate, config, run_dir)
+    del model
+
+
+def _rows(config: Config, run_dir: RunDir, tasks: list[str], needed: dict[str, list[int]], variants: list[Variant],
+          made: list[str], pathways: bool) -> list[dict]:
+    """The run's recorded measurements in order (the originals on their draws, then each variant's units; a unit
+    recorded under another key is not this run's), its pathways and a `variant` row each."""
     order = [unit_key(original_key(d), t, d) for t in tasks for d in needed[t]]
     order += [unit_key(key, t, d) for v in variants for t in tasks for key, _, d in v.units(config, t)]
     done = run_dir.done("models")
-    rows = [r for key in order for r in done[key]]  # (a unit recorded under another key is not this run's)
+    rows = [r for key in order for r in done[key]]
     rows += [r for _, rs in run_dir.done("pathways").items() for r in rs] if pathways else []
     rows += [{"kind": "variant", "cell": v.cell, "replicate": v.replicate, "model_key": v.key, "source": v.spec,
               "variant_kind": v.kind, "made": any(v.spec.startswith(f) for f in made),
               "quantized": (of_folder(v.spec) or "") if v.kind == "model" else "",
               "method": v.method, "bits": v.bits} for v in variants]
-    rows += [r for rs in chosen.values() for r in rs] + placebo_rows + made_rows
-    rows += [r for key, rs in run_dir.done("width-perplexity").items() if key != "original" for r in rs]
-    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, overlaps and comparison
+    return rows
 
 
 def _originals(lm: LoadedModel, variants: list[Variant], tasks: list[str], config: Config,

@@ -236,6 +236,7 @@ def _stored_codes(prep: Prepared, config: Config, rate: int, run_dir: RunDir, re
     taken = _read_codes(study, rate, replicate) if study is not None else None
     if taken is not None:  # the study's VQ-VAE and codes, every code then the placebo's constant one
         codes, forced, extra = taken
+        _copy_folder(study.path / f"vq-r{rate}-rep{replicate}", run_dir)  # (the diagnosis reads it)
         codes = [sequences.carry_nothing(c) for c in codes]
         forced = [(sequences.constant_prefix(prep.vocab, f), m) for f, m in forced]
     else:
@@ -264,32 +265,44 @@ def _read_codes(run_dir: RunDir, rate: int, replicate: int):
 
 
 def _study_run(config: Config, run_dir: RunDir) -> RunDir | None:
-    """Beside a placebo run, the study's own run of the same settings in the same --out folder (None elsewhere). Its
+    """Beside a placebo run, the study's own finished run of the same settings in the same --out folder (None
+    elsewhere). Its
     CoT and answer-only models and its VQ-VAEs are the placebo's by construction (the same seeds, data, steps and
     initial weights; only the latent models' codes differ), so the placebo takes over those the study finished
     instead of training them again."""
     if not config.placebo:
         return None
-    return run_dir.beside(config.model, config.model_copy(update={"placebo": False}).identity())
+    study = run_dir.beside(config.model, config.model_copy(update={"placebo": False}).identity())
+    # a finished run only: every process of a launch then reads the same units (a run still going could hand one
+    # process a unit another does not yet see)
+    return study if study is not None and study.complete else None
 
 
 def _taken_over(config: Config, run_dir: RunDir, name: str) -> bool:
     """A baseline variant (CoT, answer-only) the study's own run finished, recorded as this placebo run's: its rows,
     and its checkpoints copied for the commands that read a run's models (`final_weights`); False where there is
     none to take."""
-    import shutil
-
     study = _study_run(config, run_dir)
     rows = study.done("variants").get(name) if study is not None else None
     if rows is None or not (study.path / f"train-{name}").is_dir():
         return False
+    _copy_folder(study.path / f"train-{name}", run_dir)
     if parallel.is_main():
-        target = run_dir.path / f"train-{name}"
-        shutil.rmtree(target, ignore_errors=True)  # a training this run began itself
-        shutil.copytree(study.path / f"train-{name}", target)
         run_dir.record("variants", name, rows)
         run_dir.log(f"{name}: the study's own models, taken from {study.path.name} (the same seeds, data and steps)")
+    run_dir.describe(baselines_taken_from=study.path.name)
     return True
+
+
+def _copy_folder(source, run_dir: RunDir) -> None:
+    """`source` (a folder of the study's run) copied into this run's folder by rank 0, in place of any folder of that
+    name this run began itself."""
+    import shutil
+
+    if parallel.is_main() and source.is_dir():
+        target = run_dir.path / source.name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target)
 
 
 def _flat(name: str, lists: list[list[int]]) -> dict:
@@ -343,14 +356,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
                                                                           replicate_seeds=seeds),
                     run_dir.path / f"train-{name}")
         curves = np.array(fit.replicate_losses)  # (steps, replicates)
-        result = evaluate(model, vocab, test_ex, max_new=prep.max_new)
-        fres = evaluate(model, vocab, test_ex, max_new=prep.max_new, prefixes=[[f for f, _ in fr] for fr in forced]) \
-            if forced is not None else None
-        # the same prefixes with one constant code in every latent position: does the model read its codes? (the
-        # placebo's forced prefixes hold that code already)
-        cres = evaluate(model, vocab, test_ex, max_new=prep.max_new,
-                        prefixes=[[sequences.constant_prefix(vocab, f) for f, _ in fr] for fr in forced]) \
-            if forced is not None and not config.placebo else None
+        result, fres, cres = _evaluated(model, prep, forced, config.placebo)
         if not parallel.is_main():  # it trained its slices and generated its share; rank 0 records the variant
             continue
         rows = []
@@ -365,6 +371,21 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     rows = [r for rs in run_dir.done("variants").values() for r in rs]
     order = {name: i for i, (name, _) in enumerate(variants)}
     return pd.DataFrame(sorted(rows, key=lambda r: (order.get(r["variant"], 99), r.get("replicate", 0))))
+
+
+def _evaluated(model, prep: Prepared, forced, placebo: bool) -> tuple:
+    """A variant's greedy generations on the test problems, every replicate's: on its own, with the true codes forced
+    (`forced`: each replicate's prefixes and m; None for CoT and answer-only) and with one constant code in every
+    latent position of the same prefixes (does the model read its codes? not run under the placebo, whose forced
+    prefixes hold that code already). None where not run."""
+    vocab, test_ex, max_new = prep.vocab, prep.test, prep.max_new
+    result = evaluate(model, vocab, test_ex, max_new=max_new)
+    if forced is None:
+        return result, None, None
+    fres = evaluate(model, vocab, test_ex, max_new=max_new, prefixes=[[f for f, _ in fr] for fr in forced])
+    constant = [[sequences.constant_prefix(vocab, f) for f, _ in fr] for fr in forced]
+    cres = None if placebo else evaluate(model, vocab, test_ex, max_new=max_new, prefixes=constant)
+    return result, fres, cres
 
 
 def _variant_rows(name, rate, replicate, seed, result, forced_results, forced_m, test_ex, extra) -> list[dict]:
