@@ -653,33 +653,8 @@ def verdict(result) -> Verdict:
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     status, _ = judge(claims, gates, seconds=seconds)
     keeps = [c for c in claims if c.name == "keeps the circuit"]
-    lines = [_keep_line(c, result.table("model")) for c in keeps]
-    placebo = result.table("placebo")
-    judged = _judged_top(result, placebo) if len(placebo) else {}
-    for row in placebo.itertuples() if len(placebo) else []:
-        read = judged.get(row.task)
-        within = (f", {sum(h in read for h in str(row.heads).split(', '))} of them in the top-k the overlap reads on "
-                  "the first draw"
-                  if read is not None else "")
-        lines.append(f"{row.cell} / {row.task}: {int(row.moved)} of the original's top-{int(row.k)} heads moved to "
-                     f"other heads of their layers in the weights ({row.heads}), ranked on "
-                     + ("other prompt pairs" if row.chosen_on_other_pairs else "the judged prompt pairs (the file holds "
-                        "no others: the swap then moves the very heads it is read at)") + within
-                     + (f"; {int(row.stuck)} could not leave the top-k positions ({row.stuck_heads}): their layer or "
-                        "KV group holds too few other heads" if row.stuck else ""))
-    for c in claims:
-        if c.name != "keeps the pathway":
-            continue
-        low, high = c.interval()
-        o = c.extra
-        lines.append(f"{c.group}: " + ({"yes": "keeps the question-anchored pathway", "no": "does not keep the "
-                                        "question-anchored pathway", "open": "cannot tell yet whether it keeps the "
-                                        "question-anchored pathway"}[c.decision] if not c.reported else
-                                       "the original shows no question-anchored pathway here to keep")
-                     + f" (E_Q ΔP - control ΔP {c.estimate:+.1f} pp [{low:+.1f}, {high:+.1f}] over {c.replicates} "
-                       f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
-                       f"{o['original_hi']:+.1f}], {o['original_decision']}"
-                     + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
+    lines = [_keep_line(c, result.table("model")) for c in keeps] + _swap_lines(result)
+    lines += [_pathway_line(c) for c in claims if c.name == "keeps the pathway"]
     notes = result.table("pathway_note")
     lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
     status, head = top_line(status, keeps, gates, cell_widths(result.table("variant")))
@@ -696,6 +671,42 @@ def verdict(result) -> Verdict:
                              "text": answers(keeps)}
     return Verdict(status=status, claim="Each variant keeps the original's circuit on each task (lmlab's question)",
                    summary=summary, evidence=found)
+
+
+def _swap_lines(result) -> list[str]:
+    """A line per swap of the run (the placebo's variants): which of the original's top heads it moved, ranked on
+    which prompt pairs, how many of them the overlap reads, and any that could not leave the top."""
+    placebo = result.table("placebo")
+    if not len(placebo):
+        return []
+    judged = _judged_top(result, placebo)
+    lines = []
+    for row in placebo.itertuples():
+        read = judged.get(row.task)
+        within = (f", {sum(h in read for h in str(row.heads).split(', '))} of them in the top-k the overlap reads on "
+                  "the first draw"
+                  if read is not None else "")
+        lines.append(f"{row.cell} / {row.task}: {int(row.moved)} of the original's top-{int(row.k)} heads moved to "
+                     f"other heads of their layers in the weights ({row.heads}), ranked on "
+                     + ("other prompt pairs" if row.chosen_on_other_pairs else "the judged prompt pairs (the file holds "
+                        "no others: the swap then moves the very heads it is read at)") + within
+                     + (f"; {int(row.stuck)} could not leave the top-k positions ({row.stuck_heads}): their layer or "
+                        "KV group holds too few other heads" if row.stuck else ""))
+    return lines
+
+
+def _pathway_line(c) -> str:
+    """A "keeps the pathway" claim in one line, beside the original's own pathway."""
+    low, high = c.interval()
+    o = c.extra
+    return (f"{c.group}: " + ({"yes": "keeps the question-anchored pathway", "no": "does not keep the "
+                               "question-anchored pathway", "open": "cannot tell yet whether it keeps the "
+                               "question-anchored pathway"}[c.decision] if not c.reported else
+                              "the original shows no question-anchored pathway here to keep")
+            + f" (E_Q ΔP - control ΔP {c.estimate:+.1f} pp [{low:+.1f}, {high:+.1f}] over {c.replicates} "
+              f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
+              f"{o['original_hi']:+.1f}], {o['original_decision']}"
+            + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
 
 
 def top_line(status: str, keeps, gates, widths: dict[str, tuple[str, int]]) -> tuple[str, str]:
