@@ -5,7 +5,8 @@ import copy
 import numpy as np
 import pytest
 
-from lmlab.claims import declared, deciding, Bar, Gate, judge, replicates_gate
+from lmlab.claims import declared, deciding, Bar, Gate, replicates_gate
+from lmlab.render import claim_line, decided_text, judged
 from lmlab.resampling import Resampler, replicate_seed
 
 
@@ -23,11 +24,11 @@ def test_replicate_seeds_differ_between_runs_and_replicates():
 
 def test_replicates_that_agree_decide_and_replicates_that_disagree_stay_open():
     agree = Resampler(200, 3).mean_claim("accuracy", _items([0.9, 0.91, 0.89]), Bar(">=", 0.6), source="paper")
-    status, text = judge([agree])
+    status, text = judged([agree])
     assert agree.decision == "yes" and status == "reproduced"
     # two replicates far above the bar, one far below: every item interval alone would look decided
     split = Resampler(2000, 3).mean_claim("accuracy", _items([0.9, 0.92, 0.2], n=2000), Bar(">=", 0.6), source="paper")
-    status, text = judge([split])
+    status, text = judged([split])
     assert split.decision == "open" and status == "inconclusive"
     assert "disagree" in split.reason
     assert "seeds" in text  # what would decide it: more seeds
@@ -64,7 +65,7 @@ def test_a_yes_guarded_as_a_no_is_read_at_its_level():
     assert claim.decide(no_confidence=0.9999) == "open"
     assert "past the bar at 95% but not at the 99.99% that 'yes' is read at" in claim.reason
     many = [copy.deepcopy(claim) for _ in range(500)]  # 500 answers: each read at 1 - 0.05/500 = 99.99%
-    assert judge(many)[0] == "inconclusive" and many[0].decision == "open"  # judge keeps the claim's guard
+    assert judged(many)[0] == "inconclusive" and many[0].decision == "open"  # judge keeps the claim's guard
 
 
 def test_an_inconclusive_verdict_names_an_open_claim_more_data_could_decide_before_one_at_a_ceiling():
@@ -74,7 +75,7 @@ def test_an_inconclusive_verdict_names_an_open_claim_more_data_could_decide_befo
     first = Resampler(200, 3).mean_claim("gain", items, Bar(">=", 0.9), source="paper")
     first.ceiling = "the arm it must beat sits at the ceiling"
     second = Resampler(200, 3).mean_claim("level", items, Bar(">=", 0.6), source="paper")
-    status, _ = judge([first, second])
+    status, _ = judged([first, second])
     assert status == "inconclusive" and first.decision == second.decision == "open"
     assert deciding([first, second])["name"] == "level"
 
@@ -116,7 +117,7 @@ def test_three_replicates_cover_the_method_mean_at_about_95_percent():
 def test_a_null_bar_decides_on_the_estimate_past_the_bar_and_the_interval_clear_of_zero():
     x = -np.stack([np.full(100, 30.0) + np.random.default_rng(r).normal(0, 20, 100) for r in range(3)])
     c = Resampler(100, 3).mean_claim("gap", x, Bar("<=", -10, null=0.0), unit=" pp", source="paper")
-    assert judge([c])[0] == "reproduced"
+    assert judged([c])[0] == "reproduced"
     near = Resampler(100, 3).mean_claim("gap", x / 6, Bar("<=", -10, null=0.0), source="paper")  # about -5: clearly not far
     assert near.decide() == "no"
 
@@ -124,11 +125,11 @@ def test_a_null_bar_decides_on_the_estimate_past_the_bar_and_the_interval_clear_
 def test_gates_block_decisions_and_one_replicate_cannot_decide_a_training_method():
     x = _items([0.3, 0.31, 0.29], n=400)
     fails = Resampler(400, 3).mean_claim("acc", x, Bar(">=", 0.6), source="paper")
-    status, _ = judge([fails], [Gate("converged", False, "loss still falling", "more steps", blocks="no")])
+    status, _ = judged([fails], [Gate("converged", False, "loss still falling", "more steps", blocks="no")])
     assert fails.decision == "no" and status == "inconclusive"
-    assert judge([fails])[0] == "not reproduced"
+    assert judged([fails])[0] == "not reproduced"
     one = Resampler(400, 1).mean_claim("acc", x[:1], Bar(">=", 0.6), source="paper")
-    status, text = judge([one], [replicates_gate(1)])
+    status, text = judged([one], [replicates_gate(1)])
     assert status == "inconclusive" and "--seeds" in text
 
 
@@ -139,9 +140,9 @@ def test_many_claims_read_no_at_the_family_wise_level():
     lo95, hi95 = c.interval(0.95)
     assert hi95 < 0 < c.interval(1 - 0.05 / 20)[1]
     others = [Resampler(400, 1).mean_claim(f"o{i}", x + 5, Bar(">=", 0.0), source="paper") for i in range(19)]
-    status, text = judge([c, *others])
+    status, text = judged([c, *others])
     assert c.decision == "open" and status == "inconclusive" and "Bonferroni over 20" in text
-    assert judge([Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0), source="paper")])[0] == "not reproduced"
+    assert judged([Resampler(400, 1).mean_claim("d", x, Bar(">=", 0.0), source="paper")])[0] == "not reproduced"
 
 
 def test_paired_statistics_see_the_same_item_draws():
@@ -158,7 +159,7 @@ def test_reported_claims_never_decide():
     x = _items([0.2, 0.21, 0.2], n=400)
     main = Resampler(400, 3).mean_claim("main", _items([0.9, 0.9, 0.9], n=400), Bar(">=", 0.6), source="paper")
     side = Resampler(400, 3).mean_claim("side", x, Bar(">=", 0.6), reported=True)
-    assert judge([main, side])[0] == "reproduced"
+    assert judged([main, side])[0] == "reproduced"
     assert side.decision == "no"
 
 
@@ -167,9 +168,9 @@ def test_claims_serialise_with_their_interval_and_decision(k):
     from lmlab.claims import evidence
 
     c = Resampler(100, k).mean_claim("acc", _items([0.8] * k, n=100), Bar(">=", 0.5), unit="%", scale=100)
-    judge([c])
+    judged([c])
     d = evidence([c], [Gate("g", True)])
-    assert d["schema"] == 3 and d["claims"][0]["source"] == "lmlab" and d["claims"][0]["decision"] == "yes" and d["claims"][0]["low"] < d["claims"][0]["high"]
+    assert d["schema"] == 4 and d["claims"][0]["source"] == "lmlab" and d["claims"][0]["decision"] == "yes" and d["claims"][0]["low"] < d["claims"][0]["high"]
     assert d["claims"][0]["replicates"] == k and d["gates"][0]["passed"]
 
 
@@ -213,18 +214,18 @@ def test_only_a_paper_claim_that_fails_makes_not_reproduced():
     from lmlab.claims import deciding
 
     ours_no = _claim(0.3, "lmlab")
-    status, text = judge([_claim(0.9, "paper"), ours_no])
+    status, text = judged([_claim(0.9, "paper"), ours_no])
     assert ours_no.decision == "no" and status == "inconclusive" and "a claim of ours fails (accuracy)" in text
     assert deciding([_claim(0.9, "paper"), ours_no])["source"] == "lmlab"
     paper_no = _claim(0.3, "paper")
-    status, _ = judge([paper_no, _claim(0.9, "lmlab")])
+    status, _ = judged([paper_no, _claim(0.9, "lmlab")])
     assert status == "not reproduced"
     decided = deciding([paper_no])
     assert decided["kind"] == "claim" and decided["source"] == "paper" and decided["decision"] == "no"
     ours_yes = _claim(0.9, "lmlab")
-    status, text = judge([ours_yes])
+    status, text = judged([ours_yes])
     assert ours_yes.decision == "yes" and status == "inconclusive" and "no claim of the paper's decides" in text
-    assert judge([_claim(0.9, "paper"), _claim(0.9, "lmlab")])[0] == "reproduced"
+    assert judged([_claim(0.9, "paper"), _claim(0.9, "lmlab")])[0] == "reproduced"
 
 
 def test_declared_claims_carry_their_source_and_a_verdict_names_what_decided_it():
@@ -235,10 +236,13 @@ def test_declared_claims_carry_their_source_and_a_verdict_names_what_decided_it(
     c = declared(specs, "accuracy").attach(_claim(0.3, "lmlab"))
     side = declared(specs, "side").attach(_claim(0.3, "lmlab"))
     assert c.source == "paper" and c.where == "its Table 1: 0.8" and side.reported
-    status, _ = judge([c, side])
+    status, _ = judged([c, side])
     d = evidence([c, side])
     assert status == "not reproduced" and d["deciding"]["name"] == "accuracy"
-    assert d["deciding"]["bar"] == ">= +0.6" and "its Table 1" in d["deciding"]["text"]
+    assert d["deciding"]["bar"] == {"direction": ">=", "value": 0.6, "null": None, "margin": None}
+    assert d["deciding"]["decision"] == "no" and d["deciding"]["where"] == "its Table 1: 0.8"
+    assert decided_text(d["deciding"]).startswith("accuracy: +0.30 [") and "(bar >= +0.6; no); paper: its Table 1" \
+        in decided_text(d["deciding"])
     assert [x["source"] for x in d["claims"]] == ["paper", "lmlab"]
     with pytest.raises(KeyError):
         declared(specs, "missing")
@@ -253,7 +257,7 @@ def test_a_claim_whose_arms_sit_at_a_ceiling_decides_nothing():
     latent = np.ones((3, 60))
     c = Resampler(60, 3).mean_claim("accuracy r - CoT", latent - cot, Bar(">=", -0.01), source="paper")
     c.ceiling = at_bound(latent, cot)
-    status, _ = judge([c])
+    status, _ = judged([c])
     assert c.decision == "open" and "ceiling" in c.reason and status == "inconclusive"
     assert at_bound(np.zeros((3, 5)), np.zeros((3, 5))).startswith("every arm at the floor")
     assert at_bound(np.ones((3, 5)), np.r_[np.ones(14), 0.0].reshape(3, 5)) == ""
@@ -276,13 +280,13 @@ def test_budget_c_trained_as_budget_a_never_says_yes(seed):
     spec = declared(CLAIMS, "Budget-C - Budget-A")
     c = spec.attach(Resampler(400, 3, seed=seed).mean_claim("Budget-C - Budget-A", _paired(0.0, seed=seed),
                                                             spec.make_bar(), source="paper"))
-    judge([c])
+    judged([c])
     assert c.decision == "open"
     assert c.bar.margin == -1.0 and "'no' only below -1" in spec.bar
     far_below = spec.attach(Resampler(400, 3).mean_claim("x", _paired(-3.0), spec.make_bar()))
     slightly_below = spec.attach(Resampler(4000, 3).mean_claim("x", _paired(-0.5, n=4000), spec.make_bar()))
     above = spec.attach(Resampler(400, 3).mean_claim("x", _paired(+2.0), spec.make_bar()))
-    judge([far_below]), judge([slightly_below]), judge([above])
+    judged([far_below]), judged([slightly_below]), judged([above])
     assert (far_below.decision, slightly_below.decision, above.decision) == ("no", "open", "yes")
 
 
@@ -296,7 +300,7 @@ def test_a_level_token_count_is_not_a_steady_fall():
     rises = spec.attach(Resampler(200, 3).mean_claim("tokens", _paired(3.0, n=200, sd=2.0), spec.make_bar()))
     falls = spec.attach(Resampler(200, 3).mean_claim("tokens", _paired(-3.0, n=200, sd=2.0), spec.make_bar()))
     for c in (level, noisy, rises, falls):
-        judge([c])
+        judged([c])
     assert (level.decision, noisy.decision, rises.decision, falls.decision) == ("open", "open", "no", "yes")
 
 
@@ -343,7 +347,7 @@ def test_one_arm_at_the_ceiling_blocks_a_gain():
     c = spec.attach(Resampler(100, 3).mean_claim("gain", latent - cot, spec.make_bar()))
     assert at_bound(latent, cot) == ""
     c.ceiling = at_bound(latent, cot) or blocks_gain(latent, cot)
-    judge([c])
+    judged([c])
     assert c.decision == "open" and "ceiling" in c.reason
     assert blocks_gain(np.ones((3, 5)), np.full((3, 5), 0.5)) == ""  # the rising arm at the ceiling: a gain shows
     assert "floor" in blocks_gain(np.zeros((3, 5)), np.full((3, 5), 0.5))
@@ -368,11 +372,11 @@ def test_one_failed_replicate_of_twenty_is_counted_at_its_worst_and_the_answer_s
     rates = [0.80, 0.82, 0.78, 0.81, 0.79, 0.83, 0.80, 0.77, 0.82, 0.80,
              0.81, 0.79, 0.80, 0.82, 0.78, 0.81, 0.80, 0.79, 0.83]
     many = _with_failed(rates, failed=1)
-    status, text = judge([many])
+    status, text = judged([many])
     assert many.replicates == 19 and many.failed == 1 and many.decision == "yes" and status == "reproduced"
-    assert "1 more failed" in many.text()
+    assert "1 more failed" in claim_line(many.as_dict())
     few = _with_failed(rates[:3], failed=1)
-    judge([few])
+    judged([few])
     assert few.decision == "open" and "worst" in few.reason  # 3 good, 1 at 0: the mean falls to about 0.6
     # without the failed replicate the three would decide: the failure is what holds it open
     assert _with_failed(rates[:3], failed=0).decide() == "yes"
@@ -380,9 +384,9 @@ def test_one_failed_replicate_of_twenty_is_counted_at_its_worst_and_the_answer_s
     low = [0.30, 0.28, 0.32, 0.31, 0.29, 0.30, 0.27, 0.33, 0.30, 0.31, 0.29, 0.30, 0.28, 0.32, 0.31, 0.30, 0.29,
            0.31, 0.30]
     no = _with_failed(low, failed=1)
-    assert judge([no])[0] == "not reproduced" and no.decision == "no"
+    assert judged([no])[0] == "not reproduced" and no.decision == "no"
     shaky = _with_failed(low[:2], failed=2)
-    judge([shaky])
+    judged([shaky])
     assert shaky.decision == "open"
 
 
@@ -394,19 +398,19 @@ def test_a_scoped_gate_blocks_only_the_claims_it_is_about():
                                             source="paper", group=group)
     a, b = good("set-a"), good("set-b")
     gate = Gate("set-b: probes", False, why="too few answers", group="set-b")
-    status, text = judge([a, b], [gate])
+    status, text = judged([a, b], [gate])
     assert status == "reproduced" and a.decision == "yes" and b.decision == "open" and b.set_aside
-    assert "not read: set-b: probes" in b.text() and "set-b: probes: FAILED" in text
-    assert judge([a, b], [Gate("replicates", False)])[0] == "inconclusive"
+    assert "not read: set-b: probes" in claim_line(b.as_dict()) and "set-b: probes: FAILED" in text
+    assert judged([a, b], [Gate("replicates", False)])[0] == "inconclusive"
     only_b = Gate("set-b: a weak test", False, blocks="yes", group="set-b", claims=("share",))
-    assert judge([a, b], [only_b])[0] == "inconclusive" and a.decision == "yes" and b.decision == "open"
-    assert judge([a, b], [Gate("set-c: probes", False, group="set-c")])[0] == "reproduced"
+    assert judged([a, b], [only_b])[0] == "inconclusive" and a.decision == "yes" and b.decision == "open"
+    assert judged([a, b], [Gate("set-c: probes", False, group="set-c")])[0] == "reproduced"
     other = Resampler(400, 3).mean_claim("other", _items([0.9, 0.91, 0.89], n=400), Bar(">=", 0.6), source="paper",
                                          group="set-a")
-    status, text = judge([a, b, other], [Gate("no other", False, group="set-a", claims=("other",))])
+    status, text = judged([a, b, other], [Gate("no other", False, group="set-a", claims=("other",))])
     assert status == "inconclusive" and "not read in any group" in text  # a paper claim read nowhere: not reproduced
     every = Gate("all sets", False, group="set-a"), Gate("x", False, group="set-b")
-    status, _ = judge([a, b], list(every))
+    status, _ = judged([a, b], list(every))
     assert status == "inconclusive" and all(c.set_aside for c in (a, b))
 
 
@@ -415,11 +419,11 @@ def test_what_would_decide_stays_within_the_items_the_data_hold():
     the most items there are, or says that nothing within the data decides it."""
     rates = [0.63, 0.64, 0.62]
     free = Resampler(100, 3, seed=1).mean_claim("share", _items(rates, n=100, seed=1), Bar(">=", 0.6), source="paper")
-    judge([free])
+    judged([free])
     assert free.decision == "open" and free.decides_at["items"] > 150
     held = Resampler(100, 3, seed=1).mean_claim("share", _items(rates, n=100, seed=1), Bar(">=", 0.6), source="paper",
                                                pool=150)
-    judge([held])
+    judged([held])
     assert held.decides_at["items"] <= 150
     assert "the data hold at most 150" in held.decides_at["text"] or "than the data hold" in held.decides_at["text"]
 

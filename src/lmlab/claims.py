@@ -51,7 +51,17 @@ import numpy as np
 Decision = Literal["yes", "no", "open"]
 DISAGREE = 0.25  # the share of replicates across the bar (the smaller side) that keeps a claim open
 Z_80 = 1.96 + 0.84  # two-sided 5% at 80% power: the one power convention of every verdict
-SCHEMA = 3  # verdict.json's layout: claims (with their source) and gates as lists of dicts, and what decided
+SCHEMA = 4  # verdict.json's layout: claims (with their source) and gates as lists of dicts, what decided (as data:
+# its words are lmlab.render's) and the judgement's notes
+
+
+def number(x: float, unit: str = "", scale: float = 1.0, bar_value: float | None = None) -> str:
+    """A claim's quantity as its lines write it: scaled, signed, two decimals for a ratio, a unitless quantity or a
+    small bar, else one ("nan" where there is none). The one formatter of Claim.fmt and lmlab.render."""
+    if x is None or not np.isfinite(x):
+        return "nan"
+    digits = 2 if unit in ("x", "") or scale * abs(bar_value or 1) < 1 else 1
+    return f"{scale * x:+.{digits}f}"
 
 
 def t_quantile(df: float, confidence: float = 0.95) -> float:
@@ -287,6 +297,10 @@ class Claim:
                                "text": "a run whose arms leave the ceiling or floor (a harder task, or a smaller "
                                        "budget): there no number of seeds or items decides it"}
             return self.decides_at
+        if not np.isfinite(self.estimate):
+            self.decides_at = {"seeds": self.replicates, "items": self.n,
+                               "text": "a run that gives an estimate to size it (this one gives none)"}
+            return self.decides_at
         distance = abs(self.estimate - self.bar.value)
         if self.effect is not None:
             distance = max(distance, abs(self.effect))
@@ -356,27 +370,17 @@ class Claim:
             return None, items
         return max(seeds, int(math.ceil(a * k / room))), items
 
-    # --- words
+    # --- numbers in its reasons (the claim's line is lmlab.render's claim_line)
     def fmt(self, x: float) -> str:
-        return "nan" if not np.isfinite(x) else f"{self.scale * x:+.{self._digits()}f}"
+        return number(x, self.unit, self.scale, self.bar.value)
 
     def fmt_list(self, xs: Sequence[float]) -> str:
         return "[" + ", ".join(self.fmt(x) for x in xs) + "]"
 
-    def _digits(self) -> int:
-        return 2 if self.unit in ("x", "") or self.scale * abs(self.bar.value or 1) < 1 else 1
-
-    def text(self) -> str:
-        low, high = self.interval()
-        bar = self.bar.text(self.unit, self.scale)
-        head = f"{self.name}{f' ({self.group})' if self.group else ''} [{self.source}]"
-        body = (f"{self.fmt(self.estimate)}{self.unit} [{self.fmt(low)}, {self.fmt(high)}]"
-                f" (bar {bar}; {self.replicates} replicate{'s' if self.replicates != 1 else ''} "
-                f"x {self.n:,} {self.n_unit}{f'; {self.failed} more failed' if self.failed else ''})")
-        tail = self.decision + (f": {self.reason}" if self.decision == "open" and self.reason else "")
-        if self.set_aside:
-            tail = f"not read: {self.set_aside}"
-        return f"{head}: {body}: {'reported only' if self.reported else tail}"
+    @property
+    def label(self) -> str:
+        """Its name, with the group it reads."""
+        return f"{self.name}{f' ({self.group})' if self.group else ''}"
 
     def as_dict(self) -> dict:
         low, high = self.interval()
@@ -419,10 +423,6 @@ class Gate:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-    def text(self) -> str:
-        return f"{self.name}: {'passed' if self.passed else 'FAILED'}" + (f" ({self.why})" if self.why else "") + (
-            f"; {self.remedy}" if self.remedy and not self.passed else "")
 
 
 @dataclass(frozen=True)
@@ -565,11 +565,24 @@ def unread_claims(claims: Sequence[Claim]) -> list[str]:
     return list(dict.fromkeys(c.name for c in decisive if c.name not in read))
 
 
+@dataclass
+class Judgement:
+    """What `judge` decided, as data: the status, the claims and gates it read (each claim decided, each scoped gate
+    applied) and the notes a summary adds after them, each a dict whose `kind` names it. lmlab.render writes it in
+    words (`judgement_text`); verdict.json keeps the notes (`evidence`)."""
+    status: str
+    claims: list
+    gates: list
+    notes: list
+
+
 def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 0.0,
-          seconds_per_replicate: float | None = None) -> tuple[str, str]:
-    """(status, text): decide each claim (Bonferroni over the decisive ones for "no", and for "yes" where a claim
-    guards it), apply the gates and the rule
-    of whose claim decides what, and say what would decide the open ones."""
+          seconds_per_replicate: float | None = None) -> Judgement:
+    """Decide each claim (Bonferroni over the decisive ones for "no", and for "yes" where a claim guards it), apply
+    the gates and the rule of whose claim decides what, and size what would decide the open ones. The notes, in
+    order: "ours_fail" (a decisive claim of ours at "no" holds the verdict open; `claims`), "paper_silent" (no paper
+    claim decides), "unread" (paper claims a gate set aside everywhere; `claims`), then one of "to_decide" (`needs`:
+    each open claim's label and size), "gate_keeps_no", "gate_keeps_yes"; and "bonferroni" (`m` claims, `level`)."""
     m = max(len([c for c in claims if not c.reported]), 1)
     for c in claims:
         c.set_aside = ""
@@ -579,43 +592,41 @@ def judge(claims: Sequence[Claim], gates: Sequence[Gate] = (), seconds: float = 
                 g.apply(c)
     decisive = [c for c in claims if not c.reported and not c.set_aside]
     failed = [g for g in gates if not g.passed and not g.scoped]
-    blocks_all = [g for g in failed if g.blocks == "all"]
-    blocks_no = [g for g in failed if g.blocks == "no"]
-    blocks_yes = [g for g in failed if g.blocks == "yes"]
-    decisions = [c.decision for c in decisive]
+    blocks = {kind: [g for g in failed if g.blocks == kind] for kind in ("all", "no", "yes")}
     status = _status(claims, gates)
-    parts = [c.text() for c in claims]
-    if any(not g.passed for g in gates):
-        parts.append("gates: " + "; ".join(g.text() for g in gates if not g.passed))
-    ours_no = [c for c in decisive if c.decision == "no" and c.source == "lmlab"]
+    notes: list[dict] = []
     paper_no = [c for c in decisive if c.decision == "no" and c.source == "paper"]
     if status == "inconclusive":
-        for c in decisive:
-            if c.decision == "open":
-                c.sizing(seconds, seconds_per_replicate)
-        sized = [c for c in decisive if c.decision == "open" and c.decides_at.get("text")]
-        if ours_no and not paper_no and not blocks_all:
-            parts.append("a claim of ours fails (" + ", ".join(_label(c) for c in ours_no) + "): it holds the verdict "
-                         "at inconclusive, and says nothing against the paper, whose own claims do not fail here")
-        if decisive and not any(c.source == "paper" for c in decisive):
-            parts.append("no claim of the paper's decides in this run: ours alone cannot reproduce it")
-        unread = unread_claims(claims)
-        if unread and not paper_no:
-            parts.append("not read in any group (a gate set it aside): " + ", ".join(unread) + "; the paper's claims "
-                         "must each be read to call it reproduced")
-        if sized and not blocks_all:
-            parts.append("to decide: " + "; ".join(f"{_label(c)} needs {c.decides_at['text']}" for c in sized))
-        elif paper_no and blocks_no:
-            parts.append("a claim of the paper's fails, but a gate keeps that from meaning 'not reproduced'")
-        elif blocks_yes and decisions and all(d == "yes" for d in decisions):
-            parts.append("every claim holds, but a gate says the test was too weak to call it reproduced")
+        notes = _open_notes(claims, decisive, paper_no, blocks, seconds, seconds_per_replicate)
     if m > 1:
-        parts.append(f"'no' is read at {100 * (1 - 0.05 / m):.1f}% (Bonferroni over {m} claims)")
-    return status, ". ".join(parts)
+        notes.append({"kind": "bonferroni", "m": m, "level": 1 - 0.05 / m})
+    return Judgement(status, list(claims), list(gates), notes)
 
 
-def _label(c: Claim) -> str:
-    return f"{c.name}{f' ({c.group})' if c.group else ''}"
+def _open_notes(claims, decisive, paper_no, blocks, seconds, seconds_per_replicate) -> list[dict]:
+    """An inconclusive verdict's notes (see `judge`), each open decisive claim sized first."""
+    notes: list[dict] = []
+    for c in decisive:
+        if c.decision == "open":
+            c.sizing(seconds, seconds_per_replicate)
+    sized = [c for c in decisive if c.decision == "open" and c.decides_at.get("text")]
+    ours_no = [c for c in decisive if c.decision == "no" and c.source == "lmlab"]
+    if ours_no and not paper_no and not blocks["all"]:
+        notes.append({"kind": "ours_fail", "claims": [c.label for c in ours_no]})
+    if decisive and not any(c.source == "paper" for c in decisive):
+        notes.append({"kind": "paper_silent"})
+    unread = unread_claims(claims)
+    if unread and not paper_no:
+        notes.append({"kind": "unread", "claims": unread})
+    decisions = [c.decision for c in decisive]
+    if sized and not blocks["all"]:
+        notes.append({"kind": "to_decide", "needs": [{"claim": c.label, "size": c.decides_at["text"]}
+                                                     for c in sized]})
+    elif paper_no and blocks["no"]:
+        notes.append({"kind": "gate_keeps_no"})
+    elif blocks["yes"] and decisions and all(d == "yes" for d in decisions):
+        notes.append({"kind": "gate_keeps_yes"})
+    return notes
 
 
 def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
@@ -624,51 +635,55 @@ def deciding(claims: Sequence[Claim], gates: Sequence[Gate] = ()) -> dict:
     blocks everything, else the scoped gate that left nothing (or a paper claim nowhere) read, else the first
     decisive claim of ours at "no", else the gate that kept a paper claim's "no" (or every claim's "yes") from
     deciding, else the first open decisive claim (the paper's first, one that more data could decide before one
-    held open at a ceiling). A dict with `kind` ("claim" or "gate"), its
-    name, source, where and bar."""
+    held open at a ceiling). A dict with `kind` ("claim", "gate" or "none") and, for a claim, its name, source,
+    where, bar (as data), bar note, decision and numbers; for a gate, its name, why and remedy. lmlab.render's
+    `headline` writes it in words."""
     status = _status(claims, gates)
-    decisive = [c for c in claims if not c.reported and not c.set_aside]
-    failed = [g for g in gates if not g.passed and not g.scoped]
-    pick: Claim | Gate | None = None
-    if status == "not reproduced":
-        pick = next(c for c in decisive if c.decision == "no" and c.source == "paper")
-    elif status == "reproduced":
-        pick = next(c for c in decisive if c.source == "paper")
-    else:
-        paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
-        all_yes = bool(decisive) and all(c.decision == "yes" for c in decisive)
-        unread = unread_claims(claims)
-        aside = next((c.set_aside for c in claims if unread and c.name == unread[0] and c.set_aside), "")
-        pick = (next((g for g in failed if g.blocks == "all"), None)
-                or (next((g for g in gates if not g.passed and g.scoped), None) if not decisive else None)
-                or next((g for g in gates if g.name == aside), None)
-                or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
-                or (next((g for g in failed if g.blocks == "no"), None) if paper_no else None)
-                or (next((g for g in failed if g.blocks == "yes"), None) if all_yes else None)
-                or next((c for c in decisive if c.decision == "open" and c.source == "paper" and not c.ceiling), None)
-                or next((c for c in decisive if c.decision == "open" and c.source == "paper"), None)
-                or next((c for c in decisive if c.decision == "open"), None)
-                or (decisive[0] if decisive else None))
+    pick = _pick(claims, gates, status)
     if pick is None:
-        return {"status": status, "kind": "none", "text": "no claim decides"}
+        return {"status": status, "kind": "none"}
     if isinstance(pick, Gate):
         return {"status": status, "kind": "gate", "name": pick.name, "source": "lmlab",
-                "where": "a validity check of ours", "text": f"{pick.name}: {pick.why or 'failed'}"
-                + (f" ({pick.remedy})" if pick.remedy else "")}
+                "where": "a validity check of ours", "why": pick.why, "remedy": pick.remedy}
     low, high = pick.interval()
-    bar = pick.bar.text(pick.unit, pick.scale)
-    line = (f"{_label(pick)}: {pick.fmt(pick.estimate)}{pick.unit} [{pick.fmt(low)}, {pick.fmt(high)}] "
-            f"(bar {bar}; {pick.decision})")
-    return {"status": status, "kind": "claim", "name": _label(pick), "source": pick.source, "where": pick.where,
-            "bar": bar, "bar_note": pick.bar_note, "decision": pick.decision, "line": line,
-            "text": f"{line}; {pick.source}: {pick.where}" + (f"; bar: {pick.bar_note}" if pick.bar_note else "")}
+    return {"status": status, "kind": "claim", "name": pick.label, "source": pick.source, "where": pick.where,
+            "bar": asdict(pick.bar), "bar_note": pick.bar_note, "decision": pick.decision,
+            "estimate": pick.estimate, "low": low, "high": high, "unit": pick.unit, "scale": pick.scale}
 
 
-def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = (), scope: str = "") -> dict:
+def _pick(claims: Sequence[Claim], gates: Sequence[Gate], status: str) -> "Claim | Gate | None":
+    """The claim or gate that decided (see `deciding`)."""
+    decisive = [c for c in claims if not c.reported and not c.set_aside]
+    failed = [g for g in gates if not g.passed and not g.scoped]
+    if status == "not reproduced":
+        return next(c for c in decisive if c.decision == "no" and c.source == "paper")
+    if status == "reproduced":
+        return next(c for c in decisive if c.source == "paper")
+    paper_no = any(c.decision == "no" and c.source == "paper" for c in decisive)
+    all_yes = bool(decisive) and all(c.decision == "yes" for c in decisive)
+    unread = unread_claims(claims)
+    aside = next((c.set_aside for c in claims if unread and c.name == unread[0] and c.set_aside), "")
+    return (next((g for g in failed if g.blocks == "all"), None)
+            or (next((g for g in gates if not g.passed and g.scoped), None) if not decisive else None)
+            or next((g for g in gates if g.name == aside), None)
+            or next((c for c in decisive if c.decision == "no" and c.source == "lmlab"), None)
+            or (next((g for g in failed if g.blocks == "no"), None) if paper_no else None)
+            or (next((g for g in failed if g.blocks == "yes"), None) if all_yes else None)
+            or next((c for c in decisive if c.decision == "open" and c.source == "paper" and not c.ceiling), None)
+            or next((c for c in decisive if c.decision == "open" and c.source == "paper"), None)
+            or next((c for c in decisive if c.decision == "open"), None)
+            or (decisive[0] if decisive else None))
+
+
+def evidence(claims: Sequence[Claim], gates: Sequence[Gate] = (), scope: str = "",
+             judgement: Judgement | None = None) -> dict:
     """What verdict.json stores: the schema number, every claim (with its source) and gate as plain data, what
-    decided the verdict, and where the run stands against the paper's tested range (`scope`)."""
+    decided the verdict, the judgement's notes (where the verdict was judged here) and where the run stands against
+    the paper's tested range (`scope`)."""
     out = {"schema": SCHEMA, "claims": [c.as_dict() for c in claims], "gates": [g.as_dict() for g in gates],
            "deciding": deciding(claims, gates)}
+    if judgement is not None:
+        out["notes"] = judgement.notes
     if scope:
         out["scope"] = scope
     return out

@@ -415,12 +415,13 @@ def verdict(run_dirs: list[Path] = typer.Argument(..., help="finished run folder
     """Judge finished runs again from their measurements with this lmlab's claims (their sources and bars): the
     tables a study derives from its measurements are made again, then each run's verdict.json and figures rewritten;
     the measured tables stay as they are. Then `lmlab report` shows the new verdicts."""
+    from lmlab.render import decided_text
     from lmlab.studies.runner import rejudge
 
     for folder in run_dirs:
         result = rejudge(folder.expanduser())
         decided = (result.verdict.evidence or {}).get("deciding") or {}
-        out.print(f"{folder}: {result.verdict.status}" + (f" ({decided.get('text', '')})" if decided else ""),
+        out.print(f"{folder}: {result.verdict.status}" + (f" ({decided_text(decided)})" if decided else ""),
                   highlight=False)
 
 

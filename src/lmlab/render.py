@@ -1,10 +1,126 @@
-"""A verdict in words and in HTML, from what verdict.json stores: the one line that decided it (`headline`, the
-report's and the results page's line) and the table a notebook shows (`verdict_html`). On the bottom floor beside
-the claims, since a study's Verdict (studies/verdict.py) shows itself in a notebook with it."""
+"""A verdict in words and in HTML, from what verdict.json stores: the words of every kind of line a judgement
+writes (a claim's, a gate's, each note's: `claim_line`, `gate_line`, `note_line`, `judgement_text`), the one line
+that decided it (`headline`, the report's and the results page's line) and the table a notebook shows
+(`verdict_html`). lmlab.claims decides and keeps its decisions as data; the words are written here alone. On the
+bottom floor beside the claims, since a study's Verdict (studies/verdict.py) shows itself in a notebook with it."""
 
 from __future__ import annotations
 
-from lmlab.claims import Bar
+from typing import Sequence
+
+from lmlab.claims import Bar, Judgement, judge, number
+
+
+def _num(record: dict, x) -> str:
+    """A number of a claim's record as its lines write it (claims.number, at the record's unit, scale and bar)."""
+    bar = record.get("bar") if isinstance(record.get("bar"), dict) else {}
+    return number(float("nan") if x is None else float(x), record.get("unit", ""),
+                  float(record.get("scale", 1.0) or 1.0), bar.get("value"))
+
+
+def _interval(record: dict) -> str:
+    """ "estimate [low, high]" with the unit."""
+    unit = record.get("unit", "")
+    return (f"{_num(record, record.get('estimate'))}{unit} [{_num(record, record.get('low'))}, "
+            f"{_num(record, record.get('high'))}]")
+
+
+def _label(record: dict) -> str:
+    return record["name"] + (f" ({record['group']})" if record.get("group") else "")
+
+
+def claim_line(c: dict) -> str:
+    """A claim (its `as_dict` record) in one line: name and group, whose, estimate and 95% interval, bar, replicates
+    x items (and failed ones), then its decision (with why it is open), "not read" or "reported only"."""
+    n = int(c.get("replicates", 1))
+    failed = int(c.get("failed", 0) or 0)
+    body = (f"{_interval(c)} (bar {bar_text(c.get('bar', {}), c.get('unit', ''), float(c.get('scale', 1.0)))}; "
+            f"{n} replicate{'s' if n != 1 else ''} x {int(c.get('n', 0) or 0):,} {c.get('n_unit', 'items')}"
+            f"{f'; {failed} more failed' if failed else ''})")
+    tail = c["decision"] + (f": {c['reason']}" if c["decision"] == "open" and c.get("reason") else "")
+    if c.get("set_aside"):
+        tail = f"not read: {c['set_aside']}"
+    return f"{_label(c)} [{c.get('source', 'lmlab')}]: {body}: {'reported only' if c.get('reported') else tail}"
+
+
+def gate_line(g: dict) -> str:
+    """A gate (its record) in one line: passed or FAILED, why, and for a failed one its remedy."""
+    passed = g.get("passed")
+    return f"{g['name']}: {'passed' if passed else 'FAILED'}" + (f" ({g['why']})" if g.get("why") else "") + (
+        f"; {g['remedy']}" if g.get("remedy") and not passed else "")
+
+
+def note_line(note: dict) -> str:
+    """One of a judgement's notes (claims.judge) in words."""
+    kind = note["kind"]
+    if kind == "ours_fail":
+        return ("a claim of ours fails (" + ", ".join(note["claims"]) + "): it holds the verdict at inconclusive, "
+                "and says nothing against the paper, whose own claims do not fail here")
+    if kind == "paper_silent":
+        return "no claim of the paper's decides in this run: ours alone cannot reproduce it"
+    if kind == "unread":
+        return ("not read in any group (a gate set it aside): " + ", ".join(note["claims"]) + "; the paper's claims "
+                "must each be read to call it reproduced")
+    if kind == "to_decide":
+        return "to decide: " + "; ".join(f"{need['claim']} needs {need['size']}" for need in note["needs"])
+    if kind == "gate_keeps_no":
+        return "a claim of the paper's fails, but a gate keeps that from meaning 'not reproduced'"
+    if kind == "gate_keeps_yes":
+        return "every claim holds, but a gate says the test was too weak to call it reproduced"
+    if kind == "bonferroni":
+        return f"'no' is read at {100 * note['level']:.1f}% (Bonferroni over {note['m']} claims)"
+    raise ValueError(f"a judgement's note of unknown kind {kind!r}")
+
+
+def judgement_text(j: Judgement) -> str:
+    """A judgement in words: every claim's line, the failed gates' lines, then its notes."""
+    parts = [claim_line(c.as_dict()) for c in j.claims]
+    failed = [g.as_dict() for g in j.gates if not g.passed]
+    if failed:
+        parts.append("gates: " + "; ".join(gate_line(g) for g in failed))
+    return ". ".join(parts + [note_line(n) for n in j.notes])
+
+
+def judged(claims: Sequence, gates: Sequence = (), seconds: float = 0.0,
+           seconds_per_replicate: float | None = None) -> tuple[str, str]:
+    """(status, text): claims.judge, then its words."""
+    j = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds_per_replicate)
+    return j.status, judgement_text(j)
+
+
+def placebo_summary(treatment: str, summary: str) -> str:
+    """A placebo run's summary: what replaced the treatment, what its verdict means, then the summary."""
+    return (f"PLACEBO ({treatment}): a verdict here is what the claims say where the paper's effect cannot be; "
+            f"'reproduced' would mean a claim holds by construction. {summary}")
+
+
+def decided_line(decided: dict) -> str:
+    """What decided a verdict (claims.deciding's record) in one line: a claim's name, numbers, bar and decision; a
+    gate's name, why and remedy; a record that carries a line of its own (a study's answer list, or a verdict
+    stored before the record was data) gives that line."""
+    if decided.get("line"):
+        return decided["line"]
+    if decided.get("kind") == "claim":
+        return (f"{decided['name']}: {_interval(decided)} "
+                f"(bar {bar_text(decided['bar'], decided.get('unit', ''), float(decided.get('scale', 1.0)))}; "
+                f"{decided['decision']})")
+    if decided.get("kind") == "gate":
+        if decided.get("text"):
+            return decided["text"]
+        return f"{decided['name']}: {decided.get('why') or 'failed'}" + (
+            f" ({decided['remedy']})" if decided.get("remedy") else "")
+    return decided.get("text", "no claim decides")
+
+
+def decided_text(decided: dict) -> str:
+    """`decided_line`, and for a claim whose it is and where it is stated (what `lmlab verdict` prints)."""
+    line = decided_line(decided)
+    if decided.get("text"):  # a record that carries its words (a study's answer list, or one stored before)
+        return decided["text"]
+    if decided.get("kind") != "claim":
+        return line
+    return f"{line}; {decided['source']}: {decided['where']}" + (
+        f"; bar: {decided['bar_note']}" if decided.get("bar_note") else "")
 
 
 def headline(status: str, evidence: dict) -> str:
@@ -15,11 +131,11 @@ def headline(status: str, evidence: dict) -> str:
     decided = evidence.get("deciding") or {}
     if decided.get("kind") == "claim":
         who = "the paper's claim" if decided.get("source") == "paper" else "a claim of ours"
-        return (f"{decided['line']}; {who}"
+        return (f"{decided_line(decided)}; {who}"
                 + (f" ({decided['where']})" if decided.get("where") else "")
                 + (f"; bar: {decided['bar_note']}" if decided.get("bar_note") else ""))
     if decided.get("kind") == "gate":
-        return f"a validity check of ours: {decided['text']}"
+        return f"a validity check of ours: {decided_line(decided)}"
     claims = [c for c in evidence.get("claims", []) if not c.get("reported")]
     failed = [g for g in evidence.get("gates", []) if not g.get("passed")]
     if failed and (status == "inconclusive" or not claims):

@@ -30,7 +30,7 @@ def placebo_verdict(verdict: Verdict, treatment: str) -> Verdict:
     """A placebo run's verdict, as its claims judged it (never overridden: a placebo that comes out "reproduced" is a
     finding about the claims), said to be the placebo's: the summary opens with what replaced the treatment and the
     evidence carries it, so the report sets it beside the study's own verdict."""
-    return verdict.model_copy(update={
-        "summary": f"PLACEBO ({treatment}): a verdict here is what the claims say where the paper's effect cannot be; "
-                   f"'reproduced' would mean a claim holds by construction. {verdict.summary}",
-        "evidence": {**verdict.evidence, "placebo": treatment}})
+    from lmlab.render import placebo_summary
+
+    return verdict.model_copy(update={"summary": placebo_summary(treatment, verdict.summary),
+                                      "evidence": {**verdict.evidence, "placebo": treatment}})

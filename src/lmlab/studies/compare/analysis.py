@@ -651,7 +651,8 @@ def _keep_line(c, models: pd.DataFrame) -> str:
 def verdict(result) -> Verdict:
     claims, gates = claims_of(_stacked(result), result.config)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
-    status, _ = judge(claims, gates, seconds=seconds)
+    judgement = judge(claims, gates, seconds=seconds)
+    status = judgement.status
     keeps = [c for c in claims if c.name == "keeps the circuit"]
     lines = [_keep_line(c, result.table("model")) for c in keeps] + _swap_lines(result)
     lines += [_pathway_line(c) for c in claims if c.name == "keeps the pathway"]
@@ -661,7 +662,7 @@ def verdict(result) -> Verdict:
     summary = (head + "; ".join(lines) + ". No paper claims this: 'answered' is lmlab's answer to its own question, "
                "never 'reproduced' or 'not reproduced' (only a paper's claim reproduces or fails)")
     scope = f"this run: {result.models[0] if result.models else 'the model'} against its variants"
-    found = evidence(claims, gates, scope=scope)
+    found = evidence(claims, gates, scope=scope, judgement=judgement)
     if keeps:  # what decides here is the answer for each variant, not one claim: the line the report heads with
         found["deciding"] = {"status": status, "kind": "claim", "name": "each variant's circuits", "source": "lmlab",
                              "where": "no paper claims this; the rule: D = V - (R + C) / 2 "

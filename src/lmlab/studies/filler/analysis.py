@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Z_80, Claim, Declared, Gate, declared, evidence, judge
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, duration, wilson
 from lmlab.studies.figures import canvas, caption, finish
@@ -199,11 +200,12 @@ def claims_and_gates(result):
 
 def verdict(result) -> Verdict:
     claims, gates = claims_and_gates(result)
-    status, text = judge(claims, gates, seconds=float(getattr(result, "seconds", 0.0) or 0.0))
+    judgement = judge(claims, gates, seconds=float(getattr(result, "seconds", 0.0) or 0.0))
+    status, text = judgement.status, judgement_text(judgement)
     meta = result.info
     answers = result.table("answer")
     scope = scope_line(result)
-    evidence_ = {**evidence(claims, gates, scope=scope), "counts": meta}
+    evidence_ = {**evidence(claims, gates, scope=scope, judgement=judgement), "counts": meta}
     mlp = result.table("mlp")
     evidence_["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean())
                                         for c in ("None", "Mless", "Mful")} if len(mlp) else {}

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, wilson
 from lmlab.studies.figures import canvas, caption, finish
@@ -459,13 +460,14 @@ def verdict(result) -> Verdict:
     k = _replicate(ko).replicate.nunique()
     gates.append(replicates_gate(k, trains=False))
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
-    status, text = judge(claims, gates, seconds=seconds)
+    judgement = judge(claims, gates, seconds=seconds)
+    status, text = judgement.status, judgement_text(judgement)
     scope = scope_line(result, meta)
     summary = f"over layers {late[0]}-{late[-1]}, {k} replicates (probe split and control draw): " + "; ".join(notes) \
         + ". " + text + ". " + scope
     detection = detection_table(result)
     summary += _untrained_mixtures(detection)
-    ev = {**evidence(claims, gates, scope=scope), "layers_compared": late, "counts": meta, "datasets": sets}
+    ev = {**evidence(claims, gates, scope=scope, judgement=judgement), "layers_compared": late, "counts": meta, "datasets": sets}
     _add_side_evidence(result, ev, split, detection)
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
 

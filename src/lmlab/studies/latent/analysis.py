@@ -52,6 +52,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, at_bound, blocks_gain, declared, evidence, judge, replicates_gate
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
 from lmlab.studies.figures import canvas, caption, finish
@@ -312,7 +313,8 @@ def verdict(result) -> Verdict:
     claims, gates = claims_and_gates(result)
     k = v["replicate"].nunique()
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
-    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    status, text = judgement.status, judgement_text(judgement)
     head = (f"{k} replicates; CoT {_spread(v, 'cot', 'accuracy')} with {_mean(v, 'cot', 'tokens'):.1f} tokens, "
             f"answer-only {_spread(v, 'answer-only', 'accuracy')}; "
             + "; ".join(f"r={r}: {_spread(v, f'r{r}', 'accuracy')} with {_mean(v, f'r{r}', 'tokens'):.1f} tokens, "
@@ -323,7 +325,7 @@ def verdict(result) -> Verdict:
     scope = (f"Scope: this run: {result.models[0] if result.models else 'the model'} on "
              f"{result.config.data} (a generated stand-in); the paper: {SCOPE_PAPER}")
     return Verdict(status=status, claim=CLAIM, summary=head + text + ". " + scope,
-                   evidence=evidence(claims, gates, scope=scope))
+                   evidence=evidence(claims, gates, scope=scope, judgement=judgement))
 
 
 def _spread(v: pd.DataFrame, variant: str, column: str) -> str:

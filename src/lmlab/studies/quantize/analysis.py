@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
 from lmlab.evaluation import majority_score, metric_value
@@ -344,7 +345,8 @@ def verdict(result) -> Verdict:
     claims, gates = claims_and_gates(result, kept)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     k = len(_replicates(result.table("pred")))
-    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    status, text = judgement.status, judgement_text(judgement)
     scores = all_scores[all_scores.task.isin(kept)]
     teacher = scores[scores.bits == 32].score.mean()
     parts = [f"teacher {teacher:.1f}"]
@@ -358,7 +360,7 @@ def verdict(result) -> Verdict:
     scope = (f"Scope: this run: {result.models[0] if result.models else 'the teacher'} on {', '.join(kept)} "
              f"(generated stand-ins for GLUE where named fact-*); the paper: {SCOPE_PAPER}")
     summary += ". " + scope
-    ev = {**evidence(claims, gates, scope=scope), "averaged_tasks": kept, "excluded_tasks": excluded,
+    ev = {**evidence(claims, gates, scope=scope, judgement=judgement), "averaged_tasks": kept, "excluded_tasks": excluded,
           "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget} rep {r.replicate}": {"packed_bytes": r.packed_bytes,
                                                                                   "fp32_bytes": r.fp32_bytes,
                                                                                   "file_bytes": r.file_bytes}

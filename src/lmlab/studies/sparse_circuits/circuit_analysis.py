@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
 from lmlab.studies.verdict import Verdict
@@ -237,7 +238,8 @@ def _post_training_gates(sparse: pd.DataFrame, geco: pd.DataFrame) -> list[Gate]
 def model_verdict(result, claim: str) -> Verdict:
     claims, gates = claims_and_gates(result)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
-    status, text = judge(claims, gates, seconds=seconds)
+    judgement = judge(claims, gates, seconds=seconds)
+    status, text = judgement.status, judgement_text(judgement)
     sparsity = result.table("sparsity")
     sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
     head = ""
@@ -256,7 +258,7 @@ def model_verdict(result, claim: str) -> Verdict:
              + (f", held-out text of {tokens} tokens" if tokens else "")
              + "; the paper: GPT-2 and OLMo-7B post-trained at their context lengths")
     return Verdict(status=status, claim=claim, summary=head + text + ". " + scope,
-                   evidence=evidence(claims, gates, scope=scope))
+                   evidence=evidence(claims, gates, scope=scope, judgement=judgement))
 
 
 def model_figure(result, fig=None):

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
+from lmlab.render import judgement_text
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
 from lmlab.studies.verdict import Verdict
@@ -196,7 +197,8 @@ def toy_verdict(result, claim: str, seconds: float = 0.0, model_run: bool = Fals
     `model_run` (then the model has its own verdict beside this one, and `seconds` is the toy's alone or 0)."""
     claims, gates, numbers = toy_claims(result)
     k = numbers["replicates"]
-    status, text = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
+    status, text = judgement.status, judgement_text(judgement)
     note = "" if model_run else " (the model's circuits not run)"
     head = (f"addition toy, {k} replicates{note}: edges kept "
             + ", ".join(f"{100 * v:.1f}%" for v in numbers["kept_per_replicate"])
@@ -211,7 +213,7 @@ def toy_verdict(result, claim: str, seconds: float = 0.0, model_run: bool = Fals
     scope = ("Scope: this run: a 4-layer transformer trained from scratch on 2-digit addition (the paper's Figure 1 "
              "illustration); the paper measures sparsity and circuits on GPT-2 and OLMo-7B")
     return Verdict(status=status, claim="On the addition toy: " + claim, summary=text + ". " + scope,
-                   evidence={"part": "toy", **numbers, **evidence(claims, gates, scope=scope)})
+                   evidence={"part": "toy", **numbers, **evidence(claims, gates, scope=scope, judgement=judgement)})
 
 
 def _effect_panel(left, task: str, found: dict, claims: list, n_tasks: int) -> None:
