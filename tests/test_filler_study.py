@@ -289,15 +289,16 @@ def test_without_answers_the_attention_claims_are_reported_and_the_gains_are_pri
 def test_sampled_runs_are_rows_of_their_own_and_averaged_per_problem(tmp_path, lm):
     from lmlab.runs import RunDir
     from lmlab.studies.filler.analysis import accuracy
+    from lmlab.studies.filler.config import Treatment
 
     config = s3.Config(model="tiny-llama", samples=3, max_new_tokens=4, temperature=1.0)
     items = generate_arithmetic(2, seed=0)[:4]
     run_dir = RunDir.open(tmp_path, "s3", "tiny-llama", config.model_dump())
-    rows = s3m.evaluate(lm, run_dir, items, "w/o", config)
+    rows = s3m.evaluate(lm, run_dir, items, "w/o", config, Treatment.of(config))
     table = pd.DataFrame(rows)
     assert sorted(table.groupby("id")["sample"].nunique().unique()) == [3]
     again = pd.DataFrame(s3m.evaluate(lm, RunDir.open(tmp_path / "b", "s3", "tiny-llama", config.model_dump()), items,
-                                      "w/o", config))
+                                      "w/o", config, Treatment.of(config)))
     assert table.new_tokens.tolist() == again.new_tokens.tolist()  # seeded
     iv = accuracy(table)
     assert iv.n == len(items)  # the interval is over problems, not problem-runs

@@ -3,11 +3,39 @@ scoring DECISION) are in profiles.yaml."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from lmlab.studies.config import StudyConfig
+
+
+@dataclass(frozen=True)
+class Treatment:
+    """What a run does with the tokens it inserts and with its ARM arm, chosen once where the run starts
+    (`Treatment.of`) and handed on as a value: the paper's (inserted tokens read like any other; ARM redistributes
+    attention at its tuned (c, p1)) or the placebo's (every inserted token kept at its position and masked from
+    every query; ARM redistributes nothing: the plain model, with nothing to tune)."""
+    placebo: bool = False
+
+    @classmethod
+    def of(cls, config: "Config") -> "Treatment":
+        return cls(placebo=bool(config.placebo))
+
+    @property
+    def redistributes(self) -> bool:
+        """ARM acts (its (c, p1) tuned and applied)."""
+        return not self.placebo
+
+    def hidden(self, built: list) -> list | None:
+        """The inserted positions to mask from every query, per prompt (`build_ids`' pairs); None: nothing masked."""
+        return [inserted for _, inserted in built] if self.placebo else None
+
+    @property
+    def arm(self) -> str:
+        """What the ARM arm was, in the run's meta."""
+        return "nothing redistributed (placebo): the plain model" if self.placebo else "redistributed"
 
 
 class Config(StudyConfig):

@@ -1,7 +1,7 @@
 """S3 measurements that drive the model: prompts assembled from token ids, generation and scoring of one
 condition (resumable), attention profiles and the layer-0 MLP mechanism check.
 
-The placebo (`config.placebo`) keeps every inserted token in the prompt, at its position, and hides it: its column
+The placebo (its `Treatment`) keeps every inserted token in the prompt, at its position, and hides it: its column
 of the attention mask is 0, as padding's is, so no query reads its key, in any layer or head, the prompt's later
 tokens and the generated ones alike, while every token keeps the position it has with the insertion. The model's own
 attention mask does this for every family, and in generation it travels with the cache as rows join and leave the
@@ -24,6 +24,7 @@ from lmlab.generation import greedy_answers
 from lmlab.interventions import Capture, intervene
 from lmlab.interventions.arm import ActivationRedistribution
 from lmlab.models import LoadedModel
+from lmlab.studies.filler.config import Treatment
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 FILLERS = {"Mless": " /", "Mful": " he"}
@@ -87,15 +88,18 @@ class Job:
 CHUNK = 64  # problems per resumable record
 
 
-def evaluate(lm, run_dir, items, condition, config, filler=None, count=0, position="between", arm=None,
-             split="test", sweep="") -> list[dict]:
+def evaluate(lm, run_dir, items, condition, config, treatment: Treatment, filler=None, count=0, position="between",
+             arm=None, split="test", sweep="") -> list[dict]:
     """Generate and score one condition (see `evaluate_many`)."""
-    return evaluate_many(lm, run_dir, [Job(items, condition, filler, count, position, split, sweep)], config, arm)[0]
+    return evaluate_many(lm, run_dir, [Job(items, condition, filler, count, position, split, sweep)], config,
+                         treatment, arm)[0]
 
 
-def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = None) -> list[list[dict]]:
+def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, treatment: Treatment,
+                  arm: dict | None = None) -> list[list[dict]]:
     """Generate and score several conditions, resumable in chunks of 64 problems; greedy when the profile draws
-    one sample, else `samples` temperature-sampled runs (seeded), each row carrying its `sample`.
+    one sample, else `samples` temperature-sampled runs (seeded), each row carrying its `sample`. Under the
+    placebo's `treatment` every inserted token is masked from every query.
 
     The conditions' prompts share generation calls of up to four batches: a call's rows of every length
     keep its batch full (`greedy_answers` lets waiting prompts join as rows end), so only the call's last
@@ -120,22 +124,9 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
         calls = [[e for e in call if e[0] not in done] for n, call in enumerate(calls) if parallel.mine(n)]
         calls = [call for call in calls if call]
         for n_call, call in enumerate(calls):
-            built = [build_ids(lm, item.question, job.filler, job.count, job.position)
-                     for _, job, chunk in call for item in chunk]
-            prompts = [ids for ids, _ in built]
-            hidden = [inserted for _, inserted in built] if config.placebo else None  # the placebo: filler masked
-            desc = f"{'ARM ' if arm else ''}generating {len(prompts)} answers, call {n_call + 1}/{len(calls)}"
-            if n_samples > 1:
-                desc += f", sample {sample + 1}/{n_samples}"
-            if arm is not None:
-                with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
-                                                            scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
-                    outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
-                                          description=desc, share_prefix=False, masked=hidden, **sampling)
-            else:
-                outs = greedy_answers(lm, prompts, budget, config.size("batch_size"), stop_at_newline=False,
-                                      description=desc, masked=hidden, **sampling)
-            outs = iter(outs)
+            desc = (f"{'ARM ' if arm else ''}generating {sum(len(chunk) for *_, chunk in call)} answers, "
+                    f"call {n_call + 1}/{len(calls)}" + (f", sample {sample + 1}/{n_samples}" if n_samples > 1 else ""))
+            outs = iter(_generate(lm, call, config, treatment, arm, sample, sampling, desc))
             for key, job, chunk in call:
                 new = [_answer_row(lm, job, item, next(outs), sample, budget, config.size("scoring")) for item in chunk]
                 run_dir.record("answers", key, new)
@@ -145,6 +136,22 @@ def evaluate_many(lm, run_dir, jobs: Sequence[Job], config, arm: dict | None = N
         done = run_dir.done("answers")
     return [[row for sample in range(n_samples) for start in range(0, len(job.items), CHUNK)
              for row in done[_key(job, start, sample, n_samples)]] for job in jobs]
+
+
+def _generate(lm, call, config, treatment: Treatment, arm: dict | None, sample: int, sampling: dict,
+              desc: str) -> list[list[int]]:
+    """One shared generation call over its chunks' prompts, in order (under ARM, its rows whole)."""
+    built = [build_ids(lm, item.question, job.filler, job.count, job.position)
+             for _, job, chunk in call for item in chunk]
+    prompts = [ids for ids, _ in built]
+    budget, batch = config.size("max_new_tokens"), config.size("batch_size")
+    if arm is None:
+        return greedy_answers(lm, prompts, budget, batch, stop_at_newline=False, description=desc,
+                              masked=treatment.hidden(built), **sampling)
+    with intervene(lm, ActivationRedistribution(layers=[config.arm_layer], seed=config.seed + sample,
+                                                scope=config.arm_scope, p_min=config.arm_p_min, **arm)):
+        return greedy_answers(lm, prompts, budget, batch, stop_at_newline=False, description=desc,
+                              share_prefix=False, masked=treatment.hidden(built), **sampling)
 
 
 def _key(job: Job, start: int, sample: int, n_samples: int) -> str:

@@ -40,7 +40,7 @@ from lmlab.data.math import MathItem, read_math_file, split_arithmetic
 from lmlab.errors import LmlabError
 from lmlab.models import LoadedModel
 from lmlab.runs import RunDir
-from lmlab.studies.filler.config import Config, unknown_benchmark
+from lmlab.studies.filler.config import Config, Treatment, unknown_benchmark
 from lmlab.studies.filler.measure import FILLERS, Job, build_ids, evaluate, evaluate_many, profile_and_mechanism_rows
 
 
@@ -71,63 +71,76 @@ def load_problems(config: Config) -> tuple[list[MathItem], list[MathItem], int]:
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     dev, test = load_problems(config)  # a bad file or an unreachable hub fails before the model loads
     lm = lm or config.load()
+    _check_model(lm, config)
+    treatment = Treatment.of(config)  # the paper's or the placebo's, chosen here once and handed on
+    facts = dict(benchmark=config.benchmark.split(":")[0], samples=config.size("samples"),
+                 scoring=config.size("scoring"), max_new_tokens=config.size("max_new_tokens"),
+                 insert_count=config.insert_count)
+    if not config.size("accuracy"):  # the demo: attention and mechanism only, the gains priced
+        run_dir.describe(model=lm.name, dev=0, test=0, **facts, accuracy_run=False)
+        return pd.DataFrame(_profiles(lm, config, test, treatment) + [_pace(lm, config, test, treatment)])
+    pairs = [(c, p1) for c in config.size("arm_c") for p1 in config.size("arm_p1")]
+    # one (c, p1) pair leaves nothing to choose, and the placebo's ARM redistributes nothing: no dev split for them
+    tune = len(pairs) > 1 and treatment.redistributes
+    run_dir.log(f"{len(dev)} dev and {len(test)} test problems" if tune else
+                f"{len(test)} test problems (no ARM pair to tune, so no dev split)")
+    main, sweeps = _jobs(config, dev, test, tune, treatment)
+    answers = evaluate_many(lm, run_dir, main + sweeps, config, treatment)
+    tuning, best = _tune_arm(lm, run_dir, dev, pairs if treatment.redistributes else [], tune, config, treatment)
+    arm_test = evaluate(lm, run_dir, test, "ARM", config, treatment, arm=dict(c=best["c"], p1=best["p1"])) \
+        if treatment.redistributes else []
+    rows = tuning + [r for job in answers[:len(main)] for r in job] + arm_test
+    rows += [r for job in answers[len(main):] for r in job]
+
+    parallel.main_only()  # under a launch the generation was shared out; the rest is rank 0's
+    rows += _profiles(lm, config, test, treatment)
+    run_dir.describe(model=lm.name, dev=len(dev), test=len(test), **facts, arm_c=best["c"], arm_p1=best["p1"],
+                     accuracy_run=True, arm=treatment.arm)
+    return pd.DataFrame(rows)
+
+
+def _check_model(lm, config: Config) -> None:
     if not lm.layout.causal:
         raise LmlabError(f"{lm.name} is not a causal language model; the filler study generates text")
     if config.head is not None and config.head >= lm.layout.n_heads:
         raise LmlabError(f"--head {config.head} does not exist; {lm.name} has heads 0..{lm.layout.n_heads - 1}")
-    n = config.insert_count
-    if not config.size("accuracy"):  # the demo: attention and mechanism only, the gains priced
-        run_dir.describe(model=lm.name, dev=0, test=0, benchmark=config.benchmark.split(":")[0],
-                         samples=config.size("samples"), scoring=config.size("scoring"),
-                         max_new_tokens=config.size("max_new_tokens"), insert_count=n, accuracy_run=False)
-        return pd.DataFrame(_profiles(lm, config, test) + [_pace(lm, config, test)])
-    rows: list[dict] = []
 
-    # every condition without ARM in shared generation calls: dev w/o, the test conditions, the sweeps on a
-    # subset (length 0 and 55-between reuse the main conditions)
+
+def _jobs(config: Config, dev, test, tune: bool, treatment: Treatment) -> tuple[list[Job], list[Job]]:
+    """The conditions generated without ARM, in shared calls: dev w/o (where ARM is tuned), the test conditions
+    (and the placebo's ARM, the plain model), and the sweeps on a subset (length 0 and 55-between reuse the main
+    conditions)."""
+    n = config.insert_count
     subset = spread(test, config.size("sweep_problems"))
-    pairs = [(c, p1) for c in config.size("arm_c") for p1 in config.size("arm_p1")]
-    # one (c, p1) pair leaves nothing to choose, and the placebo's ARM redistributes nothing: no dev split for them
-    tune = len(pairs) > 1 and not config.placebo
-    run_dir.log(f"{len(dev)} dev and {len(test)} test problems" if tune else
-                f"{len(test)} test problems (no ARM pair to tune, so no dev split)")
     main = ([Job(dev, "w/o", split="dev")] if tune else []) + [Job(test, "w/o")] + \
         [Job(test, name, f, n) for name, f in FILLERS.items()]
-    if config.placebo:  # ARM that redistributes nothing: the plain model, in the shared calls
+    if not treatment.redistributes:  # ARM that redistributes nothing: the plain model, in the shared calls
         main.append(Job(test, "ARM"))
     sweeps = [Job(subset, "Mless", FILLERS["Mless"], length, sweep=f"length={length}") for length in config.sweep_lengths]
     sweeps += [Job(subset, name, f, n, position, sweep=f"position={position}")
                for name, f in FILLERS.items() for position in ("before", "after")]
-    answers = evaluate_many(lm, run_dir, main + sweeps, config)
+    return main, sweeps
 
-    # ARM: tune (c, p1) on dev, then the test split with the chosen pair
+
+def _tune_arm(lm, run_dir: RunDir, dev, pairs, tune: bool, config: Config,
+              treatment: Treatment) -> tuple[list[dict], dict]:
+    """ARM's (c, p1) tuned on dev: a tuning row per pair and the chosen one (the placebo's ARM has no (c, p1):
+    nothing is tuned, and the counts row says what stood in for it)."""
     tuning = []
-    for c, p1 in ([] if config.placebo else pairs):
+    for c, p1 in pairs:
         if tune:
-            got = evaluate(lm, run_dir, dev, "ARM", config, arm=dict(c=c, p1=p1), split="dev", sweep=f"c={c},p1={p1}")
+            got = evaluate(lm, run_dir, dev, "ARM", config, treatment, arm=dict(c=c, p1=p1), split="dev",
+                           sweep=f"c={c},p1={p1}")
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=sum(r["correct"] for r in got) / len(got)))
         else:
             tuning.append(dict(kind="tuning", c=c, p1=p1, dev_accuracy=float("nan"), note="the only pair given"))
-    # the placebo's ARM has no (c, p1): nothing is tuned, and the counts row says what stood in for it
     best = max(tuning, key=lambda r: r["dev_accuracy"]) if tuning else dict(c=float("nan"), p1=float("nan"))
     for row in tuning:
         row["chosen"] = int(row is best)
-    arm_test = [] if config.placebo else evaluate(lm, run_dir, test, "ARM", config,
-                                                  arm=dict(c=best["c"], p1=best["p1"]))
-    rows += tuning + [r for job in answers[:len(main)] for r in job] + arm_test
-    rows += [r for job in answers[len(main):] for r in job]
-
-    parallel.main_only()  # under a launch the generation was shared out; the rest is rank 0's
-    rows += _profiles(lm, config, test)
-    run_dir.describe(model=lm.name, dev=len(dev), test=len(test), benchmark=config.benchmark.split(":")[0],
-                     samples=config.size("samples"), scoring=config.size("scoring"),
-                     max_new_tokens=config.size("max_new_tokens"), insert_count=n, arm_c=best["c"],
-                     arm_p1=best["p1"], accuracy_run=True,
-                     arm="nothing redistributed (placebo): the plain model" if config.placebo else "redistributed")
-    return pd.DataFrame(rows)
+    return tuning, best
 
 
-def _profiles(lm, config: Config, test) -> list[dict]:
+def _profiles(lm, config: Config, test, treatment: Treatment) -> list[dict]:
     """The attention profiles (every head) and the mechanism check on `profile_problems` test problems (the
     placebo: the inserted tokens masked)."""
     parallel.main_only()
@@ -135,10 +148,10 @@ def _profiles(lm, config: Config, test) -> list[dict]:
     n = config.insert_count
     prompts = {cond: [build_ids(lm, item.question, FILLERS.get(cond), n if cond in FILLERS else 0) for item in probe]
                for cond in ("None", "Mless", "Mful")}
-    return profile_and_mechanism_rows(lm, prompts, config.profile_layer, hide=config.placebo)
+    return profile_and_mechanism_rows(lm, prompts, config.profile_layer, hide=treatment.placebo)
 
 
-def _pace(lm, config: Config, test) -> dict:
+def _pace(lm, config: Config, test, treatment: Treatment) -> dict:
     """What one answer costs here, at the pace the accuracy run would go: one batch of `batch_size` problems (the
     test problems in turn, w/o and Mless alternating) decoded greedily at the profile's budget, the time shared
     out over its answers, so the verdict can price the accuracy gains it does not run. (One answer at a time would
@@ -154,7 +167,7 @@ def _pace(lm, config: Config, test) -> dict:
     budget = config.size("max_new_tokens")
     t0 = time.perf_counter()
     outs = greedy_answers(lm, prompts, budget, len(prompts), stop_at_newline=False, description="pace",
-                          masked=[inserted for _, inserted in built] if config.placebo else None)
+                          masked=treatment.hidden(built))
     seconds = time.perf_counter() - t0
     return dict(kind="pace", seconds_per_answer=seconds / len(prompts), max_new_tokens=budget,
                 tokens=float(sum(len(o) for o in outs) / len(outs)), batch=len(prompts))
