@@ -59,8 +59,9 @@ def test_studies_run_two_at_a_time_give_the_tables_of_one_at_a_time(tmp_path):
         pd.testing.assert_frame_equal(other.drop(columns=num), table.drop(columns=num), check_dtype=False)
         # (two studies at once: other thread counts, another float path; ΔP runs to 100 pp, so rtol too; a training
         # carries the rounding on: on an AMD EPYC with AVX-512 a teacher's mean loss over its third quarter parted
-        # by 3e-4 of itself)
-        pd.testing.assert_frame_equal(other[num], table[num], check_dtype=False, atol=1e-4, rtol=2e-3)
+        # by 3e-4 of itself, and run outside xdist (one study on two threads against two on one each) on an Intel
+        # Xeon with AMX a latent model's loss over its third quarter by 2.3e-3 of itself)
+        pd.testing.assert_frame_equal(other[num], table[num], check_dtype=False, atol=1e-4, rtol=5e-3)
     with pytest.raises(Exception, match="--jobs takes a whole number of at least 1"):
         reproduce(tmp_path / "three", only=ONLY, models=TINY, overrides=SMALL, say=lambda s: None, jobs=0)
 
