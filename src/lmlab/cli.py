@@ -125,6 +125,15 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
     if architectures:
         _architectures(markdown)
         return
+    from lmlab.models import cache_dir
+
+    rows = _model_rows(prepare)
+    out.print(_table(f"models (cache: {cache_dir()})", ["name", "family", "layers", "heads", "kv heads", "source",
+                                                       "status"], rows, keep=("name",)))
+
+def _model_rows(prepare: bool) -> list[list[str]]:
+    """`lmlab models`' rows: the embedded models (cached, de-quantized now with `prepare`, or missing), the tiny
+    test models and the other cached folders."""
     from lmlab.models import EMBEDDED, cache_dir
     from lmlab.models.catalog import TINY_NAMES, TINY_SHAPES, describe_folder
     from lmlab.models.embedded import cached_model_dir, is_cached
@@ -157,8 +166,8 @@ def models(prepare: bool = typer.Option(False, help="de-quantize and cache the e
         if (cache_dir() / "models").exists() else []
     for name in extra:
         rows.append([name, "", "", "", "", "cached", str(cache_dir() / "models" / name)])
-    out.print(_table(f"models (cache: {cache_dir()})", ["name", "family", "layers", "heads", "kv heads", "source",
-                                                       "status"], rows, keep=("name",)))
+    return rows
+
 
 
 @app.command()
@@ -277,12 +286,7 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     if is_distributed():
         raise LmlabError("lmlab reproduce runs in one process; launch one study at a time instead "
                          "(accelerate launch -m lmlab knockout ...), see docs/scaling.md")
-    models = {}
-    for item in model or []:
-        study, _, name = item.partition("=")
-        if not name:
-            raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
-        models[study] = name
+    models = _study_models(model or [])
     resolve_device(device)  # a misspelt device, or one the machine lacks, fails before any study
     _bf16_note(dtype, device)
     settings = {name: {"device": device, "dtype": dtype, **({"seeds": seeds} if seeds and not
@@ -300,6 +304,17 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     if failed:
         err.print(f"{len(failed)} of {len(outcomes)} studies failed: " + "; ".join(f"{o.study}: {o.reason}" for o in failed))
         raise typer.Exit(code=1)
+
+
+def _study_models(items: list[str]) -> dict[str, str]:
+    """`--model STUDY=MODEL` items as {study: model}, each checked for its form."""
+    models = {}
+    for item in items:
+        study, _, name = item.partition("=")
+        if not name:
+            raise LmlabError(f"--model takes STUDY=MODEL, got '{item}'")
+        models[study] = name
+    return models
 
 
 def _bf16_note(dtype: str, device: str) -> None:

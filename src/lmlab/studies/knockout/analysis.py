@@ -323,19 +323,9 @@ def patching_claims(patch: pd.DataFrame, split: pd.DataFrame, dataset: str, seed
     reps = sorted(int(r) for r in patch.replicate.unique())
     split = _replicate(split)
     sampler = Resampler(len(ids), len(reps), n_boot=N_BOOT, seed=seed + 7)
-    per, thin = [], 0
-    for r in reps:
-        part = patch[patch.replicate == r]
-        eq, rnd = (part[part.condition == c].drop_duplicates("id").set_index("id").flipped.reindex(ids)
-                   .to_numpy(float) for c in ("eq", "random"))
-        sp = split[split.replicate == r].drop_duplicates("id").set_index("id").reindex(ids)
-        q, a = (sp.group == "Q").to_numpy(float), (sp.group == "A").to_numpy(float)
-        d = eq - rnd
-        margin = sp.margin.to_numpy(float)
-        one = np.where(np.isfinite(d) & (q + a > 0), 0, -1)  # the decisive claim: every question in one stratum
-        thin += int(not np.isfinite(_within_strata(d, q, a, one, np.ones((1, len(ids)))))[0])
-        per.append(dict(flip=eq, random=rnd, q=q, a=a, d=d, one=one,
-                        strata=_strata(margin, np.isfinite(d) & np.isfinite(margin) & (q + a > 0))))
+    per = [_patched_replicate(patch[patch.replicate == r], split[split.replicate == r], ids) for r in reps]
+    thin = sum(int(not np.isfinite(_within_strata(x["d"], x["q"], x["a"], x["one"], np.ones((1, len(ids)))))[0])
+               for x in per)
 
     def q_minus_a(i, w):
         f = np.nan_to_num(per[i]["flip"])
@@ -444,19 +434,7 @@ def verdict(result) -> Verdict:
         notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
                      f"{100 * counts['control_flip_rate']:.0f}%")
         gates += set_gates(dataset, counts, thin, answers, ko_all)
-    probe_sets = set(result.table("probe").probe_set) if len(result.table("probe")) else set()
-    for dataset in sorted(set(answers.dataset) - set(ko.dataset)) if len(answers) else ():
-        if dataset in probe_sets or "pooled" in probe_sets:  # probes, yet no question swept: never silently left out
-            gates.append(Gate(f"{dataset}: knockout rows", False,
-                              why="none of its questions was swept (the placebo sweeps a question only where it has "
-                                  "as many question tokens outside E_Q as E_Q has, to draw E_Q's stand-in from)",
-                              remedy="questions whose exact tokens are a smaller part of the question",
-                              group=dataset))
-    for row in skipped.drop_duplicates("probe_set").itertuples() if len(skipped) else ():
-        gates.append(Gate(f"{row.probe_set}: probes", False, why=f"{int(row.correct_train)} correct / "
-                          f"{int(row.incorrect_train)} incorrect training answers (need {int(row.needed)} of each)",
-                          remedy="more questions, or an easier set",
-                          group="" if row.probe_set == "pooled" else row.probe_set))
+    gates += _coverage_gates(answers, ko, result.table("probe"), skipped)
     k = _replicate(ko).replicate.nunique()
     gates.append(replicates_gate(k, trains=False))
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
@@ -470,6 +448,41 @@ def verdict(result) -> Verdict:
     ev = {**evidence(claims, gates, scope=scope, judgement=judgement), "layers_compared": late, "counts": meta, "datasets": sets}
     _add_side_evidence(result, ev, split, detection)
     return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
+
+
+def _coverage_gates(answers: pd.DataFrame, ko: pd.DataFrame, probe: pd.DataFrame,
+                    skipped: pd.DataFrame) -> list[Gate]:
+    """Failed gates for what a set could not read: a set with probes yet no question swept (never silently left
+    out), and a probe set skipped for too few correct or incorrect training answers."""
+    gates = []
+    probe_sets = set(probe.probe_set) if len(probe) else set()
+    for dataset in sorted(set(answers.dataset) - set(ko.dataset)) if len(answers) else ():
+        if dataset in probe_sets or "pooled" in probe_sets:
+            gates.append(Gate(f"{dataset}: knockout rows", False,
+                              why="none of its questions was swept (the placebo sweeps a question only where it has "
+                                  "as many question tokens outside E_Q as E_Q has, to draw E_Q's stand-in from)",
+                              remedy="questions whose exact tokens are a smaller part of the question",
+                              group=dataset))
+    for row in skipped.drop_duplicates("probe_set").itertuples() if len(skipped) else ():
+        gates.append(Gate(f"{row.probe_set}: probes", False, why=f"{int(row.correct_train)} correct / "
+                          f"{int(row.incorrect_train)} incorrect training answers (need {int(row.needed)} of each)",
+                          remedy="more questions, or an easier set",
+                          group="" if row.probe_set == "pooled" else row.probe_set))
+    return gates
+
+
+def _patched_replicate(part: pd.DataFrame, sp: pd.DataFrame, ids: list) -> dict:
+    """One replicate's patched questions, aligned on `ids`: E_Q's and random's flips, their difference, the Q and A
+    groups of its split, one stratum for the decisive claim and the clean-margin strata for the like-margin one."""
+    eq, rnd = (part[part.condition == c].drop_duplicates("id").set_index("id").flipped.reindex(ids)
+               .to_numpy(float) for c in ("eq", "random"))
+    sp = sp.drop_duplicates("id").set_index("id").reindex(ids)
+    q, a = (sp.group == "Q").to_numpy(float), (sp.group == "A").to_numpy(float)
+    d = eq - rnd
+    margin = sp.margin.to_numpy(float)
+    one = np.where(np.isfinite(d) & (q + a > 0), 0, -1)  # the decisive claim: every question in one stratum
+    return dict(flip=eq, random=rnd, q=q, a=a, d=d, one=one,
+                strata=_strata(margin, np.isfinite(d) & np.isfinite(margin) & (q + a > 0)))
 
 
 SPLIT_CLAIMS = ("patching flips beyond random, Q - A", "patching flips, Q - A",
