@@ -33,8 +33,19 @@ def _command(study: str, out: Path, summary: Path, processes: int) -> list[str]:
 def _launch(study: str, out: Path, summary: Path, processes: int):
     done = subprocess.run(_command(study, out, summary, processes), env=ENV, capture_output=True, text=True,
                           timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _succeeded(done, f"{processes} process(es)")
     return json.loads(summary.read_text())
+
+
+def _succeeded(done, name: str) -> None:
+    """A launch that failed fails the test with every rank's traceback in full (a rank that dies leaves the other
+    failing at its next barrier: the first traceback is the cause, and an assertion's message would be cut)."""
+    if done.returncode != 0:
+        lines = done.stderr.splitlines()
+        starts = [i for i, line in enumerate(lines) if "Traceback" in line]
+        cause = "\n".join(lines[starts[0]:starts[0] + 80]) if starts else ""
+        pytest.fail(f"{name}: exit {done.returncode}\nthe first traceback:\n{cause}\nthe end:\n{done.stderr[-4000:]}",
+                    pytrace=False)
 
 
 def _one_and_two(study: str, tmp_path: Path) -> tuple[dict, dict]:
@@ -44,7 +55,7 @@ def _one_and_two(study: str, tmp_path: Path) -> tuple[dict, dict]:
     names = (("one", 1), ("two", 2))
     for (name, _), done in zip(names, run_at_once([_command(study, tmp_path / n, tmp_path / f"{n}.json", k)
                                                    for n, k in names], ENV)):
-        assert done.returncode == 0, (name, done.stderr[-3000:])
+        _succeeded(done, name)
     return tuple(json.loads((tmp_path / f"{n}.json").read_text()) for n, _ in names)
 
 
