@@ -55,6 +55,34 @@ def test_resume_after_interruption_gives_the_uninterrupted_curve(tmp_path):
     assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.bin"))  # no pickles
 
 
+def test_a_long_training_also_checkpoints_by_the_clock_and_resumes_from_there(tmp_path, monkeypatch):
+    """Besides every `checkpoint_every` steps, a checkpoint once `checkpoint_minutes` have passed since the last:
+    on a clock that moves 4 minutes a step, at 10 minutes, the third step writes one (none by steps), and a run
+    stopped in its fifth step resumes from the third with the uninterrupted curve."""
+    from types import SimpleNamespace
+
+    from lmlab.train import loop
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    lm = load_model("tiny-llama")
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, checkpoint_minutes=10, progress=False)
+    full = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "full")
+
+    def tick(step, loss):
+        clock.now += 4 * 60
+        if step == 4:
+            raise KeyboardInterrupt
+
+    clock.now = 0.0
+    with pytest.raises(KeyboardInterrupt):
+        train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut", on_step=tick)
+    assert [p.name for p in (tmp_path / "cut" / "checkpoints").glob("step-*")] == ["step-0000003"]
+    resumed = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut")
+    assert resumed.resumed_from == 3
+    assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
+
+
 def test_a_finished_trainings_checkpoint_keeps_no_optimizer_moments_and_resumes_past_its_end(tmp_path):
     """The last checkpoint holds the weights, losses and RNG state (what reading a finished training needs), not
     AdamW's two moments; a rerun reads it and takes no step; asking it for more steps is refused."""

@@ -26,6 +26,7 @@ import contextvars
 import json
 import math
 import os
+import time
 import zlib
 import shutil
 import tempfile
@@ -54,6 +55,10 @@ class TrainConfig(BaseModel):
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     max_grad_norm: float | None = 1.0
     checkpoint_every: int = 0  # 0: only at the end
+    # also a checkpoint once this many minutes have passed since the last one (or the start), so that an interrupted
+    # long training loses minutes, not a quarter of its steps; 0: by steps only. Where a checkpoint falls does not
+    # change the numbers: a run resumed from any step trains on as it would have
+    checkpoint_minutes: float = 10.0
     keep_checkpoints: int = 2
     seed: int = 0
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
@@ -320,6 +325,7 @@ class _Run:
     seeds: list[int]
     sets: list
     n_examples: int
+    saved_at: float = field(default_factory=lambda: time.monotonic())  # when the last checkpoint was written (or the start)
 
 
 def _set_up(model, dataset: Sequence, config: TrainConfig, parameters, out_dir: Path) -> _Run:
@@ -441,7 +447,7 @@ def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step
     training: `stop`; rank 0 writes it); the newest good checkpoint."""
     acc, done = run.acc, step + 1
     end = done == config.steps or stop
-    if (config.checkpoint_every and done % config.checkpoint_every == 0) or end:
+    if (config.checkpoint_every and done % config.checkpoint_every == 0) or end or _overdue(run, config):
         acc.wait_for_everyone()
         if acc.is_main_process:
             save_checkpoint(out_dir, done, acc.unwrap_model(model), run.optimizer, result.losses,
@@ -450,7 +456,19 @@ def _checkpoint(run: _Run, model, result: TrainResult, config: TrainConfig, step
                             extra_tensors=state.tensors() if hasattr(state, "tensors") else None)
         last_good = checkpoint_path(out_dir, done)  # (every process: the one rank 0 wrote)
         acc.wait_for_everyone()
+        run.saved_at = time.monotonic()
     return last_good
+
+
+def _overdue(run: _Run, config: TrainConfig) -> bool:
+    """Whether `config.checkpoint_minutes` have passed since the last checkpoint; under a launch rank 0's clock
+    decides for every process (all of them must write, or wait, at the same step)."""
+    if not config.checkpoint_minutes:
+        return False
+    late = time.monotonic() - run.saved_at >= 60 * config.checkpoint_minutes
+    if group_size() == 1:
+        return late
+    return all_sum([late if run.acc.is_main_process else 0.0])[0] > 0
 
 
 def _distributed() -> bool:
