@@ -292,49 +292,60 @@ class Claim:
     def sizing(self, seconds: float = 0.0, seconds_per_replicate: float | None = None) -> dict:
         """Seeds and items at which this claim, at its estimate, clears its bar with 80% power; its time at this
         run's pace (`seconds` for the whole run; `seconds_per_replicate`: what one more replicate costs)."""
+        self.decides_at = self._sized(seconds, seconds_per_replicate)
+        return self.decides_at
+
+    def _sized(self, seconds: float, seconds_per_replicate: float | None) -> dict:
         if self.ceiling:
-            self.decides_at = {"seeds": self.replicates, "items": self.n,
-                               "text": "a run whose arms leave the ceiling or floor (a harder task, or a smaller "
-                                       "budget): there no number of seeds or items decides it"}
-            return self.decides_at
+            return {"seeds": self.replicates, "items": self.n,
+                    "text": "a run whose arms leave the ceiling or floor (a harder task, or a smaller budget): there "
+                            "no number of seeds or items decides it"}
         if not np.isfinite(self.estimate):
-            self.decides_at = {"seeds": self.replicates, "items": self.n,
-                               "text": "a run that gives an estimate to size it (this one gives none)"}
-            return self.decides_at
+            return {"seeds": self.replicates, "items": self.n,
+                    "text": "a run that gives an estimate to size it (this one gives none)"}
         distance = abs(self.estimate - self.bar.value)
         if self.effect is not None:
             distance = max(distance, abs(self.effect))
         distance = max(distance, 1e-9)
         a, b = self.se_seed ** 2, self.se_item ** 2
-        k, n = max(self.replicates, 1), max(self.n, 1)
         target = (distance / Z_80) ** 2
-        out: dict = {"distance": distance, "seeds": k, "items": n}
-        if not np.isfinite(a + b) or a + b <= 0:
-            self.decides_at = {**out, "text": "a run with a spread to size it (this one gives none)"}
-            return self.decides_at
-        if distance < 0.25 * math.sqrt(a + b):  # a size "at this estimate" would be astronomical and mean nothing
-            self.decides_at = {**out, "text": "more seeds to tell which side of its bar it falls; it sits on the bar "
-                                              "(within a quarter of its standard error), so no size can be priced at "
-                                              "this estimate"}
-            return self.decides_at
-        if a + b <= target:
-            why = (f"{self.across()} of {k} replicates lie across the bar; fewer than a quarter would let the interval "
-                   "decide" if self.across() else f"the t quantile at {k} replicates holds the interval open")
-            self.decides_at = {**out, "seeds": max(k + 2, 5),
-                               "text": f"more seeds, about {max(k + 2, 5)} (its spread would decide at this size, but "
-                                       f"{why})"}
-            return self.decides_at
+        out: dict = {"distance": distance, "seeds": max(self.replicates, 1), "items": max(self.n, 1)}
+        unpriced = self._unpriced(a, b, distance, target)
+        if unpriced:
+            return {**out, **unpriced}
         seeds, items = self._size(a, b, target)
         capped = ""
         if self.pool and items > self.pool:  # more items than the data hold: the rest from seeds, or not at all
             seeds, items = self._within_pool(seeds, a, b, target)
             if seeds is None:
-                self.decides_at = {**out, "items": items, "text": (
+                return {**out, "items": items, "text": (
                     f"more {self.n_unit} than the data hold: at most {self.pool:,} here, and at that size "
-                    + ("more seeds would not decide it either" if k > 1 else "one replicate cannot decide it")
+                    + ("more seeds would not decide it either" if self.replicates > 1 else
+                       "one replicate cannot decide it")
                     + "; a larger source of items (another data set, or a model that answers more of them)")}
-                return self.decides_at
             capped = f"; the data hold at most {self.pool:,} {self.n_unit}"
+        return self._priced(out, seeds, items, capped, seconds, seconds_per_replicate)
+
+    def _unpriced(self, a: float, b: float, distance: float, target: float) -> dict | None:
+        """What would decide, where no size at this estimate can be priced: no spread, an estimate on the bar, or
+        a spread that would decide at this size but for the replicates across the bar or the t quantile."""
+        k = max(self.replicates, 1)
+        if not np.isfinite(a + b) or a + b <= 0:
+            return {"text": "a run with a spread to size it (this one gives none)"}
+        if distance < 0.25 * math.sqrt(a + b):  # a size "at this estimate" would be astronomical and mean nothing
+            return {"text": "more seeds to tell which side of its bar it falls; it sits on the bar (within a quarter "
+                            "of its standard error), so no size can be priced at this estimate"}
+        if a + b <= target:
+            why = (f"{self.across()} of {k} replicates lie across the bar; fewer than a quarter would let the interval "
+                   "decide" if self.across() else f"the t quantile at {k} replicates holds the interval open")
+            return {"seeds": max(k + 2, 5),
+                    "text": f"more seeds, about {max(k + 2, 5)} (its spread would decide at this size, but {why})"}
+        return None
+
+    def _priced(self, out: dict, seeds: int, items: int, capped: str, seconds: float,
+                seconds_per_replicate: float | None) -> dict:
+        """The size that decides, in words, with its time at this run's pace."""
+        k, n = max(self.replicates, 1), max(self.n, 1)
         seeds = max(seeds, 3) if k > 1 and seeds != k else seeds
         factor = max(seeds / k, items / n)
         cost = (seconds_per_replicate * max(seeds - k, 0) if seconds_per_replicate and items == n
@@ -346,8 +357,7 @@ class Claim:
             from lmlab.stats import duration
 
             text += f", about {duration(cost)} here at this run's pace"
-        self.decides_at = {**out, "seeds": seeds, "items": items, "seconds": cost, "text": text}
-        return self.decides_at
+        return {**out, "seeds": seeds, "items": items, "seconds": cost, "text": text}
 
     def _size(self, a: float, b: float, target: float) -> tuple[int, int]:
         """(seeds, items) that bring the variance's seed part `a` and item part `b` under `target`."""
