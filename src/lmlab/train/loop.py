@@ -273,39 +273,20 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     that replicate's mean), their sum is differentiated (the replicates share no weight, so each gets its own
     gradient), and the gradient norm is clipped per replicate.
 
-    In parts: `_set_up` (the accelerator, the optimizer, the replicates' data) and `_resume` (the newest
-    checkpoint), then per step `_take_step` (every micro-batch of every replicate, the update), `_record` (the
-    losses, the trackers) and `_checkpoint`.
+    In parts: `_set_up` (the accelerator, the optimizer, the replicates' data), `_resume` (the newest
+    checkpoint) and `_started` (the model prepared, the trackers), then `_steps`, and per step `_take_step` (every
+    micro-batch of every replicate, the update), `_record` (the losses, the trackers) and `_checkpoint`.
     """
     out_dir = Path(out_dir)
     run = _set_up(model, dataset, config, parameters, out_dir)
     result, last_good = _resume(out_dir, model, run.optimizer, config, state)
-    model, run.optimizer = run.acc.prepare(model, run.optimizer)
-    if run.acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
-        torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + run.acc.process_index)
-    model.train()
-    if config.log_with:
-        run.acc.init_trackers(slug(config.description),  # the tracker's run: e.g. fact-qnli-2-bit-Budget-C-replicate-0
-                              config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
+    model = _started(run, model, config)
     progress = _progress(config, run.acc.is_main_process, result.resumed_from or 0)
     try:
-        last = result.resumed_from if getattr(state, "stopped", False) else config.steps  # (a hook ended it: no step)
-        for step in range(result.resumed_from or 0, last):
-            _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
-            if after_update:
-                after_update(step, run.acc.unwrap_model(model), run.optimizer)
-            # (before the checkpoint: it may move `state`, which the checkpoint keeps)
-            stop = bool(on_step(step, result.losses[-1])) if on_step else False
-            progress.advance(result.losses[-1])
-            last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good, stop)
-            if stop:  # the hook says the training is done (a patience rule): the steps taken are the steps done
-                result.steps_done = step + 1
-                break
-        else:
-            result.steps_done = last
         # the last step's checkpoint (or the one resumed from, when none was left): by its path, not by listing the
         # folder, which rank 0 may already be removing while another process reads it
-        result.checkpoint = last_good
+        result.checkpoint = _steps(run, model, (collate, loss_fn, on_step, after_update), config, out_dir, state,
+                                   result, last_good, progress)
     finally:
         progress.close()
         if config.log_with:
@@ -313,6 +294,40 @@ def train(model: torch.nn.Module, dataset: Sequence, collate: Callable[[list], A
     model = run.acc.unwrap_model(model)
     model.eval()
     return result
+
+
+def _steps(run: _Run, model, hooks: tuple, config: TrainConfig, out_dir: Path, state, result: TrainResult, last_good,
+           progress) -> Path | None:
+    """Every step from where the training resumes to its end, or to where `on_step` ended it (`result.steps_done`
+    says which); the last good checkpoint. `hooks`: (collate, loss_fn, on_step, after_update)."""
+    collate, loss_fn, on_step, after_update = hooks
+    last = result.resumed_from if getattr(state, "stopped", False) else config.steps  # (a hook ended it: no step)
+    for step in range(result.resumed_from or 0, last):
+        _record(run, result, _take_step(run, model, collate, loss_fn, config, step, last_good), config, step)
+        if after_update:
+            after_update(step, run.acc.unwrap_model(model), run.optimizer)
+        # (before the checkpoint: it may move `state`, which the checkpoint keeps)
+        stop = bool(on_step(step, result.losses[-1])) if on_step else False
+        progress.advance(result.losses[-1])
+        last_good = _checkpoint(run, model, result, config, step, out_dir, state, last_good, stop)
+        if stop:  # the hook says the training is done (a patience rule): the steps taken are the steps done
+            result.steps_done = step + 1
+            return last_good
+    result.steps_done = last
+    return last_good
+
+
+def _started(run: _Run, model, config: TrainConfig):
+    """The model (and optimizer) prepared by the accelerator and in training mode, each process's dropout stream,
+    and the trackers started."""
+    model, run.optimizer = run.acc.prepare(model, run.optimizer)
+    if run.acc.process_index:  # independent dropout masks per process (rank 0 keeps the one-process stream)
+        torch.manual_seed(zlib.crc32(torch.get_rng_state().numpy().tobytes()) + run.acc.process_index)
+    model.train()
+    if config.log_with:
+        run.acc.init_trackers(slug(config.description),  # the tracker's run: e.g. fact-qnli-2-bit-Budget-C-replicate-0
+                              config={k: v for k, v in config.model_dump().items() if isinstance(v, (int, float, str))})
+    return model
 
 
 @dataclass
