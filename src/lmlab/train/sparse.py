@@ -185,11 +185,29 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
     gate = SparseAttention(sample=True, keyed=True, replicas=k)  # noise per example, from its key (see the loop)
     histories: list[list[dict]] = [[] for _ in range(k)]
 
-    def vector(value, default: float) -> torch.Tensor:  # on the host, whatever the default device
-        value = default if value is None else value
-        if torch.is_tensor(value):
-            return value.detach().to("cpu", torch.float64).reshape(-1).expand(k)
-        return torch.tensor(value, dtype=torch.float64, device="cpu").reshape(-1).expand(k)
+    loss_fn = _sparse_loss(ce_fn, gate, gecos, histories, edge_weight)
+    back = Rollback(k, rollback, rollback_every, *drift) if rollback is not None else None
+    after = (lambda step, m, opt: back(step, m, opt, gecos, histories)) if back else None
+    with intervene(model, gate):
+        result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(gecos, histories, back),
+                       after_update=after)
+    return SparseTraining(result, gecos, histories, back.count if back else [0] * k)
+
+
+def _per_replicate(value, default: float, k: int) -> torch.Tensor:
+    """`value` (a number, a tensor, or None for `default`) as k float64 values on the host, whatever the default
+    device."""
+    value = default if value is None else value
+    if torch.is_tensor(value):
+        return value.detach().to("cpu", torch.float64).reshape(-1).expand(k)
+    return torch.tensor(value, dtype=torch.float64, device="cpu").reshape(-1).expand(k)
+
+
+def _sparse_loss(ce_fn, gate, gecos: list, histories: list[list[dict]], edge_weight: float):
+    """The training loss of `sparse_post_train`: per replicate, GECO's Lagrangian of the edge term (weighted by
+    `edge_weight`) under the CE constraint, each process's share of the global batch's mean; every step's edges
+    and multipliers appended to `histories` (one reduction over the processes a step)."""
+    k = len(gecos)
 
     def loss_fn(m, batch):
         gate.reset()
@@ -198,7 +216,7 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
         ce, bound, weight = (*out, None) if len(out) == 2 else out  # weight: this batch's tokens (default: alike)
         ce = ce.reshape(-1)
         paired = bound is not None
-        w, b = vector(weight, 1.0), vector(bound, 0.0)
+        w, b = _per_replicate(weight, 1.0, k), _per_replicate(bound, 0.0, k)
         local = torch.stack([w, ce.detach().double().cpu() * w, b * w, gate.expected_per.detach().double().cpu(),
                              gate.total_per, gate.kept_per, gate.fallback_per, gate.queries_per])
         summed = torch.tensor(all_sum(local.reshape(-1).tolist()), dtype=torch.float64, device="cpu").reshape(8, k)
@@ -217,12 +235,7 @@ def sparse_post_train(model, dataset, collate, ce_fn: Callable[[torch.nn.Module,
                                  "fallback": float(fallback[r] / max(queries[r], 1.0))})
         return torch.stack(losses)
 
-    back = Rollback(k, rollback, rollback_every, *drift) if rollback is not None else None
-    after = (lambda step, m, opt: back(step, m, opt, gecos, histories)) if back else None
-    with intervene(model, gate):
-        result = train(model, dataset, collate, loss_fn, config, out_dir, state=_Checkpointed(gecos, histories, back),
-                       after_update=after)
-    return SparseTraining(result, gecos, histories, back.count if back else [0] * k)
+    return loss_fn
 
 
 def qk_scale(scale: float) -> dict[str, float]:
