@@ -342,40 +342,28 @@ def _ternary(w: torch.Tensor) -> torch.Tensor:
     return a[keep].mean() * torch.sign(w) * keep
 
 
-def _check_quantized(model, ids) -> str:
-    """S2's weights on a copy of the model: exactly the linear layers of every block are quantized (a router, with
-    one output per expert, aside), each to the ternary values computed here; experts stacked in 3-D tensors each
-    expert's matrix to its own ternary values, and lmlab's experts forward (where the 8-bit quantizers sit) computing
-    what the family's own does on those weights; the word embeddings row by row; a forward with 8-bit inputs runs.
-    "unavailable: ..." where lmlab refuses the blocks' experts."""
-    import copy
-
+def _quantize_targets(blocks, config) -> tuple[dict, dict]:
+    """What S2 must quantize, with the weights before it does: {(block, name): weight} of every linear layer of the
+    blocks but a router (one output per expert), and {(block, name): tensor} of experts stacked in 3-D tensors."""
     from torch import nn
-    from torch.nn.utils import parametrize
     from transformers.pytorch_utils import Conv1D
 
-    from lmlab.errors import LmlabError
-    from lmlab.interventions.quant import quantize_model
-    from lmlab.models.layout import fused_experts, get_submodule, layout_of
+    from lmlab.models.layout import fused_experts, get_submodule
 
-    copied = copy.deepcopy(model)
-    config = getattr(copied.config, "text_config", None) or copied.config
     experts = {getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts",
                                                   "moe_num_experts")} - {None}
-    blocks = layout_of(copied).blocks
     stacked = {(i, n): get_submodule(b, n).detach().clone() for i, b in enumerate(blocks) for n in fused_experts(b)}
-
     expected = {(i, n): m.weight.detach().clone() for i, b in enumerate(blocks) for n, m in b.named_modules()
                 if isinstance(m, (nn.Linear, Conv1D)) and not _router(n, m, experts)}
-    embedding = copied.get_input_embeddings()
-    with torch.no_grad():
-        rows = embedding(ids).clone()  # the rows as the embedding module gives them (Gemma's scale included)
-    try:
-        quantize_model(copied, bits=2)
-    except LmlabError as exc:
-        if stacked:
-            return f"unavailable: {exc}"
-        return f"refused a model whose blocks are linear layers ({exc})"
+    return expected, stacked
+
+
+def _not_quantized(blocks, expected: dict, stacked: dict) -> str:
+    """Where the quantized layers are not exactly the ones expected (`_quantize_targets`), in words; "" if they are."""
+    from torch.nn.utils import parametrize
+
+    from lmlab.models.layout import get_submodule
+
     got = {(i, n) for i, b in enumerate(blocks) for n, m in b.named_modules()
            if parametrize.is_parametrized(m, "weight")}
     if got != set(expected):
@@ -385,11 +373,50 @@ def _check_quantized(model, ids) -> str:
         path, _, param = name.rpartition(".")
         if not parametrize.is_parametrized(get_submodule(blocks[i], path), param):
             return f"left experts stacked in 3-D tensors unquantized ({name} of layer {i})"
+    return ""
+
+
+def _worst_ternary(blocks, expected: dict, stacked: dict) -> float:
+    """The largest relative difference between a quantized layer's weight (each stacked expert's matrix alone) and
+    the ternary values computed here from its weight before quantizing."""
+    from lmlab.models.layout import get_submodule
+
+    return max([_close(dict(b.named_modules())[n].weight, _ternary(w)) for (i, n), w in expected.items()
+                for b in [blocks[i]]]
+               + [_close(get_submodule(blocks[i], n)[e], _ternary(w[e]), scale=float(w[e].abs().max()))
+                  for (i, n), w in stacked.items() for e in range(w.shape[0])])
+
+
+def _check_quantized(model, ids) -> str:
+    """S2's weights on a copy of the model: exactly the linear layers of every block are quantized (a router, with
+    one output per expert, aside), each to the ternary values computed here; experts stacked in 3-D tensors each
+    expert's matrix to its own ternary values, and lmlab's experts forward (where the 8-bit quantizers sit) computing
+    what the family's own does on those weights; the word embeddings row by row; a forward with 8-bit inputs runs.
+    "unavailable: ..." where lmlab refuses the blocks' experts."""
+    import copy
+
+    from lmlab.errors import LmlabError
+    from lmlab.interventions.quant import quantize_model
+    from lmlab.models.layout import get_submodule, layout_of
+
+    copied = copy.deepcopy(model)
+    config = getattr(copied.config, "text_config", None) or copied.config
+    blocks = layout_of(copied).blocks
+    expected, stacked = _quantize_targets(blocks, config)
+    embedding = copied.get_input_embeddings()
     with torch.no_grad():
-        worst = max([_close(dict(b.named_modules())[n].weight, _ternary(w)) for (i, n), w in expected.items()
-                     for b in [blocks[i]]]
-                    + [_close(get_submodule(blocks[i], n)[e], _ternary(w[e]), scale=float(w[e].abs().max()))
-                       for (i, n), w in stacked.items() for e in range(w.shape[0])])
+        rows = embedding(ids).clone()  # the rows as the embedding module gives them (Gemma's scale included)
+    try:
+        quantize_model(copied, bits=2)
+    except LmlabError as exc:
+        if stacked:
+            return f"unavailable: {exc}"
+        return f"refused a model whose blocks are linear layers ({exc})"
+    missed = _not_quantized(blocks, expected, stacked)
+    if missed:
+        return missed
+    with torch.no_grad():
+        worst = _worst_ternary(blocks, expected, stacked)
         looked_up = embedding(ids)
         rows_worst = _close(looked_up, torch.stack([torch.stack([_ternary(r) for r in row]) for row in rows]))
         out = copied(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
