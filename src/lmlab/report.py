@@ -148,41 +148,46 @@ def forest_png(claims: list[dict]) -> str:
 
     fig, axes = plt.subplots(len(claims), 1, figsize=(9.5, 0.62 * len(claims) + 0.5), squeeze=False)
     for ax, c in zip(axes[:, 0], claims):
-        scale = float(c.get("scale", 1.0) or 1.0)
-        est, low, high = (scale * float(c[k]) if c.get(k) is not None else float("nan")
-                          for k in ("estimate", "low", "high"))
-        bar = scale * float(c["bar"]["value"])
-        points = [v for v in (est, low, high, bar) if v == v] + [scale * float(x) for x in c.get("replicate_estimates", [])
-                                                               if x == x]
-        span = (max(points) - min(points)) or 1.0
-        left, right = min(points) - 0.15 * span, max(points) + 0.15 * span
-        color = DECISION_COLORS.get(c.get("decision"), "grey")
-        side = (bar, right) if c["bar"]["direction"] == ">=" else (left, bar)
-        ax.axvspan(*side, color="#e8f5e9", zorder=0)
-        ax.axvline(bar, color="black", linestyle="--", lw=1)
-        if low == low and high == high:
-            ax.hlines(0, low, high, color=color, lw=2.5)
-        for x in c.get("replicate_estimates", []):
-            if x == x:
-                ax.plot(scale * float(x), 0, "|", color=color, ms=9, alpha=0.6)
-        ax.plot(est, 0, "o", color=color, ms=7)
-        ax.set_xlim(left, right)
-        ax.set_yticks([])
-        for spine in ("left", "right", "top"):
-            ax.spines[spine].set_visible(False)
-        ax.tick_params(axis="x", labelsize=7)
-        name = c["name"] + (f" ({c['group']})" if c.get("group") else "")
-        ax.set_title(name, loc="left", fontsize=8, pad=2)
-        size = f"{c.get('replicates', 1)} x {int(c.get('n', 0)):,} {c.get('n_unit', 'items')}"
-        decides = (c.get("decides_at") or {}).get("text")
-        label = ("reported only" if c.get("reported") else c.get("decision", "")) + f"; {size}" + (
-            f"; decides at {decides}" if decides and c.get("decision") == "open" else "")
-        ax.text(1.0, 1.02, label, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color=color)
+        _forest_row(ax, c)
     fig.tight_layout(h_pad=0.4)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _forest_row(ax, c: dict) -> None:
+    """One claim's row of the forest plot, on its own scale."""
+    scale = float(c.get("scale", 1.0) or 1.0)
+    est, low, high = (scale * float(c[k]) if c.get(k) is not None else float("nan")
+                      for k in ("estimate", "low", "high"))
+    bar = scale * float(c["bar"]["value"])
+    points = [v for v in (est, low, high, bar) if v == v] + [scale * float(x) for x in c.get("replicate_estimates", [])
+                                                           if x == x]
+    span = (max(points) - min(points)) or 1.0
+    left, right = min(points) - 0.15 * span, max(points) + 0.15 * span
+    color = DECISION_COLORS.get(c.get("decision"), "grey")
+    side = (bar, right) if c["bar"]["direction"] == ">=" else (left, bar)
+    ax.axvspan(*side, color="#e8f5e9", zorder=0)
+    ax.axvline(bar, color="black", linestyle="--", lw=1)
+    if low == low and high == high:
+        ax.hlines(0, low, high, color=color, lw=2.5)
+    for x in c.get("replicate_estimates", []):
+        if x == x:
+            ax.plot(scale * float(x), 0, "|", color=color, ms=9, alpha=0.6)
+    ax.plot(est, 0, "o", color=color, ms=7)
+    ax.set_xlim(left, right)
+    ax.set_yticks([])
+    for spine in ("left", "right", "top"):
+        ax.spines[spine].set_visible(False)
+    ax.tick_params(axis="x", labelsize=7)
+    name = c["name"] + (f" ({c['group']})" if c.get("group") else "")
+    ax.set_title(name, loc="left", fontsize=8, pad=2)
+    size = f"{c.get('replicates', 1)} x {int(c.get('n', 0)):,} {c.get('n_unit', 'items')}"
+    decides = (c.get("decides_at") or {}).get("text")
+    label = ("reported only" if c.get("reported") else c.get("decision", "")) + f"; {size}" + (
+        f"; decides at {decides}" if decides and c.get("decision") == "open" else "")
+    ax.text(1.0, 1.02, label, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color=color)
 
 
 def _beside_placebos(sections: list[dict]) -> None:
