@@ -295,6 +295,11 @@ def reproduce(profile: Literal["demo", "quick", "full"] = typer.Option(
     outcomes = run_all(out_dir, profile, seed, models, only, overrides=settings, say=out.print,
                        progress=functools.partial(_progress_table, profile, time.perf_counter()), jobs=jobs,
                        placebo=placebo)
+    _reproduced(outcomes, out_dir, report)
+
+
+def _reproduced(outcomes: list, out_dir: Path, report: bool) -> None:
+    """After `lmlab reproduce`: the report written (unless --no-report), and exit 1 naming each study that failed."""
     if report:
         from lmlab.report import build_report
 

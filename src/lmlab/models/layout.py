@@ -385,6 +385,26 @@ def _own_name(name: str, block_name: str) -> str:
     return "".join(words[shared:]) or name
 
 
+def _output_projection(model_type: str, attention: list, attn: str, n_heads: int) -> str:
+    """The path (in a block) of the linear layer the heads feed, in the attention blocks `attention` whose attention
+    sits at `attn`; LmlabError where there is none, or where its input is no whole number of heads."""
+    block = attention[0]
+    attn_module = get_submodule(block, attn)
+    o_proj = next((f"{attn}.{n}" for n in _O_NAMES if _has(attn_module, n) and _is_linear(getattr(attn_module, n))
+                   and _in_features(getattr(attn_module, n)) % n_heads == 0), None)
+    parent = attn.rpartition(".")[0]
+    if o_proj is None and parent and _has(block, f"{parent}.output.dense"):  # BERT's layout: attention.output.dense
+        o_proj = f"{parent}.output.dense"
+    if o_proj is None:
+        raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
+                         f"(looked for {', '.join(_O_NAMES)})")
+    widths = sorted({_in_features(get_submodule(b, o_proj)) for b in attention})
+    if any(w % n_heads for w in widths):
+        raise LmlabError(f"architecture '{model_type}': its output projections read {' or '.join(map(str, widths))} "
+                         f"features, not a whole number of heads of {n_heads}")
+    return o_proj
+
+
 def discover(model: nn.Module) -> FamilySpec:
     """A FamilySpec read off `model`'s module tree and config; LmlabError with one sentence where a part the
     studies need is not there. A hybrid's attention is found in the blocks that hold one; `kinds` names each
@@ -413,20 +433,7 @@ def discover(model: nn.Module) -> FamilySpec:
                          f"({layer_ranges(shared)}; a shared block called at each depth), so an edit of one layer's "
                          f"heads would act at every layer that shares it")
     block = attention[0]
-    attn_module = get_submodule(block, attn)
-    n_heads = config.num_attention_heads
-    o_proj = next((f"{attn}.{n}" for n in _O_NAMES if _has(attn_module, n) and _is_linear(getattr(attn_module, n))
-                   and _in_features(getattr(attn_module, n)) % n_heads == 0), None)
-    parent = attn.rpartition(".")[0]
-    if o_proj is None and parent and _has(block, f"{parent}.output.dense"):  # BERT's layout: attention.output.dense
-        o_proj = f"{parent}.output.dense"
-    if o_proj is None:
-        raise LmlabError(f"architecture '{model_type}': its attention has no output projection fed by the heads "
-                         f"(looked for {', '.join(_O_NAMES)})")
-    widths = sorted({_in_features(get_submodule(b, o_proj)) for b in attention})
-    if any(w % n_heads for w in widths):
-        raise LmlabError(f"architecture '{model_type}': its output projections read {' or '.join(map(str, widths))} "
-                         f"features, not a whole number of heads of {n_heads}")
+    o_proj = _output_projection(model_type, attention, attn, config.num_attention_heads)
     hybrid = any(kind != ATTENTION for kind in kinds)
     try:
         mlp, mlp_act, gate, mlp_out = _find_mlp(model_type, blocks)
