@@ -239,7 +239,21 @@ def _unread(v: pd.DataFrame) -> dict[tuple[int, int], str]:
 
 
 def _gates(result, v: pd.DataFrame, k: int, unread: dict) -> list[Gate]:
-    gates = [replicates_gate(k)]
+    idle = [f"r={int(row.rate)} replicate {int(row.replicate)}" for row in v[v["variant"].str.startswith("r")].itertuples()
+            if float(row.latents) < MIN_LATENTS]
+    gap = _mean(v, "cot", "accuracy") - _mean(v, "answer-only", "accuracy")
+    return [replicates_gate(k), _cot_gate(v),
+            Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
+                 if idle else "every latent model writes codes", remedy="more --steps"),
+            _reading_gate(v, unread), _converged_gate(v), _shorter_gate(v),
+            Gate("the chain is needed", not np.isfinite(gap) or gap >= CHAIN_NEEDED,
+                 why=f"answer-only {100 * _mean(v, 'answer-only', 'accuracy'):.1f}% vs CoT "
+                     f"{100 * _mean(v, 'cot', 'accuracy'):.1f}% (needs {100 * CHAIN_NEEDED:.0f} points between)",
+                 remedy="a task whose answer needs the chain", blocks="yes")]
+
+
+def _cot_gate(v: pd.DataFrame) -> Gate:
+    """The CoT models learned the task: each at COT_LEARNED or more, or converged above its answer-only model."""
     answer_only = v[v["variant"] == "answer-only"].set_index("replicate")["accuracy"]
     unlearned = []
     for row in v[v["variant"] == "cot"].sort_values("replicate").itertuples():
@@ -252,16 +266,15 @@ def _gates(result, v: pd.DataFrame, k: int, unread: dict) -> list[Gate]:
         elif np.isfinite(ao) and acc <= ao:
             unlearned.append(f"replicate {int(row.replicate)}: {100 * acc:.1f}%, not above answer-only's {100 * ao:.1f}%")
     cot_acc = v[v["variant"] == "cot"].sort_values("replicate")["accuracy"]
-    gates.append(Gate("CoT models learned the task", not unlearned,
-                      why="; ".join(unlearned) if unlearned else
-                      "CoT accuracy " + ", ".join(f"{100 * a:.1f}%" for a in cot_acc)
-                      + f" (each at {100 * COT_LEARNED:.0f}% or more, or converged above answer-only)",
-                      remedy="more --steps"))
-    idle = [f"r={int(row.rate)} replicate {int(row.replicate)}" for row in v[v["variant"].str.startswith("r")].itertuples()
-            if float(row.latents) < MIN_LATENTS]
-    gates.append(Gate("method exercised", not idle, why=("fewer than 0.1 latent tokens per problem at " + ", ".join(idle))
-                      if idle else "every latent model writes codes", remedy="more --steps"))
-    gates.append(_reading_gate(v, unread))
+    return Gate("CoT models learned the task", not unlearned,
+                why="; ".join(unlearned) if unlearned else
+                "CoT accuracy " + ", ".join(f"{100 * a:.1f}%" for a in cot_acc)
+                + f" (each at {100 * COT_LEARNED:.0f}% or more, or converged above answer-only)",
+                remedy="more --steps")
+
+
+def _converged_gate(v: pd.DataFrame) -> Gate:
+    """No CoT or latent model's loss still falling over its last quarter (answer-only's shown beside, not counted)."""
     falling = [(row.variant, f"{row.variant} replicate {int(row.replicate)}: {q[0]:.3f} -> {q[1]:.3f} nats/token")
                for row in v.itertuples() if (q := still_learning(row._asdict()))]
     learning = [text for variant, text in falling if variant != "answer-only"]
@@ -269,21 +282,19 @@ def _gates(result, v: pd.DataFrame, k: int, unread: dict) -> list[Gate]:
     why = "; ".join(learning) or "every CoT and latent model's loss flat over its last quarter"
     if reference:
         why += " (the answer-only reference still falling, not counted: " + "; ".join(reference) + ")"
-    gates.append(Gate("training converged", not learning, why=why, remedy="more --steps", blocks="no"))
+    return Gate("training converged", not learning, why=why, remedy="more --steps", blocks="no")
+
+
+def _shorter_gate(v: pd.DataFrame) -> Gate:
+    """Every latent model writes fewer tokens a problem than its replicate's CoT model."""
     cot_tokens = v[v["variant"] == "cot"].set_index("replicate")["tokens"]
     longer = [f"r={int(row.rate)} replicate {int(row.replicate)}: {float(row.tokens):.1f} tokens vs CoT's "
               f"{float(cot_tokens[row.replicate]):.1f}" for row in v[v["variant"].str.startswith("r")].itertuples()
               if row.replicate in cot_tokens.index and not float(row.tokens) < float(cot_tokens[row.replicate])]
-    gates.append(Gate("the trace is shorter", not longer,
-                      why="; ".join(longer) or "every latent model writes fewer tokens than its replicate's CoT model",
-                      remedy="the paper's claim is accuracy at a shorter trace: a model that writes latents and no "
-                             "fewer tokens has not compressed its trace", blocks="yes"))
-    gap = _mean(v, "cot", "accuracy") - _mean(v, "answer-only", "accuracy")
-    gates.append(Gate("the chain is needed", not np.isfinite(gap) or gap >= CHAIN_NEEDED,
-                      why=f"answer-only {100 * _mean(v, 'answer-only', 'accuracy'):.1f}% vs CoT "
-                          f"{100 * _mean(v, 'cot', 'accuracy'):.1f}% (needs {100 * CHAIN_NEEDED:.0f} points between)",
-                      remedy="a task whose answer needs the chain", blocks="yes"))
-    return gates
+    return Gate("the trace is shorter", not longer,
+                why="; ".join(longer) or "every latent model writes fewer tokens than its replicate's CoT model",
+                remedy="the paper's claim is accuracy at a shorter trace: a model that writes latents and no "
+                       "fewer tokens has not compressed its trace", blocks="yes")
 
 
 def _reading_gate(v: pd.DataFrame, unread: dict) -> Gate:
@@ -337,6 +348,19 @@ def _spread(v: pd.DataFrame, variant: str, column: str) -> str:
     return f"{values.mean():.1f}% (replicates {', '.join(f'{x:.1f}' for x in values)})"
 
 
+def _tokens_axis(ax, v: pd.DataFrame, rates: list[int]):
+    """The figure's second axis: generated tokens per problem at each rate (mean and replicates) and CoT's."""
+    ax2 = ax.twinx()
+    tok_mean = [_mean(v, f"r{r}", "tokens") for r in rates]
+    ax2.plot(rates, tok_mean, color="tab:red", marker="s", label="generated tokens (mean over replicates)")
+    for r in rates:
+        part = v[v["variant"] == f"r{r}"]
+        ax2.scatter([r] * len(part), part["tokens"], color="tab:red", s=10, alpha=0.6)
+    ax2.axhline(_mean(v, "cot", "tokens"), color="tab:red", linestyle="--", linewidth=1, label="CoT tokens")
+    ax2.set_ylabel("Generated tokens per problem", color="tab:red")
+    return ax2
+
+
 def figure(result, fig=None):
     """Accuracy and generated tokens vs the compression rate: each replicate a small point, the mean over
     replicates joined with its 95% interval (replicates and problems); CoT and answer-only as reference lines
@@ -367,14 +391,7 @@ def figure(result, fig=None):
         if len(part):
             ax.axhline(100 * part["accuracy"].mean(), color="tab:blue", linestyle=style, linewidth=1, label=label)
             ax.axhspan(100 * part["accuracy"].min(), 100 * part["accuracy"].max(), color="tab:blue", alpha=0.08)
-    ax2 = ax.twinx()
-    tok_mean = [_mean(v, f"r{r}", "tokens") for r in rates]
-    ax2.plot(rates, tok_mean, color="tab:red", marker="s", label="generated tokens (mean over replicates)")
-    for r in rates:
-        part = v[v["variant"] == f"r{r}"]
-        ax2.scatter([r] * len(part), part["tokens"], color="tab:red", s=10, alpha=0.6)
-    ax2.axhline(_mean(v, "cot", "tokens"), color="tab:red", linestyle="--", linewidth=1, label="CoT tokens")
-    ax2.set_ylabel("Generated tokens per problem", color="tab:red")
+    ax2 = _tokens_axis(ax, v, rates)
     lines, lines2 = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
               fontsize=7, frameon=False)
