@@ -432,6 +432,33 @@ def _reference(a: np.ndarray, k: int, seed: int) -> dict:
             "hi": min(ref + 1.96 * se, 1.0)}
 
 
+def _cell_replicates(models, per, origs: dict, keys: list, task: str) -> tuple[list, list]:
+    """A cell's models on this task that were measured on a draw the original was read on, and (draw, per-prompt
+    values) for each; read on several draws, a draw where the original has no effect has nothing to compare and is
+    left out (unless every draw is such)."""
+    keys = [key for key in keys if (key, task) in per and _draw_of_key(models, key, task) in origs]
+    reps = [(_draw_of_key(models, key, task), per[(key, task)]) for key in keys]
+    if len({d for d, _ in reps}) > 1:
+        kept = [i for i, (d, _) in enumerate(reps) if bool(origs[d][0]["has_effect"])]
+        keys, reps = ([keys[i] for i in kept], [reps[i] for i in kept]) if kept else (keys, reps)
+    return keys, reps
+
+
+def _cell_extras(k: int, cell: str, task: str, replicate_overlap: pd.DataFrame, orig_rows: pd.DataFrame,
+                 rows: pd.DataFrame) -> dict:
+    """What a cell's circuit claim shows beside its numbers: replicate-to-replicate overlap at its k, the heads the
+    original and the variant need, and their induction scores (NaN where not measured)."""
+    rep_rows = replicate_overlap[(replicate_overlap["cell"] == cell) & (replicate_overlap["task"] == task)
+                                 & (replicate_overlap["k"] == k)] if len(replicate_overlap) else []
+    return {"replicate_overlap": float(rep_rows["value"].iloc[0]) if len(rep_rows) else float("nan"),
+            "original_heads": float(orig_rows["heads_needed"].mean()),
+            "variant_heads": float(rows["heads_needed"].mean()),
+            "original_induction": float(orig_rows["induction_score"].mean())
+            if "induction_score" in orig_rows else float("nan"),
+            "variant_induction": float(rows["induction_score"].mean()) if "induction_score" in rows
+            else float("nan")}
+
+
 def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k: int, min_verify: float) -> list:
     """One task's claims, three per variant cell (undecided). Each replicate of a cell is read against the original
     on the replicate's own prompt draw, at that draw's k and R (lmlab.compare.measure): the prompt pairs, k and R vary
@@ -442,13 +469,9 @@ def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k:
     refs = {d: _reference(a, circuit_k(row, min_k), seed + d) for d, (row, a) in origs.items()}
     claims = []
     for cell, keys in _cells(models[models["task"] == task]).items():
-        keys = [key for key in keys if (key, task) in per and _draw_of_key(models, key, task) in origs]
+        keys, reps = _cell_replicates(models, per, origs, keys, task)
         if not keys:
             continue
-        reps = [(_draw_of_key(models, key, task), per[(key, task)]) for key in keys]
-        if len({d for d, _ in reps}) > 1:  # a draw where the original has no effect has nothing to compare: left out
-            kept = [i for i, (d, _) in enumerate(reps) if bool(origs[d][0]["has_effect"])]
-            keys, reps = ([keys[i] for i in kept], [reps[i] for i in kept]) if kept else (keys, reps)
         shared = len({d for d, _ in reps}) == 1
         n = reps[0][1].shape[0]
         sampler = Resampler(n, len(keys), n_boot=1000, seed=seed, shared=shared)
@@ -459,17 +482,8 @@ def _task_claims(task, models, per, metric, replicate_overlap, seed: int, min_k:
                 or _not_replicated(c.extra["self_overlap"], c.extra["self_lo"], c.extra["self_hi"], c.extra["chance"]))
         if held:
             c.ceiling = held
-        k = c.extra["k"]
-        rep_rows = replicate_overlap[(replicate_overlap["cell"] == cell) & (replicate_overlap["task"] == task)
-                                     & (replicate_overlap["k"] == k)] if len(replicate_overlap) else []
-        orig_rows = pd.DataFrame([origs[d][0] for d, _ in reps])
-        c.extra.update({"replicate_overlap": float(rep_rows["value"].iloc[0]) if len(rep_rows) else float("nan"),
-                        "original_heads": float(orig_rows["heads_needed"].mean()),
-                        "variant_heads": float(rows["heads_needed"].mean()),
-                        "original_induction": float(orig_rows["induction_score"].mean())
-                        if "induction_score" in orig_rows else float("nan"),
-                        "variant_induction": float(rows["induction_score"].mean()) if "induction_score" in rows
-                        else float("nan")})
+        c.extra.update(_cell_extras(c.extra["k"], cell, task, replicate_overlap,
+                                    pd.DataFrame([origs[d][0] for d, _ in reps]), rows))
         claims.append(c)
         claims.append(declared(CLAIMS, "rank correlation").measure(
             sampler.claim, lambda r, idx, reps=reps: spearman_union(
