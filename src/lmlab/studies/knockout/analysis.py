@@ -360,18 +360,9 @@ def _replicate(ko: pd.DataFrame) -> pd.DataFrame:
 def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0, pool: int = 0):
     """One dataset's claims over the late layers, each over the replicates (probe splits and control draws) and
     the questions they share; and its counts."""
-    ko = _replicate(ko)
-    ids = sorted(ko.id.unique())
-    reps = sorted(int(r) for r in ko.replicate.unique())
-    mats = []
-    for r in reps:
-        part = ko[ko.replicate == r]
-        eq, ctrl = part[part.condition == "eq"], part[part.condition == "control"]
-        mats.append({name: _matrix(rows, ids, late, col) for name, rows, col in
-                     (("dp_e", eq, "delta_p"), ("fl_e", eq, "flipped"), ("dp_c", ctrl, "delta_p"),
-                      ("fl_c", ctrl, "flipped"))})
+    ids, mats = _replicate_matrices(_replicate(ko), late)
     n = len(ids)
-    sampler = Resampler(n, len(reps), n_boot=N_BOOT, seed=seed)
+    sampler = Resampler(n, len(mats), n_boot=N_BOOT, seed=seed)
 
     # each statistic for all resamples at once: W (m, questions) holds each resample's counts of the questions
     def gap(i, w):
@@ -391,18 +382,39 @@ def set_claims(ko: pd.DataFrame, late: list[int], dataset: str, seed: int = 0, p
     claims = [spec("E_Q ΔP - control ΔP").measure(sampler.weighted_claim, dp, unit=" pp", **common),
               spec("E_Q flips - control flips").measure(sampler.weighted_claim, flips, unit=" pts", scale=100, **common),
               spec("Q-A gap").measure(sampler.weighted_claim, gap, unit=" pp", **common)]
+    counts = _set_counts(mats, n)
+    if counts["control_q_mean_count"] >= MIN_GROUP:  # the control flips often enough to be split: its gap, beside
+        claims.append(spec("Q-A gap beyond the control's").measure(
+            sampler.weighted_claim, lambda i, w: gap(i, w) - control_gap(i, w), unit=" pp", **common))
+    return claims, counts
+
+
+def _replicate_matrices(ko: pd.DataFrame, late: list[int]) -> tuple[list, list[dict]]:
+    """The questions (sorted ids) and, per replicate (sorted), E_Q's and the control's ΔP and flips as
+    (layers, questions) matrices over the late layers."""
+    ids = sorted(ko.id.unique())
+    mats = []
+    for r in sorted(int(r) for r in ko.replicate.unique()):
+        part = ko[ko.replicate == r]
+        eq, ctrl = part[part.condition == "eq"], part[part.condition == "control"]
+        mats.append({name: _matrix(rows, ids, late, col) for name, rows, col in
+                     (("dp_e", eq, "delta_p"), ("fl_e", eq, "flipped"), ("dp_c", ctrl, "delta_p"),
+                      ("fl_c", ctrl, "flipped"))})
+    return ids, mats
+
+
+def _set_counts(mats: list[dict], n: int) -> dict:
+    """One dataset's counts over its replicates: questions, mean Q- and A-Anchored counts over the layers (the
+    control's Q count too), flip rates, and questions with a control."""
     n_q = np.mean([np.nansum(m["fl_e"], axis=0).mean() for m in mats])
     n_a = np.mean([(np.sum(~np.isnan(m["fl_e"]), axis=0) - np.nansum(m["fl_e"], axis=0)).mean() for m in mats])
     n_ctrl_q = np.mean([np.nansum(m["fl_c"], axis=0).mean() for m in mats])
-    if n_ctrl_q >= MIN_GROUP:  # the control flips often enough to be split: its gap, reported beside
-        claims.append(spec("Q-A gap beyond the control's").measure(
-            sampler.weighted_claim, lambda i, w: gap(i, w) - control_gap(i, w), unit=" pp", **common))
     n_control = int(np.mean([np.isfinite(m["dp_c"]).any(1).sum() for m in mats]))
-    counts = {"n_samples": n, "replicates": len(reps), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
-              "control_q_mean_count": float(n_ctrl_q), "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),
-              "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))
-              if n_control else float("nan"), "n_control": n_control}
-    return claims, counts
+    return {"n_samples": n, "replicates": len(mats), "q_mean_count": float(n_q), "a_mean_count": float(n_a),
+            "control_q_mean_count": float(n_ctrl_q),
+            "eq_flip_rate": float(np.nanmean([np.nanmean(m["fl_e"]) for m in mats])),
+            "control_flip_rate": float(np.nanmean([np.nanmean(m["fl_c"]) for m in mats]))
+            if n_control else float("nan"), "n_control": n_control}
 
 
 def verdict(result) -> Verdict:
