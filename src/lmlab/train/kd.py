@@ -118,6 +118,19 @@ class TeacherCache:
         return logits, hidden, scores
 
 
+def _teacher_outputs(teacher, inputs: dict, batch: dict, cache: "TeacherCache | None", want_scores: bool):
+    """The teacher's logits, hidden states and (where the attention term is weighed) attention scores on `inputs`:
+    read from `cache` where one is given, else computed without gradients."""
+    if cache is not None:
+        device = inputs["attention_mask"].device
+        t_logits, t_hidden, t_scores = cache.outputs(batch["example_idx"], inputs["input_ids"].shape[1])
+        return t_logits.to(device), [h.to(device) for h in t_hidden], [s.to(device) for s in t_scores]
+    with torch.no_grad():
+        with intervene(teacher, *([Capture("scores")] if want_scores else [])) as tcap:
+            t = teacher(**inputs, output_hidden_states=True)
+    return t.logits, t.hidden_states, (tcap.store["scores"] if want_scores else [])
+
+
 def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: float = 1.0, w_att: float = 1.0,
             w_hid: float = 1.0, layer_map: list[int] | None = None,
             cache: TeacherCache | None = None) -> tuple[torch.Tensor, dict]:
@@ -128,16 +141,7 @@ def kd_loss(student, teacher, batch: dict, regression: bool = False, w_logit: fl
     inputs = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "example_idx")}
     mask = inputs.get("attention_mask")
     want_scores = w_att > 0
-    if cache is not None:
-        t_logits, t_hidden, t_scores = cache.outputs(batch["example_idx"], inputs["input_ids"].shape[1])
-        t_logits, t_hidden = t_logits.to(mask.device), [h.to(mask.device) for h in t_hidden]
-        t_scores = [s.to(mask.device) for s in t_scores]
-    else:
-        with torch.no_grad():
-            with intervene(teacher, *([Capture("scores")] if want_scores else [])) as tcap:
-                t = teacher(**inputs, output_hidden_states=True)
-        t_logits, t_hidden = t.logits, t.hidden_states
-        t_scores = tcap.store["scores"] if want_scores else []
+    t_logits, t_hidden, t_scores = _teacher_outputs(teacher, inputs, batch, cache, want_scores)
     with intervene(student, *([Capture("scores", grad=True)] if want_scores else [])) as scap:
         s = student(**inputs, output_hidden_states=True)
     # over several processes each term is this process's share of the global batch's mean (train.loop.share),
