@@ -58,7 +58,7 @@ browser:
 	  echo "no Chromium here (apt-get needs root and a package index): the report's browser test is skipped"
 
 test: setup browser
-	$(PY) -m pytest -q $(XDIST) --durations=15
+	$(PY) -m pytest -q $(XDIST) --durations=40
 
 test-fast: setup
 	$(PY) -m pytest -q $(XDIST) -m "not embedded"

@@ -155,6 +155,25 @@ def _ce_interval_gate(held: list) -> list[Gate]:
                  remedy="more --sparse-steps, or a larger --n-eval-text (the interval's width)")]
 
 
+def _reranked_multipliers(per_task: list[str], reps: list[int], stats: dict, units: dict, n_prompts: int) -> list:
+    """The multiplier claims (per task, reported; their mean) with the item level of their interval from the
+    recorded draws that re-rank the heads on each (`units`); the estimate ranks them on every prompt pair."""
+    one, mean = declared(CLAIMS, "log2 multiplier"), declared(CLAIMS, "mean log2 multiplier over the tasks")
+    everything = np.arange(n_prompts)
+    per = {t: np.array([stats[t](i, everything) for i in range(len(reps))]) for t in per_task}
+    draws = {}
+    for t in per_task:
+        nd = np.maximum(units[(t, "dense", -1)][1], 1)
+        ns = np.stack([np.maximum(units[(t, "sparse", r)][1], 1) for r in reps], axis=1)  # (draws, replicates)
+        draws[t] = np.log2(nd[:, None] / ns)
+    claims = [one.measure(reranked_claim, per[t], draws[t], n_prompts, group=t, n_unit="prompt pairs",
+                          reported=True) for t in per_task]
+    claims.append(mean.measure(reranked_claim, np.mean([per[t] for t in per_task], axis=0),
+                               np.mean([draws[t] for t in per_task], axis=0), n_prompts, n_unit="prompt pairs",
+                               group=", ".join(per_task)))
+    return claims
+
+
 def _multiplier_claims(found: dict, reps: list[int], threshold: float, seed: int, units: dict) -> tuple[list, Gate | None]:
     """log2 (heads the dense model needs / heads the sparse one needs) for `threshold` of the effect, per task and
     their mean, over prompt pairs and replicates; only tasks whose every curve has an effect. The estimate ranks the
@@ -182,20 +201,9 @@ def _multiplier_claims(found: dict, reps: list[int], threshold: float, seed: int
     keys = {t: [(t, "dense", -1)] + [(t, "sparse", r) for r in reps] for t in per_task}
     shared = {t: paired(units, keys[t]) for t in per_task}
     if all(d is not None for d in shared.values()) and len({len(d) for d in shared.values()}) == 1:
-        everything = np.arange(n_prompts)
-        per = {t: np.array([stats[t](i, everything) for i in range(len(reps))]) for t in per_task}
-        draws = {}
-        for t in per_task:
-            nd = np.maximum(units[(t, "dense", -1)][1], 1)
-            ns = np.stack([np.maximum(units[(t, "sparse", r)][1], 1) for r in reps], axis=1)  # (draws, replicates)
-            draws[t] = np.log2(nd[:, None] / ns)
-        claims = [one.measure(reranked_claim, per[t], draws[t], n_prompts, group=t, n_unit="prompt pairs",
-                              reported=True) for t in per_task]
-        claims.append(mean.measure(reranked_claim, np.mean([per[t] for t in per_task], axis=0),
-                                   np.mean([draws[t] for t in per_task], axis=0), n_prompts, n_unit="prompt pairs",
-                                   group=", ".join(per_task)))
         n_draws = len(next(iter(shared.values())))
-        return claims, reranked_gate(True, f"{n_draws} resamples of the prompt pairs, each ranking the heads anew")
+        return (_reranked_multipliers(per_task, reps, stats, units, n_prompts),
+                reranked_gate(True, f"{n_draws} resamples of the prompt pairs, each ranking the heads anew"))
     sampler = Resampler(n_prompts, len(reps), n_boot=300, seed=seed)
     claims = [one.measure(sampler.claim, stats[t], group=t, n_unit="prompt pairs", reported=True) for t in per_task]
     claims.append(mean.measure(sampler.claim, lambda i, idx: float(np.mean([stats[t](i, idx) for t in per_task])),
