@@ -68,26 +68,13 @@ class LmlabLM(HFLM):
                  device: str | None = None, dtype: str | None = None, batch_size: int | str = 1, **kwargs):
         if register_model is None:
             raise LmlabError(LMEVAL)
-        from lmlab.models import load_model
-
         intervention = "none" if intervention is None else str(intervention)  # (lm-eval reads "none" as None)
         if intervention not in KINDS:
             raise LmlabError(f"unknown intervention '{intervention}'; use one of {', '.join(KINDS)}")
         self.kind, self._fill, self._knock, self._arm = intervention, [], None, None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = getattr(torch, dtype) if dtype else None
-        if intervention == "student":
-            lm = self._student(run, student, device)
-        elif intervention == "sparse":
-            run_dir, _ = study_run(run, "sparse-circuits")
-            folder = sparse_model_folder(run_dir, replicate)
-            if not (folder / "lmlab.json").is_file():
-                raise LmlabError(f"{run_dir} has no finished sparse model for replicate {replicate} ({folder})")
-            lm = load_model(str(folder), device=device, dtype=torch_dtype)
-        else:
-            if model is None:
-                raise LmlabError("give model=NAME_OR_FOLDER in --model_args")
-            lm = load_model(model, device=device, dtype=torch_dtype)
+        lm = self._model(intervention, model, run, student, replicate, device, torch_dtype)
         if not lm.layout.causal:
             raise LmlabError(f"{lm.name} is not a causal language model; lm-eval's tasks need one")
         self._lm = lm
@@ -108,6 +95,23 @@ class LmlabLM(HFLM):
             self._knock = (_positions(spans, "spans"), None if layers is None else _positions(layers, "layers"))
         super().__init__(pretrained=lm.model, tokenizer=lm.tokenizer, backend="causal", batch_size=batch_size,
                          device=device, **kwargs)
+
+    def _model(self, intervention: str, model: str | None, run: str | None, student: str | None, replicate: int,
+               device: str, torch_dtype):
+        """The model lm-eval scores: a study run's student or sparse model, else `model` (a name or folder)."""
+        from lmlab.models import load_model
+
+        if intervention == "student":
+            return self._student(run, student, device)
+        if intervention == "sparse":
+            run_dir, _ = study_run(run, "sparse-circuits")
+            folder = sparse_model_folder(run_dir, replicate)
+            if not (folder / "lmlab.json").is_file():
+                raise LmlabError(f"{run_dir} has no finished sparse model for replicate {replicate} ({folder})")
+            return load_model(str(folder), device=device, dtype=torch_dtype)
+        if model is None:
+            raise LmlabError("give model=NAME_OR_FOLDER in --model_args")
+        return load_model(model, device=device, dtype=torch_dtype)
 
     @staticmethod
     def _student(run, student, device):
