@@ -37,6 +37,28 @@ def _check(run_dir: Path, fmt: str) -> list[Path]:
     return packed
 
 
+def _student_shell(run_dir: Path, path: Path, task: str | None, base, config):
+    """The float model a packed student's weights load into: a copy of the run's decoder, or its task's teacher
+    (every other layer kept where the run reduced layers, as the study built it: teacher layers 1, 3, 5, ...)."""
+    import copy
+
+    from transformers import AutoModelForSequenceClassification
+
+    from lmlab.interventions.quant import keep_layers
+    from lmlab.models.layout import layout_of
+
+    if base.layout.causal:
+        return copy.deepcopy(base.model).float()
+    teacher = run_dir / "teachers" / (task or "")
+    if not (teacher / "model.safetensors").exists():
+        raise LmlabError(f"{path.name}: its teacher {teacher} is missing; the student's architecture is the teacher's")
+    model = AutoModelForSequenceClassification.from_pretrained(teacher).float()
+    if config.layer_reduction:
+        n = layout_of(model).n_layers
+        keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
+    return model
+
+
 def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | Path | None = None,
                check_rows: int = 2) -> list[dict]:
     """Export every packed student of a quantize run; returns one row per student (sizes, and the largest logit
@@ -44,14 +66,8 @@ def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | 
     run_dir = Path(run_dir).expanduser()
     packed = _check(run_dir, fmt)
     root = Path(out).expanduser() if out is not None else run_dir / "export" / fmt
-    import copy
-
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
     from lmlab.interventions.export import export_compressed
-    from lmlab.interventions.quant import keep_layers, load_packed
-    from lmlab.models.layout import layout_of
+    from lmlab.interventions.quant import load_packed
     from lmlab.studies.quantize.config import Config
 
     config = Config(**study_run(run_dir, "quantize")[1])
@@ -60,17 +76,7 @@ def export_run(run_dir: str | Path, fmt: str = "compressed-tensors", out: str | 
     rows = []
     for path in packed:
         m = NAME.match(path.stem)
-        if decoder:
-            model = copy.deepcopy(base.model).float()
-        else:
-            teacher = run_dir / "teachers" / (m["task"] or "")
-            if not (teacher / "model.safetensors").exists():
-                raise LmlabError(f"{path.name}: its teacher {teacher} is missing; the student's architecture is "
-                                 "the teacher's")
-            model = AutoModelForSequenceClassification.from_pretrained(teacher).float()
-            if config.layer_reduction:  # as the study built it (recipe: teacher layers 1, 3, 5, ...)
-                n = layout_of(model).n_layers
-                keep_layers(model, list(range(1, n, 2)) if n > 1 else [0])
+        model = _student_shell(run_dir, path, m["task"], base, config)
         load_packed(model, path)
         model.eval()
         folder = root / path.stem

@@ -54,6 +54,21 @@ def original_key(draw: int) -> str:
     return "original" if draw == 0 else f"original#{draw}"
 
 
+def _verified(lm, task, batch: int, z_corr, scores, top: list, model_key: str, task_name: str) -> tuple[float, list]:
+    """Attribution checked against activation patching on the `top` heads (three at least): their Spearman
+    correlation (NaN where either side is constant, or fewer heads) and a `verify_component` row per head."""
+    if len(top) < 3:
+        return float("nan"), []
+    from scipy.stats import spearmanr
+
+    act = circuits.activation_scores(lm, task, batch, z_corr=z_corr, heads=top)
+    a = np.array([scores[l, h] for l, h in top])
+    b = np.array([act[l, h] for l, h in top])
+    rho = float(spearmanr(a, b)[0]) if np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
+    return rho, [{"kind": "verify_component", "model_key": model_key, "task": task_name, "layer": l, "index": h,
+                  "attribution": float(x), "activation": float(y)} for (l, h), x, y in zip(top, a, b)]
+
+
 def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, config, run_dir: RunDir,
             draw: int = 0) -> list[dict]:
     """One model on one task's prompt draw `draw`: rows of kinds `model` (its clean and corrupted metric, circuit size,
@@ -76,16 +91,7 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
     corrupted = metric_values(lm, task, batch, corrupted=True)
     needed = curve.heads_needed(config.threshold)
     top = order[:min(int(config.size("verify_heads") or 0), len(order))]
-    rho, checked = float("nan"), []
-    if len(top) >= 3:
-        from scipy.stats import spearmanr
-
-        act = circuits.activation_scores(lm, task, batch, z_corr=z_corr, heads=top)
-        a = np.array([scores[l, h] for l, h in top])
-        b = np.array([act[l, h] for l, h in top])
-        rho = float(spearmanr(a, b)[0]) if np.ptp(a) > 0 and np.ptp(b) > 0 else float("nan")
-        checked = [{"kind": "verify_component", "model_key": model_key, "task": task_name, "layer": l, "index": h,
-                    "attribution": float(x), "activation": float(y)} for (l, h), x, y in zip(top, a, b)]
+    rho, checked = _verified(lm, task, batch, z_corr, scores, top, model_key, task_name)
     # the induction task: the mean induction score of the heads patching verified (its induction heads, where they
     # are the circuit), each head's on the clean prompts (circuits.induction_scores)
     induction = float("nan")

@@ -57,6 +57,48 @@ def moved_heads(top: Sequence[Head], how: str, n_heads: int = 0, n_kv: int = 0) 
     return sorted(chosen, key=top.index)
 
 
+def _group_costs(top_l: set, move_l: list, kept: set, n_heads: int, n_kv: int) -> np.ndarray:
+    """The cost of new position group g taking old KV group s (rows g, columns s): the moved heads of s that find no
+    position outside the top-k in g; groups holding a kept top head stay in place, and an exchange of groups costs a
+    little more than staying, so it happens only where it helps."""
+    size = n_heads // n_kv
+    t = [sum(h // size == g for h in move_l) for g in range(n_kv)]
+    kappa = [sum(h // size == g for h in kept) for g in range(n_kv)]
+    free = [size - sum(h // size == g for h in top_l) for g in range(n_kv)]
+    cost = np.full((n_kv, n_kv), 10.0 * n_heads)
+    for g in range(n_kv):
+        for s in range(n_kv):
+            if g == s:
+                cost[g, s] = max(0, t[s] - free[g])
+            elif kappa[g] == 0 and kappa[s] == 0:
+                cost[g, s] = max(0, t[s] - free[g]) + 1e-3
+    return cost
+
+
+def _placed(g: int, s: int, size: int, top_l: set, move_l: list, kept: set) -> tuple[dict[int, int], list[int]]:
+    """Old group s's heads in new group g's positions ({position: old head}): kept top heads in place, each moved
+    head at a position outside the top-k, the rest in order; and the moved heads that found no such position (they
+    stay, in place where they can)."""
+    slots = list(range(g * size, (g + 1) * size))
+    heads = list(range(s * size, (s + 1) * size))
+    taken: dict[int, int] = {}
+    if g == s:
+        taken.update({h: h for h in kept if h // size == g})
+    outside = [p for p in slots if p not in top_l]
+    stuck = []
+    for h in (h for h in move_l if h // size == s):
+        spot = next((p for p in outside if p not in taken), None)
+        if spot is None:
+            spot = h if g == s and h not in taken else next(p for p in slots if p not in taken)
+            stuck.append(h)
+        taken[spot] = h
+    rest = [h for h in heads if h not in taken.values()]
+    for p in slots:
+        if p not in taken:
+            taken[p] = rest.pop(0)
+    return taken, stuck
+
+
 def moves(top: Sequence[Head], moved: Sequence[Head], n_heads: int, n_kv: int) -> tuple[dict[int, list[int]],
                                                                                       list[Head]]:
     """Per layer, the head permutation (new head j computes old head perm[j]) that sends each head of `moved` to a
@@ -72,36 +114,11 @@ def moves(top: Sequence[Head], moved: Sequence[Head], n_heads: int, n_kv: int) -
         top_l = {h for l, h in top if l == layer}
         move_l = [h for l, h in moved if l == layer]  # in ranking order
         kept = top_l - set(move_l)
-        t = [sum(h // size == g for h in move_l) for g in range(n_kv)]
-        kappa = [sum(h // size == g for h in kept) for g in range(n_kv)]
-        free = [size - sum(h // size == g for h in top_l) for g in range(n_kv)]
-        big = 10.0 * n_heads
-        cost = np.full((n_kv, n_kv), big)
-        for g in range(n_kv):  # new position group g takes old group s
-            for s in range(n_kv):
-                if g == s:
-                    cost[g, s] = max(0, t[s] - free[g])
-                elif kappa[g] == 0 and kappa[s] == 0:  # groups holding a kept top head stay in place
-                    cost[g, s] = max(0, t[s] - free[g]) + 1e-3  # an exchange of groups only where it helps
-        rows, cols = linear_sum_assignment(cost)
+        rows, cols = linear_sum_assignment(_group_costs(top_l, move_l, kept, n_heads, n_kv))
         perm = list(range(n_heads))
         for g, s in zip(rows, cols):
-            slots = list(range(g * size, (g + 1) * size))
-            heads = list(range(s * size, (s + 1) * size))
-            taken: dict[int, int] = {}
-            if g == s:
-                taken.update({h: h for h in kept if h // size == g})
-            outside = [p for p in slots if p not in top_l]
-            for h in (h for h in move_l if h // size == s):
-                spot = next((p for p in outside if p not in taken), None)
-                if spot is None:  # no position outside the top-k left: it stays (in place where it can)
-                    spot = h if g == s and h not in taken else next(p for p in slots if p not in taken)
-                    stuck.append((layer, h))
-                taken[spot] = h
-            rest = [h for h in heads if h not in taken.values()]
-            for p in slots:
-                if p not in taken:
-                    taken[p] = rest.pop(0)
+            taken, left = _placed(g, s, size, top_l, move_l, kept)
+            stuck += [(layer, h) for h in left]
             for p, h in taken.items():
                 perm[p] = h
         if perm != list(range(n_heads)):
