@@ -56,9 +56,9 @@ def test_resume_after_interruption_gives_the_uninterrupted_curve(tmp_path):
 
 
 def test_a_long_training_also_checkpoints_by_the_clock_and_resumes_from_there(tmp_path, monkeypatch):
-    """Besides every `checkpoint_every` steps, a checkpoint once `checkpoint_minutes` have passed since the last:
-    on a clock that moves 4 minutes a step, at 10 minutes, the third step writes one (none by steps), and a run
-    stopped in its fifth step resumes from the third with the uninterrupted curve."""
+    """Besides every `checkpoint_every` steps, a checkpoint once `checkpoint_minutes` have passed since the last (the
+    clock read every 10th step): on a clock that moves 2 minutes a step, at 10 minutes, the 10th step writes one
+    (none by steps), and a run stopped in its 13th step resumes from the 10th with the uninterrupted curve."""
     from types import SimpleNamespace
 
     from lmlab.train import loop
@@ -66,20 +66,20 @@ def test_a_long_training_also_checkpoints_by_the_clock_and_resumes_from_there(tm
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(loop, "time", SimpleNamespace(monotonic=lambda: clock.now))
     lm = load_model("tiny-llama")
-    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, checkpoint_minutes=10, progress=False)
+    cfg = TrainConfig(steps=14, batch_size=4, lr=3e-3, checkpoint_minutes=10, progress=False)
     full = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "full")
 
     def tick(step, loss):
-        clock.now += 4 * 60
-        if step == 4:
+        clock.now += 2 * 60
+        if step == 12:
             raise KeyboardInterrupt
 
     clock.now = 0.0
     with pytest.raises(KeyboardInterrupt):
         train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut", on_step=tick)
-    assert [p.name for p in (tmp_path / "cut" / "checkpoints").glob("step-*")] == ["step-0000003"]
+    assert [p.name for p in (tmp_path / "cut" / "checkpoints").glob("step-*")] == ["step-0000010"]
     resumed = train(load_model("tiny-llama").model, _data(lm), torch.stack, _loss, cfg, tmp_path / "cut")
-    assert resumed.resumed_from == 3
+    assert resumed.resumed_from == 10
     assert resumed.losses == pytest.approx(full.losses, abs=1e-6)
 
 

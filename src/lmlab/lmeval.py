@@ -74,7 +74,7 @@ class LmlabLM(HFLM):
         self.kind, self._fill, self._knock, self._arm = intervention, [], None, None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = getattr(torch, dtype) if dtype else None
-        lm = self._model(intervention, model, run, student, replicate, device, torch_dtype)
+        lm = self._load_model(intervention, model, run, student, replicate, device, torch_dtype)
         if not lm.layout.causal:
             raise LmlabError(f"{lm.name} is not a causal language model; lm-eval's tasks need one")
         self._lm = lm
@@ -96,7 +96,7 @@ class LmlabLM(HFLM):
         super().__init__(pretrained=lm.model, tokenizer=lm.tokenizer, backend="causal", batch_size=batch_size,
                          device=device, **kwargs)
 
-    def _model(self, intervention: str, model: str | None, run: str | None, student: str | None, replicate: int,
+    def _load_model(self, intervention: str, model: str | None, run: str | None, student: str | None, replicate: int,
                device: str, torch_dtype):
         """The model lm-eval scores: a study run's student or sparse model, else `model` (a name or folder)."""
         from lmlab.models import load_model
