@@ -128,20 +128,38 @@ def test_head_rows_patch_each_block_as_its_own_head_patch(lm):
         torch.testing.assert_close(rows[2 * i:2 * i + 2], alone, atol=1e-5, rtol=0)
 
 
+def test_the_corrupted_runs_metric_is_a_corrupted_forward_pass(lm):
+    """`corrupted_run` takes the corrupted prompts' metric from the pass that records their z: the same numbers as
+    a plain forward pass over the corrupted prompts (the recording changes nothing), prompt by prompt."""
+    task = _task(seed=7)
+    z_corr, metric = circuits.corrupted_run(lm, task, 4)
+    assert len(z_corr) == 2 and set(z_corr[0]) == set(lm.layout.attention_layers)
+    np.testing.assert_array_equal(metric, circuits.metric_values(lm, task, 4, corrupted=True))
+    assert np.abs(metric - circuits.metric_values(lm, task, 4)).max() > 1e-3
+
+
 @pytest.mark.parametrize("mlps", [False, True])
-def test_batched_effect_curve_equals_one_forward_per_grid_point(lm, mlps):
-    """The explained-effect curve with its grid points as blocks of one batch (a few passes: max_rows) = one
-    forward per point, at every point; and it runs from clean (all kept) to fully patched."""
+@pytest.mark.parametrize("ranked", ["random", "upper layers first"])
+def test_batched_effect_curve_equals_one_forward_per_grid_point(lm, mlps, ranked):
+    """The explained-effect curve with its grid points as blocks of one batch (a few passes: max_rows), each
+    starting from the fully patched run's residual at the lowest layer it keeps a component clean = one forward
+    per point, at every point; and it runs from clean (all kept) to fully patched. Ranked upper layers first (as
+    a task's top heads often are), the small-N points start above layer 0."""
     task = _task(seed=4)
     z_corr = circuits.corrupted_z(lm, task, 4, mlps=mlps)
     width = lm.layout.n_heads + int(mlps)
     rng = np.random.default_rng(0)
     comps = [(l, h) for l in range(lm.layout.n_layers) for h in range(width)]
     order = [comps[i] for i in rng.permutation(len(comps))]
+    if ranked == "upper layers first":
+        order = sorted(order, key=lambda c: -c[0])
     grid = [0, 1, 3, len(order) // 2, len(order) - 1, len(order)]
+    starts = circuits._start_layers([order[n:] for n in grid], lm.layout.n_layers)
+    assert (ranked == "random") or starts[1] == lm.layout.n_layers - 1
     fast = circuits.effect_curve(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr, max_rows=8)
     slow = circuits.effect_curve_naive(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr)
     assert fast.grid == slow.grid
     np.testing.assert_allclose(fast.values, slow.values, atol=1e-5, rtol=0)
     np.testing.assert_allclose(fast.clean, circuits.metric_values(lm, task, 4), atol=1e-5, rtol=0)
     assert np.abs(fast.clean - fast.none).max() > 1e-3
+

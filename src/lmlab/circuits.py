@@ -43,20 +43,28 @@ from lmlab.interventions import AblateHeads, Capture, PatchHeadRows, PatchOutput
 from lmlab.models.load import LoadedModel
 
 
-@torch.no_grad()
 def corrupted_z(lm: LoadedModel, task: CircuitTask, batch_size: int = 16, mlps: bool = False) -> list[dict]:
     """Every layer's z on the corrupted prompts, one dict per batch ({layer: z}; with `mlps`, also
     {("mlp", layer): mlp_out})."""
-    out = []
+    return corrupted_run(lm, task, batch_size, mlps)[0]
+
+
+@torch.no_grad()
+def corrupted_run(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
+                  mlps: bool = False) -> tuple[list[dict], np.ndarray]:
+    """`corrupted_z` and, from the same passes, the per-prompt task metric on the corrupted prompts (what
+    `metric_values(..., corrupted=True)` gives, without a second pass)."""
+    out, metrics = [], []
     points = ("z", "mlp_out") if mlps else ("z",)
     for prompts in _batches(task, batch_size):
         with intervene(lm, Capture(*points)) as cap:
-            lm.forward_last(_encode(lm, prompts, corrupted=True))
+            logits = lm.forward_last(_encode(lm, prompts, corrupted=True)).logits[:, -1]
+        metrics.append(task_metric(logits, prompts, task.metric).float().cpu())
         ref = dict(cap.store["z"])
         if mlps:
             ref.update({("mlp", l): v for l, v in cap.store["mlp_out"].items()})
         out.append(ref)
-    return out
+    return out, (torch.cat(metrics).numpy() if metrics else np.zeros(0, dtype=np.float32))
 
 
 def _has_mlps(z_corr) -> bool:
@@ -326,53 +334,87 @@ def _blocks_patching(lm: LoadedModel, sets: list, ref: dict, rows: int) -> list:
 def effect_curve(lm: LoadedModel, task: CircuitTask, order: list[tuple[int, int]], grid: list[int] | None = None,
                  batch_size: int = 16, z_corr=None, progress=None, max_rows: int = 256) -> EffectCurve:
     """The per-prompt metric with the top N components of `order` kept clean and every other one patched, for
-    each N of `grid`. The grid points go as blocks of one batch (at most `max_rows` rows a pass), block i
-    patching its own set (`PatchHeadRows`); the same values as `effect_curve_naive`, one forward per point."""
+    each N of `grid`: `patched_metrics` with the sets order[N:] (the same values as `effect_curve_naive`, one
+    forward per point, to float rounding)."""
     if z_corr is None:
         z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for _, h in order))
     grid = sorted(set(grid or heads_grid(len(order))) | {0, len(order)})
-    values = np.zeros((len(grid), len(task)))
-    start = 0
-    batches = list(_batches(task, batch_size))
-    for i, prompts in enumerate(batches):
-        rows = len(prompts)
-        batch = dict(_encode(lm, prompts, corrupted=False), use_cache=False)
-        per_pass = max(1, max_rows // rows)
-        for first in range(0, len(grid), per_pass):
-            points = grid[first:first + per_pass]
-            m = len(points)
-            with intervene(lm, *_blocks_patching(lm, [order[n:] for n in points], z_corr[i], rows)):
-                metric = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m, task.metric).float().cpu()
-            values[first:first + m, start:start + rows] = metric.reshape(m, rows).numpy()
-            if progress and i == len(batches) - 1:
-                for _ in points:
-                    progress()
-        start += rows
+    values = patched_metrics(lm, task, [order[n:] for n in grid], batch_size, z_corr, max_rows, progress)
     return EffectCurve(list(grid), values, clean=values[-1], none=values[0])
+
+
+def _start_layers(sets: list, n_layers: int) -> list[int]:
+    """Per set of patched components, the first layer where it keeps a component clean that some set patches
+    (n_layers: none). Below that layer the set patches exactly what the reference (the union of the sets patched)
+    patches, so its run there is the reference's."""
+    union = {tuple(c) for s in sets for c in s}
+    return [min((layer for layer, _ in union - {tuple(c) for c in s}), default=n_layers) for s in sets]
+
+
+def _passes(todo: list[int], starts: list[int], per_pass: int, n_layers: int) -> list[list[int]]:
+    """The sets `todo` (ordered by start layer) cut into passes of at most `per_pass` blocks, each pass starting at its
+    first set's layer, at the least cost: a pass costs its blocks times the layers it runs, plus about one block's
+    layer for the pass itself (its hooks and its embedding)."""
+    best = [0.0] + [float("inf")] * len(todo)  # best[j]: the cheapest cut of todo[:j]
+    cut = [0] * (len(todo) + 1)
+    for j in range(1, len(todo) + 1):
+        for i in range(max(0, j - per_pass), j):
+            cost = best[i] + (j - i) * (n_layers - starts[todo[i]]) + 1
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    chunks, j = [], len(todo)
+    while j:
+        chunks.append(todo[cut[j]:j])
+        j = cut[j]
+    return chunks[::-1]
 
 
 @torch.no_grad()
 def patched_metrics(lm: LoadedModel, task: CircuitTask, patched_sets: list, batch_size: int = 16, z_corr=None,
-                    max_rows: int = 256) -> np.ndarray:
+                    max_rows: int = 256, progress=None) -> np.ndarray:
     """(len(patched_sets), n_prompts): the per-prompt metric with every component of patched_sets[i] [(layer,
     index)] patched with its corrupted-run output and every other one clean. `effect_curve` is this with the sets
     order[N:] for each N of its grid; any sets may be asked for here (the heads ranked on a resample of the prompts,
-    say), each a block of one batch as there (at most `max_rows` rows a pass)."""
+    say).
+
+    Per batch of prompts one reference pass patches the union of the sets and records the residual stream at each
+    layer; a set that patches all of the union below its first clean component's layer (`_start_layers`) starts
+    there from the reference's residual (`StartAt`): the layers below compute nothing. The sets go, ordered by that
+    layer, as blocks of one batch (at most `max_rows` rows a pass), block i patching its own set
+    (`PatchHeadRows`); a set that is the union reads the reference's metric. A curve's top heads sit in the upper
+    layers where it keeps few of them, so its points with small N cost a fraction of a forward pass. `progress` is
+    called once a set when every batch is done."""
+    sets = [[tuple(c) for c in s] for s in patched_sets]
     if z_corr is None:
-        z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for s in patched_sets for _, h in s))
-    values = np.zeros((len(patched_sets), len(task)))
-    start = 0
-    for i, prompts in enumerate(_batches(task, batch_size)):
-        rows = len(prompts)
-        batch = dict(_encode(lm, prompts, corrupted=False), use_cache=False)
-        per_pass = max(1, max_rows // rows)
-        for first in range(0, len(patched_sets), per_pass):
-            sets = patched_sets[first:first + per_pass]
-            m = len(sets)
-            with intervene(lm, *_blocks_patching(lm, [list(s) for s in sets], z_corr[i], rows)):
-                metric = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m, task.metric).float().cpu()
-            values[first:first + m, start:start + rows] = metric.reshape(m, rows).numpy()
-        start += rows
+        z_corr = corrupted_z(lm, task, batch_size, mlps=any(h == lm.layout.n_heads for s in sets for _, h in s))
+    starts = _start_layers(sets, lm.layout.n_layers)
+    values = np.zeros((len(sets), len(task)))
+    done = 0
+    for b, prompts in enumerate(_batches(task, batch_size)):
+        values[:, done:done + len(prompts)] = _batch_metrics(lm, task, prompts, sets, starts, z_corr[b], max_rows)
+        done += len(prompts)
+    for _ in sets if progress else ():
+        progress()
+    return values
+
+
+def _batch_metrics(lm: LoadedModel, task: CircuitTask, prompts: list, sets: list, starts: list[int], ref: dict,
+                   max_rows: int) -> np.ndarray:
+    """(len(sets), len(prompts)): `patched_metrics` on one batch of prompts (`ref`: its corrupted z)."""
+    n_layers, rows = lm.layout.n_layers, len(prompts)
+    batch = dict(_encode(lm, prompts, corrupted=False), use_cache=False)
+    values = np.zeros((len(sets), rows))
+    cap = Capture("resid_pre", layers=sorted({s for s in starts if 0 < s < n_layers}))
+    with intervene(lm, cap, *_blocks_patching(lm, [sorted({c for s in sets for c in s})], ref, rows)):
+        values[:] = task_metric(lm.last_logits(batch), prompts, task.metric).float().cpu().numpy()  # the union's
+    todo = [i for i in sorted(range(len(sets)), key=lambda i: starts[i]) if starts[i] < n_layers]
+    for chunk in _passes(todo, starts, max(1, max_rows // rows), n_layers):
+        m, start = len(chunk), starts[chunk[0]]
+        edits = [StartAt(start, cap["resid_pre", start])] if start > 0 else []
+        edits += _blocks_patching(lm, [sets[i] for i in chunk], ref, rows)
+        with intervene(lm, *edits):
+            metric = task_metric(lm.last_logits(_tiled(batch, m)), list(prompts) * m, task.metric).float().cpu()
+        values[chunk] = metric.reshape(m, rows).numpy()
     return values
 
 

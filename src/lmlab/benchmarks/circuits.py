@@ -80,7 +80,7 @@ def patching_bench(model: str = "smollm2-135m", prompts: int = 8, repeats: int =
     order = circuits.ranking(fast)
     grid = circuits.heads_grid(len(order))
     curves = {"effect curve, one forward per grid point": circuits.effect_curve_naive,
-              "effect curve, grid points batched": circuits.effect_curve}
+              "effect curve, grid points batched from the first layer each keeps clean": circuits.effect_curve}
     ctimes, values = alternate({name: (lambda f=f: f(lm, task, order, grid=grid, batch_size=prompts,
                                                       z_corr=z_corr).values) for name, f in curves.items()}, repeats)
     a, b = (values[n] for n in curves)

@@ -18,7 +18,6 @@ import numpy as np
 from lmlab import circuits
 from lmlab.data.generated.circuits import CircuitTask, make_task, pairs_file
 from lmlab.errors import LmlabError
-from lmlab.evaluation import metric_values
 from lmlab.runs import RunDir
 from lmlab.studies.compare.config import circuit_k
 
@@ -82,13 +81,12 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
         return done[key]
     batch = config.batch_size
     task = judged_task(task_name, lm.tokenizer, config, draw)
-    z_corr = circuits.corrupted_z(lm, task, batch)
+    z_corr, corrupted = circuits.corrupted_run(lm, task, batch)
     per = circuits.attribution_scores(lm, task, batch, z_corr=z_corr, per_prompt=True)  # (prompts, layers, heads)
     scores = per.mean(0)
     order = circuits.ranking(scores)
     grid = circuits.heads_grid(len(order), fine=bool(config.size("fine_grid")))
     curve = circuits.effect_curve(lm, task, order, grid=grid, batch_size=batch, z_corr=z_corr)
-    corrupted = metric_values(lm, task, batch, corrupted=True)
     needed = curve.heads_needed(config.threshold)
     top = order[:min(int(config.size("verify_heads") or 0), len(order))]
     rho, checked = _verified(lm, task, batch, z_corr, scores, top, model_key, task_name)
@@ -111,6 +109,20 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
     run_dir.record("models", key, rows)
     run_dir.log(f"{model_key} {task_name}: clean {curve.clean.mean():.3f}, corrupted {corrupted.mean():.3f}, "
                 f"N@{config.threshold} = {needed}, attribution vs activation on {len(top)} top heads: rho {rho:.2f}")
+    return rows
+
+
+def copied(run_dir: RunDir, source_key: str, key: str, cell: str, replicate: int, model_name: str) -> list[dict]:
+    """The unit `source_key` recorded again as model `key` (its cell, replicate and name): the positive control
+    `same` is the original itself, so its measurement on a prompt draw is the original's on that draw (a second
+    pass over the same model and prompts gives the same numbers) and is not made twice."""
+    done = run_dir.done("models")
+    if key in done:
+        return done[key]
+    model_key = key.split("|")[0]
+    rows = [{**r, "model_key": model_key, **({"cell": cell, "replicate": replicate} if "cell" in r else {}),
+             **({"model_name": model_name} if "model_name" in r else {})} for r in done[source_key]]
+    run_dir.record("models", key, rows)
     return rows
 
 

@@ -59,7 +59,7 @@ from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, pack
                         sparse_model_folders)
 from lmlab.studies.compare.config import ABLATE, PLACEBO_VARIANTS, SAME, Config
 from lmlab.studies.compare.methods import METHODS, width_of_name
-from lmlab.studies.compare.measure import draws, measure, original_key, select, top_heads, unit_key
+from lmlab.studies.compare.measure import copied, draws, measure, original_key, select, top_heads, unit_key
 from lmlab.studies.compare.pathways import measure_pathway
 from lmlab.studies.compare.placebo import HALF, moved_heads, moves
 
@@ -427,6 +427,16 @@ def _measure_variant(variant: Variant, lm: LoadedModel, config: Config, run_dir:
     original, chosen = controls
     if (all(unit_key(key, t, d) in run_dir.done("models") for t in tasks for key, _, d in variant.units(config, t))
             and (not pathways or variant.key in run_dir.done("pathways"))):
+        return
+    if variant.kind == "same":  # the original itself: its units and pathway are the original's (measure.copied)
+        for t in tasks:
+            for key, replicate, draw in variant.units(config, t):
+                copied(run_dir, unit_key(original_key(draw), t, draw), unit_key(key, t, draw), variant.cell, replicate,
+                       f"{lm.name} ({variant.cell})")
+        if pathways and variant.key not in run_dir.done("pathways"):
+            run_dir.record("pathways", variant.key, [{**r, "model_key": variant.key, "cell": variant.cell,
+                                                      "replicate": variant.replicate}
+                                                     for r in run_dir.done("pathways")[ORIGINAL]])
         return
     ablated = []
     if variant.kind == "ablate":

@@ -55,8 +55,7 @@ def discover(lm, variant: str, config: Config, run_dir: RunDir, replicate: int |
         if key in done or not parallel.mine(i):  # under a launch each process takes its tasks
             continue
         task = make_task(name, lm.tokenizer, config.size("n_prompts"), config.seed)
-        z_corr = circuits.corrupted_z(lm, task, config.batch_size, mlps=config.mlps)
-        corrupted = circuits.metric_values(lm, task, config.batch_size, corrupted=True)
+        z_corr, corrupted = circuits.corrupted_run(lm, task, config.batch_size, mlps=config.mlps)
         per = circuits.attribution_scores(lm, task, config.batch_size, z_corr=z_corr, per_prompt=True)
         scores = per.mean(0)  # (layers, heads): each head's mean over the prompt pairs
         order = circuits.ranking(scores)
