@@ -968,3 +968,38 @@ def test_a_model_folder_variant_is_named_by_its_folder_and_two_of_one_name_are_r
     with pytest.raises(LmlabError, match="is given twice"):
         recipe._once(expand(str(tmp_path / "a" / "gptq-4bit")) * 2)
 
+
+def test_a_hybrid_is_compared_on_the_heads_of_its_attention_layers(embedded_smollm, tmp_path):
+    """A hybrid (LFM2: short-convolution blocks beside attention ones) is compared, not refused: its heads are scored,
+    ranked and overlapped in its attention layers only (a convolution block's heads have no score and are never in a
+    top-k; chance counts the attention heads), a variant made in the run rounds every block, and the verdict names
+    the layers left out."""
+    import torch
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    import lmlab
+
+    torch.manual_seed(0)
+    config = Lfm2Config(vocab_size=len(embedded_smollm.tokenizer), hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                        layer_types=["conv", "full_attention", "full_attention"], tie_word_embeddings=True)
+    folder = tmp_path / "tiny-lfm2"
+    Lfm2ForCausalLM(config).save_pretrained(folder)
+    embedded_smollm.tokenizer.save_pretrained(folder)
+    result = lmlab.run("compare", str(folder), profile="demo", out=tmp_path / "runs", variant=["same", "ablate"],
+                       make=["rtn:4"], tasks=["ioi"], n_prompts=8, verify_heads=3, seeds=2)
+    models = result.table("model")
+    assert set(models["total_heads"]) == {8}  # 2 attention layers x 4 heads, not 3 x 4
+    attr = result.table("attribution")
+    scores = np.array([json.loads(s) for s in attr["scores"]]).reshape(len(attr), 3, 4)
+    assert np.isnan(scores[:, 0]).all() and np.isfinite(scores[:, 1:]).all()
+    comparison = result.table("comparison").set_index("cell")
+    assert {"same", "ablate", "rtn-4bit"} <= set(comparison.index)
+    assert comparison.loc["same", "chance"] == pytest.approx(
+        comparison.loc["same", "k"] / (2 * 8 - comparison.loc["same", "k"]))
+    for row in result.table("heads").itertuples():
+        for name in filter(None, (row.kept + ", " + row.lost + ", " + row.new).split(", ")):
+            assert not name.startswith("L0."), name
+    said = ("no softmax attention in layers 0 (convolution): the circuits are ranked and compared over the heads of "
+            "layers 1, 2")
+    assert f"a hybrid original, {said}" in result.verdict.summary and said in (result.path / "log.txt").read_text()

@@ -163,3 +163,30 @@ def test_batched_effect_curve_equals_one_forward_per_grid_point(lm, mlps, ranked
     np.testing.assert_allclose(fast.clean, circuits.metric_values(lm, task, 4), atol=1e-5, rtol=0)
     assert np.abs(fast.clean - fast.none).max() > 1e-3
 
+
+def test_a_hybrids_heads_are_scored_ranked_and_patched_in_its_attention_layers_alone():
+    """On a hybrid (LFM2: convolution blocks between attention ones) attribution leaves a convolution block's heads
+    without a score (NaN), the ranking leaves them out, and the effect curve along it (each point from the fully
+    patched run's residual) and activation patching equal one full forward per point or head."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    lm = _from_config("tiny-lfm2", Lfm2ForCausalLM, Lfm2Config(
+        vocab_size=len(tiny_tokenizer()), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["full_attention", "conv", "full_attention", "conv"],
+        max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=0))
+    task = _task(seed=3)
+    z_corr = circuits.corrupted_z(lm, task, 4)
+    scores = circuits.attribution_scores(lm, task, 4, z_corr=z_corr)
+    assert np.isnan(scores[[1, 3]]).all() and np.isfinite(scores[[0, 2]]).all()
+    order = circuits.ranking(scores)
+    assert sorted(order) == [(l, h) for l in (0, 2) for h in range(4)]
+    order = sorted(order, key=lambda c: -c[0])  # layer 2's heads first: the small-N points start at layer 2
+    grid = [0, 1, 2, 4, 6, 8]
+    fast = circuits.effect_curve(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr, max_rows=8)
+    slow = circuits.effect_curve_naive(lm, task, order, grid=grid, batch_size=4, z_corr=z_corr)
+    np.testing.assert_allclose(fast.values, slow.values, atol=1e-5, rtol=0)
+    assert np.abs(fast.clean - fast.none).max() > 1e-3
+    act = circuits.activation_scores(lm, task, 4, z_corr=z_corr)
+    ref = circuits.activation_scores_naive(lm, task, 4, z_corr=z_corr)
+    np.testing.assert_allclose(act[[0, 2]], ref[[0, 2]], atol=1e-5, rtol=0)
+    assert np.isnan(act[[1, 3]]).all()

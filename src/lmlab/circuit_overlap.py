@@ -11,13 +11,24 @@ SPLITS = 200  # random half-splits for a point estimate (R, V, the curves over k
 
 
 def top_masks(per: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
-    """(draws, heads) bool: each draw's top-k heads by |weighted mean score| (`weights`: (draws, prompts))."""
-    means = np.abs(weights @ per)
-    k = max(1, min(k, per.shape[1]))
+    """(draws, heads) bool: each draw's top-k heads by |weighted mean score| (`weights`: (draws, prompts)); a head
+    without scores (NaN: a hybrid's layer without softmax attention) is never among them."""
+    scored = ~np.isnan(per).any(0)
+    if scored.all():
+        means = np.abs(weights @ per)
+    else:
+        means = np.where(scored, np.abs(weights @ np.where(scored, per, 0.0)), -np.inf)
+    k = max(1, min(k, int(scored.sum()) or per.shape[1]))
     idx = np.argpartition(-means, k - 1, axis=1)[:, :k]
     mask = np.zeros(means.shape, dtype=bool)
     np.put_along_axis(mask, idx, True, axis=1)
     return mask
+
+
+def scored_heads(per: np.ndarray) -> int:
+    """The heads per-prompt scores (prompts, heads) rank: all but a hybrid's heads without scores (NaN: its layers
+    that hold no softmax attention), the N of chance's k / (2N - k)."""
+    return int((~np.isnan(per).any(0)).sum())
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -109,6 +109,7 @@ def attribution_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16,
             keys += [("mlp_out", l) for l in sorted(cap.store["mlp_out"])] if mlps else []
             grads = torch.autograd.grad(metric, [cap.store[p][l] for p, l in keys])
         part = torch.zeros(len(prompts), layout.n_layers, width, dtype=torch.float64, device="cpu")
+        part[:, [l for l in range(layout.n_layers) if l not in cap.store["z"]], :layout.n_heads] = float("nan")
         for (point, layer), grad in zip(keys, grads):
             clean = cap.store[point][layer].detach()
             if point == "z":
@@ -238,16 +239,18 @@ def induction_scores(lm: LoadedModel, task: CircuitTask, batch_size: int = 16) -
 
 
 def ranking(scores: np.ndarray, tie: float = 1e-5) -> list[tuple[int, int]]:
-    """Heads ordered by |score|, largest first. Scores within `tie` x the largest |score| of each other count as
-    tied and keep their position order, so float noise (another summation order, several processes) does not
-    reorder heads whose scores only differ in their last digits."""
+    """Heads ordered by |score|, largest first; a head without a score (NaN: a hybrid's layer that holds no softmax
+    attention) is not ranked. Scores within `tie` x the largest |score| of each other count as tied and keep their
+    position order, so float noise (another summation order, several processes) does not reorder heads whose scores
+    only differ in their last digits."""
     flat = np.abs(np.nan_to_num(scores, nan=-np.inf)).ravel()
     top = float(np.max(flat[np.isfinite(flat)])) if np.isfinite(flat).any() else 0.0
     if top > 0:
         flat = np.where(np.isfinite(flat), np.round(flat / (tie * top)), flat)
     order = np.argsort(-flat, kind="stable")
     n_heads = scores.shape[1]
-    return [(int(i // n_heads), int(i % n_heads)) for i in order]
+    scored = ~np.isnan(np.asarray(scores, dtype=float)).ravel()
+    return [(int(i // n_heads), int(i % n_heads)) for i in order if scored[i]]
 
 
 def heads_grid(total: int, fine: bool = True) -> list[int]:

@@ -67,8 +67,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from lmlab.circuit_overlap import (SPLITS, chance, half_splits, jaccard, self_overlap, spearman_union,
-                                   split_overlaps, top_masks)
+from lmlab.circuit_overlap import (SPLITS, chance, half_splits, jaccard, scored_heads, self_overlap,
+                                   spearman_union, split_overlaps, top_masks)
 from lmlab.claims import Declared, declared, evidence, judge
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
@@ -259,7 +259,7 @@ def _overlap_rows(models: pd.DataFrame, per: dict, task: str, seed: int, min_k: 
     if not origs:
         return []
     first = origs[min(origs)][0]
-    total = origs[min(origs)][1].shape[1]
+    total = scored_heads(origs[min(origs)][1])
     k_claim = max(circuit_k(row, min_k) for row, _ in origs.values())
     ks = list(range(1, min(max(K_MAX, k_claim), total) + 1))
     rows = []
@@ -428,7 +428,7 @@ def _reference(a: np.ndarray, k: int, seed: int) -> dict:
     boot = split_overlaps(a, [], counts, k, *draws)[0]
     se = float(np.nanstd(boot, ddof=1)) if np.isfinite(boot).sum() > 1 else float("nan")
     return {"point": point, "draws": draws, "counts": counts, "ref": ref, "se": se, "k": k,
-            "chance": chance(k, a.shape[1]), "lo": max(ref - 1.96 * se, 0.0),  # a Jaccard lies in [0, 1]
+            "chance": chance(k, scored_heads(a)), "lo": max(ref - 1.96 * se, 0.0),  # a Jaccard lies in [0, 1]
             "hi": min(ref + 1.96 * se, 1.0)}
 
 
@@ -672,6 +672,8 @@ def verdict(result) -> Verdict:
     lines += [_pathway_line(c) for c in claims if c.name == "keeps the pathway"]
     notes = result.table("pathway_note")
     lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
+    hybrid = result.meta.get(result.models[0], {}).get("hybrid") if len(result.models) == 1 else None
+    lines += [f"a hybrid original, {hybrid}"] if hybrid else []
     status, head = top_line(status, keeps, gates, cell_widths(result.table("variant")))
     summary = (head + "; ".join(lines) + ". No paper claims this: 'answered' is lmlab's answer to its own question, "
                "never 'reproduced' or 'not reproduced' (only a paper's claim reproduces or fails)")

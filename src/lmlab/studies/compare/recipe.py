@@ -54,6 +54,7 @@ from lmlab.interventions.awq import AWQ_GROUP, autoround_version, awq_model
 from lmlab.interventions.gptq import GPTQ_GROUP, gptq_model
 from lmlab.interventions.quant import load_packed, round_to_nearest
 from lmlab.models import LoadedModel, layout_of, save_model
+from lmlab.models.layout import layer_kinds_text, layer_ranges
 from lmlab.models.quantized import of_folder
 from lmlab.runs import (RunDir, holds_packed_students, holds_sparse_models, packed_students,
                         sparse_model_folders)
@@ -371,19 +372,36 @@ def _swapped(variant: Variant, lm: LoadedModel, config: Config, run_dir: RunDir,
 def _checked(config: Config, lm: LoadedModel | None, tasks: list[str]) -> LoadedModel:
     """The original, loaded, with everything the inputs can tell checked before any variant is made: the model kind,
     its heads, and each task's answers against the tokenizer (a prompt-pair file whose answer the tokenizer splits
-    fails here)."""
+    fails here). A hybrid is compared on the heads of its softmax-attention layers (`hybrid_layers` names the
+    others)."""
     lm = lm if lm is not None else config.load()
     if not lm.layout.causal:
         raise LmlabError(f"{config.model} is not a causal language model; compare's circuit tasks need one")
-    lm.layout.check_heads_everywhere("compare")
+    if not lm.layout.attention_layers:
+        raise LmlabError(f"{config.model} has no softmax-attention layer ({layer_kinds_text(lm.layout.kinds)}): "
+                         "compare ranks attention heads")
     for name in tasks:
         make_task(name, lm.tokenizer, 2, config.seed)
     return lm
 
 
+def hybrid_layers(layout) -> str:
+    """A hybrid's layers without softmax attention, by kind ("" for a model whose every layer holds it): its heads
+    are ranked and compared in its attention layers; these are named, not compared."""
+    others = [i for i in range(layout.n_layers) if i not in layout.attention_layers]
+    if not others:
+        return ""
+    kinds = ", ".join(sorted({layout.kinds[i] for i in others}))
+    return (f"no softmax attention in layers {layer_ranges(others)} ({kinds}): the circuits are ranked and compared "
+            f"over the heads of layers {layer_ranges(layout.attention_layers)}")
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     tasks = list(config.size("tasks"))
     lm = _checked(config, lm, tasks)
+    if hybrid_layers(lm.layout):
+        run_dir.log(f"{config.model}: {hybrid_layers(lm.layout)}")
+        run_dir.describe(hybrid=hybrid_layers(lm.layout))
     variants, made = _variants(config, run_dir, lm)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     needed, original = _originals(lm, variants, tasks, config, run_dir)
