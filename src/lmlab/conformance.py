@@ -256,6 +256,23 @@ def _reference_attention(module, query, key, value, attention_mask, **kwargs):
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
+def _bart_style_forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None, *rest, **kwargs):
+    """A BART-style attention (XGLM, TrOCR): its own forward, the pairs masked in the mask it adds."""
+    shape = (*hidden_states.shape[:2], -1, self.head_dim)
+    query = (self.q_proj(hidden_states) * self.scaling).view(shape).transpose(1, 2)
+    key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+    if self.__dict__.get("_conformance_gate"):  # a mask per head, which its forward does not take: by hand
+        value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        mask = _gated_mask(self, query, key, attention_mask, dict(scaling=1.0))
+        weights = torch.softmax(query @ key.transpose(2, 3) + mask, dim=-1)
+        return self.out_proj((weights @ value).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)), weights
+    if self.__dict__.get("_conformance_block") is not None:
+        q = query.shape[2]
+        attention_mask = attention_mask.expand(query.shape[0], 1, q, q).masked_fill(
+            self._conformance_block[..., :q, :q], torch.finfo(query.dtype).min)
+    return type(self).forward(self, hidden_states, key_value_states, cache, attention_mask, *rest, **kwargs)
+
+
 @contextmanager
 def _legacy_reference(module):
     """For a family whose attention computes in its own `_attn` (GPT-Neo, the OpenAI GPT) or forward (XGLM, TrOCR;
@@ -283,23 +300,7 @@ def _legacy_reference(module):
         keys = key if neo else key.transpose(-1, -2)  # (the OpenAI GPT's key comes transposed)
         return type(self)._attn(self, query, key, value, extra(query, keys, attention_mask), *rest)
 
-    def forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None, *rest, **kwargs):
-        """A BART-style attention (XGLM, TrOCR): its own forward, the pairs masked in the mask it adds."""
-        shape = (*hidden_states.shape[:2], -1, self.head_dim)
-        query = (self.q_proj(hidden_states) * self.scaling).view(shape).transpose(1, 2)
-        key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
-        if self.__dict__.get("_conformance_gate"):  # a mask per head, which its forward does not take: by hand
-            value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-            mask = _gated_mask(self, query, key, attention_mask, dict(scaling=1.0))
-            weights = torch.softmax(query @ key.transpose(2, 3) + mask, dim=-1)
-            return self.out_proj((weights @ value).transpose(1, 2).reshape(*hidden_states.shape[:2], -1)), weights
-        if self.__dict__.get("_conformance_block") is not None:
-            q = query.shape[2]
-            attention_mask = attention_mask.expand(query.shape[0], 1, q, q).masked_fill(
-                self._conformance_block[..., :q, :q], torch.finfo(query.dtype).min)
-        return type(self).forward(self, hidden_states, key_value_states, cache, attention_mask, *rest, **kwargs)
-
-    name, function = ("forward", forward) if hasattr(module, "q_proj") and hasattr(module, "scaling") \
+    name, function = ("forward", _bart_style_forward) if hasattr(module, "q_proj") and hasattr(module, "scaling") \
         else ("_attn", reference)
     had = module.__dict__.get(name)
     setattr(module, name, MethodType(function, module))
@@ -462,24 +463,10 @@ def _check_experts_forward(module, hidden: int) -> str:
     return ""
 
 
-def _check_recurrent_knockout(lm, enc, keys, plain, block) -> str:
-    """A knockout in a hybrid's last non-attention block against the mixer run here position by position: for each
-    row and each position after the key, the family's own mixer on that row alone, up to that position, with the key
-    deleted from its input (nothing of the key written into the state or a later convolution); the key's own output
-    and every earlier one as they were. A block with attention beside the mixer (Falcon-H1) has its attention's pairs
-    `block` masked in the reference attention too. "" or why."""
-    from lmlab.errors import LmlabError
-    from lmlab.interventions import Knockout, intervene
-
-    layer = lm.layout.mixing_layers[-1]
-    both = layer in lm.layout.attention_layers
-    mixer = lm.layout.mixer(layer)
-    try:
-        with intervene(lm, Knockout(keys, layers=[layer])):
-            with torch.no_grad():
-                got = lm.model(**enc).logits
-    except LmlabError as exc:
-        return f"unavailable: {exc}"
+def _mixer_by_position(keys):
+    """A forward hook for a mixer: its output recomputed row by row and position by position after each row's key,
+    the family's own mixer on that row alone up to the position with the key deleted from its input (`keys`: the
+    key's position per row, as a mask)."""
 
     def by_position(module, args, kwargs, out):
         hidden = args[0] if args else next(v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.dim() == 3)
@@ -502,7 +489,29 @@ def _check_recurrent_knockout(lm, enc, keys, plain, block) -> str:
                 first[row, t] = (again[0] if isinstance(again, tuple) else again)[0, -1]
         return (first, *out[1:]) if isinstance(out, tuple) else first
 
-    handle = mixer.register_forward_hook(by_position, with_kwargs=True)
+    return by_position
+
+
+def _check_recurrent_knockout(lm, enc, keys, plain, block) -> str:
+    """A knockout in a hybrid's last non-attention block against the mixer run here position by position: for each
+    row and each position after the key, the family's own mixer on that row alone, up to that position, with the key
+    deleted from its input (nothing of the key written into the state or a later convolution); the key's own output
+    and every earlier one as they were. A block with attention beside the mixer (Falcon-H1) has its attention's pairs
+    `block` masked in the reference attention too. "" or why."""
+    from lmlab.errors import LmlabError
+    from lmlab.interventions import Knockout, intervene
+
+    layer = lm.layout.mixing_layers[-1]
+    both = layer in lm.layout.attention_layers
+    mixer = lm.layout.mixer(layer)
+    try:
+        with intervene(lm, Knockout(keys, layers=[layer])):
+            with torch.no_grad():
+                got = lm.model(**enc).logits
+    except LmlabError as exc:
+        return f"unavailable: {exc}"
+
+    handle = mixer.register_forward_hook(_mixer_by_position(keys), with_kwargs=True)
     if both:
         lm.layout.attn(layer)._conformance_block = block
     try:
@@ -812,6 +821,27 @@ def _run_or_refuse(run, model, tokenizer):
                                                    f"{str(exc).splitlines()[0][:120]}")
 
 
+def _tiny_or_refused(model_type: str) -> tuple:
+    """(model, tokenizer, None): a tiny random instance of `model_type` that runs a forward pass; or (None, None,
+    the refusal) where it does not build or run here (within BUILD_SECONDS), or is a drafting assistant."""
+    try:
+        with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, tokenizer = tiny_model(model_type)
+            built = getattr(model.config, "text_config", None) or model.config
+            if (getattr(built, "num_kv_shared_layers", 0) or 0) >= getattr(built, "num_hidden_layers", 1):
+                return None, None, dict(
+                    status="refused", reason="a drafting assistant: every layer reads the keys and values its target "
+                                             "model computed (and its target's hidden states), so it runs only inside "
+                                             "that model's generation, with no attention of its own to study")
+            with torch.no_grad():
+                model(input_ids=torch.tensor([[5, 6, 7, 8]]))
+    except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal with its reason
+        return None, None, dict(status="refused", reason=f"not checked: a tiny random instance from its config does "
+                                                         f"not build or run here ({type(exc).__name__})")
+    return model, tokenizer, None
+
+
 def classify(model_type: str) -> dict:
     """One row of the table: {status, reason, checks: {name: "" or why}}."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -830,21 +860,9 @@ def classify(model_type: str) -> dict:
     if config_defaults is not None and getattr(config_defaults, "is_encoder_decoder", False):
         return dict(status="refused", reason="an encoder-decoder model: lmlab's decoder studies take decoder-only "
                                              "language models (its decoder reads an encoder through cross-attention)")
-    try:
-        with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model, tokenizer = tiny_model(model_type)
-            built = getattr(model.config, "text_config", None) or model.config
-            if (getattr(built, "num_kv_shared_layers", 0) or 0) >= getattr(built, "num_hidden_layers", 1):
-                return dict(status="refused", reason="a drafting assistant: every layer reads the keys and values its "
-                                                     "target model computed (and its target's hidden states), so it "
-                                                     "runs only inside that model's generation, with no attention of "
-                                                     "its own to study")
-            with torch.no_grad():
-                model(input_ids=torch.tensor([[5, 6, 7, 8]]))
-    except Exception as exc:  # noqa: BLE001 - any failure to build is a refusal with its reason
-        return dict(status="refused", reason=f"not checked: a tiny random instance from its config does not build "
-                                             f"or run here ({type(exc).__name__})")
+    model, tokenizer, refused = _tiny_or_refused(model_type)
+    if refused:
+        return refused
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > MAX_PARAMS:
         if model_type in MODEL_TYPES:
@@ -907,6 +925,23 @@ def run_encoder_checks(model, tokenizer) -> dict[str, str]:
         return _run_encoder_checks(model, tokenizer)
 
 
+def _encoder_batch(tokenizer) -> dict:
+    """Two sentences of 10 tokens, the second right-padded after 7 (as S2's batches have it)."""
+    ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
+                        tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    return dict(input_ids=ids, attention_mask=mask)
+
+
+def _said(diff: float, changed: float | None = None) -> str:
+    """A check's outcome: "" (within tolerance of the independent computation and, where `changed` is given, an
+    edit that changed the output) or why not."""
+    if diff > TOL:
+        return f"differs from the independent computation (max relative difference {diff:.1e})"
+    return "" if changed is None or changed >= 1e-6 else "changed nothing where the reference changed the output"
+
+
 def _run_encoder_checks(model, tokenizer) -> dict[str, str]:
     from lmlab.interventions import AblateHeads, Capture, intervene
     from lmlab.models.layout import layout_of
@@ -916,11 +951,8 @@ def _run_encoder_checks(model, tokenizer) -> dict[str, str]:
     if layout.causal:
         return {"encoder": "read as a causal decoder"}
     lm = LoadedModel(model=model, tokenizer=tokenizer, layout=layout, name=model.config.model_type, source="tiny")
-    ids = torch.tensor([tokenizer("When Mary and John went to the store, John gave")["input_ids"][:10],
-                        tokenizer("The war lasted from the year 1732 to the year")["input_ids"][:10]])
-    mask = torch.ones_like(ids)
-    mask[1, 7:] = 0  # right padding, as S2's batches have it
-    enc = dict(input_ids=ids, attention_mask=mask)
+    enc = _encoder_batch(tokenizer)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
     last, head, d = layout.n_layers - 1, min(1, layout.n_heads - 1), layout.head_dim
     out: dict[str, str] = {}
 
@@ -928,34 +960,30 @@ def _run_encoder_checks(model, tokenizer) -> dict[str, str]:
         with torch.no_grad():
             return model(**enc, **kw)
 
-    def record(name, diff, changed=None):
-        out[name] = "" if diff <= TOL and (changed is None or changed >= 1e-6) else (
-            f"differs from the independent computation (max relative difference {diff:.1e})" if diff > TOL
-            else "changed nothing where the reference changed the output")
-
     base = model.config._attn_implementation
     base = base if base in ("sdpa", "eager") else "eager"
     with using(model, base):
         plain = logits().logits
     with intervene(lm, Capture("resid_pre", "z")):
-        record("forward", _close(logits().logits, plain))
+        out["forward"] = _said(_close(logits().logits, plain))
     with intervene(lm, Capture("resid_pre", "pattern", "scores")) as cap:
         logits()
     with using(model, "eager"):
         ref = logits(output_hidden_states=True, output_attentions=True)
-    record("residual", max(_close(cap["resid_pre", l], ref.hidden_states[l]) for l in range(layout.n_layers)))
+    out["residual"] = _said(max(_close(cap["resid_pre", l], ref.hidden_states[l]) for l in range(layout.n_layers)))
     attentions = [a for a in ref.attentions if a is not None]
     if len(attentions) != layout.n_layers:
         out["pattern"] = f"output_attentions gives {len(attentions)} patterns for {layout.n_layers} layers"
     else:
         keys = mask.bool()[:, None, None, :]
-        record("pattern", max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
-        record("scores", max(_close(cap["scores", l].masked_fill(~keys, float("-inf")).softmax(-1), attentions[l],
-                                    1.0) for l in range(layout.n_layers)))
+        out["pattern"] = _said(max(_close(cap["pattern", l], attentions[l], 1.0) for l in range(layout.n_layers)))
+        out["scores"] = _said(max(_close(cap["scores", l].masked_fill(~keys, float("-inf")).softmax(-1),
+                                         attentions[l], 1.0) for l in range(layout.n_layers)))
 
     with intervene(lm, AblateHeads({last: [head]})):
         got = logits().logits
-    record("head ablation", _close(got, _zeroed_head(model, layout, last, head, d, logits)), changed=_close(got, plain))
+    out["head ablation"] = _said(_close(got, _zeroed_head(model, layout, last, head, d, logits)),
+                                 changed=_close(got, plain))
     out["quantized weights"] = _check_quantized(model, ids)
     return out
 

@@ -55,15 +55,37 @@ def _prompts(lm, which: str, n: int) -> list[list[int]]:
     return [build_ids(lm, item.question, ".", 55)[0] for item in generate_arithmetic(n, 0)][:n]
 
 
+def _hf_generate(lm, plain, prompts: list, batch: int, new: int, pad: int) -> list[list[int]]:
+    """Transformers' own greedy `generate` on `plain` (sdpa attention), `new` tokens a prompt in batches."""
+    import torch
+
+    out_ids: list = []
+    for start in range(0, len(prompts), batch):
+        enc = lm.pad_batch(prompts[start:start + batch])  # (on the model's device)
+        enc.pop("position_ids", None)  # generate derives them from the mask
+        with torch.no_grad():
+            out = plain.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=pad,
+                                 eos_token_id=None)
+        out_ids.extend(out[:, enc["input_ids"].shape[1]:].tolist())
+    return out_ids
+
+
+def _generation_jobs(model: str, gpu: bool) -> list[tuple[str, int, int]]:
+    """(study, its batch, new tokens a prompt) of the studies that generate: S1 at its defaults, S3 at its quick
+    profile's batch with 64 new tokens (1024 on a GPU in the study itself)."""
+    from lmlab.studies.filler.config import Config as S3Config
+    from lmlab.studies.knockout.config import Config as S1Config
+
+    return [("S1", S1Config.model_fields["batch_size"].default, S1Config.model_fields["max_new_tokens"].default),
+            ("S3", S3Config(model=model, device="cuda" if gpu else "cpu", profile="quick").size("batch_size"), 64)]
+
+
 @benchmark("generation")
 def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str = "cpu", **_) -> list[dict]:
     import torch
 
     from lmlab.generation import _generate
     from lmlab.models import load_model
-    from lmlab.studies.filler.config import Config as S3Config
-    from lmlab.studies.knockout.config import Config as S1Config
-
     gpu = device.startswith("cuda")
     dtype = torch.bfloat16 if gpu else None
     lm = load_model(model, dtype=dtype, device=device)
@@ -72,11 +94,8 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str 
     weight_bytes = sum(p.numel() * p.element_size() for p in plain.parameters())
     bound = _bandwidth(device) / weight_bytes  # steps a second when every step reads every weight once
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    jobs = [("S1", S1Config.model_fields["batch_size"].default, S1Config.model_fields["max_new_tokens"].default),
-            ("S3", S3Config(model=model, device="cuda" if gpu else "cpu", profile="quick").size("batch_size"),
-             64)]  # 64 on a CPU, 1024 on a GPU
     rows = []
-    for study, study_batch, new in jobs:
+    for study, study_batch, new in _generation_jobs(model, gpu):
         for batch in sorted({1, study_batch} | ({GPU_BATCH} if gpu else set())):
             prompts = _prompts(lm, study, max(batch, 4) if batch == 1 else batch)
             ours_out: list = []
@@ -86,14 +105,7 @@ def generation_bench(model: str = "smollm2-135m", repeats: int = 2, device: str 
                 ours_out[:] = _generate(lm, prompts, new, set(), True, batch)
 
             def hf():
-                hf_out.clear()
-                for start in range(0, len(prompts), batch):
-                    enc = lm.pad_batch(prompts[start:start + batch])  # (on the model's device)
-                    enc.pop("position_ids", None)  # generate derives them from the mask
-                    with torch.no_grad():
-                        out = plain.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                             pad_token_id=pad, eos_token_id=None)
-                    hf_out.extend(out[:, enc["input_ids"].shape[1]:].tolist())
+                hf_out[:] = _hf_generate(lm, plain, prompts, batch, new, pad)
             times, _ = alternate({"lmlab": _synced(ours, device), "generate": _synced(hf, device)}, repeats)
             tokens = len(prompts) * new
             same = sum(a == b for x, y in zip(ours_out, hf_out) for a, b in zip(x, y)) / tokens

@@ -176,7 +176,6 @@ def _random_folder(model_type: str, sizes: dict, tokenizer, root) -> str:
 
 def _one_model(name: str, folder: str, prompts: int, repeats: int) -> list[dict]:
     import torch
-    from scipy.stats import spearmanr
 
     from lmlab.data.generated.circuits import make_task
     from lmlab.evaluation import encode_pairs
@@ -204,11 +203,18 @@ def _one_model(name: str, folder: str, prompts: int, repeats: int) -> list[dict]
         "nnsight, batched invokes in one session": _nnsight_batched(copies[1], lm.tokenizer, layout, lm.model, *pair),
     }
     times, scores = alternate(cases, repeats)
+    return _peer_rows(name, times, scores, f"{name}, IOI, {prompts} prompt pairs, {scores['lmlab'].size} heads, best "
+                                          f"of {repeats}")
+
+
+def _peer_rows(name: str, times: dict, scores: dict, setup: str) -> list[dict]:
+    """A row per case (its time, its ratio to lmlab's, its scores against lmlab's) and one for the fastest peer."""
+    from scipy.stats import spearmanr
+
     scale = float(np.abs(scores["lmlab"]).max()) or 1.0
     ours = times["lmlab"]
-    setup = f"{name}, IOI, {prompts} prompt pairs, {scores['lmlab'].size} heads, best of {repeats}"
     rows = []
-    for case in cases:
+    for case in times:
         rho = float(spearmanr(scores["lmlab"].ravel(), scores[case].ravel())[0])
         worst = float(np.abs(scores["lmlab"] - scores[case]).max()) / scale
         rows.append(dict(benchmark="peers", case=f"{name}: {case}", value=round(times[case], 2), unit="s",

@@ -76,7 +76,6 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
     CPU has bf16 in hardware). Each case trains its own fresh student on the same batches with the study's optimizer
     (AdamW, fused), and the cases take turns step by step (the order rotating), so that a drift in the machine's
     speed falls on all of them alike; a case's rate is from its median step time after two warm-up steps."""
-    import statistics
     import time
 
     import torch
@@ -107,6 +106,16 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
         opt = torch.optim.AdamW(student.parameters(), lr=1e-5, fused=True)
         batches = [collate([data[j] for j in range(i * 32, (i + 1) * 32)]) for i in range(steps)]
         runs.append(dict(case=case, student=student, opt=opt, batches=batches, cache=use, bf16=bf16, times=[]))
+    rates = _taking_turns(runs, steps, teacher)
+    return [_kd_row(run, rates, cases[1][0], study, build, steps, len(task.train), name) for run in runs]
+
+
+def _taking_turns(runs: list[dict], steps: int, teacher) -> dict[str, float]:
+    """The cases' KD steps taken in turns, step by step (the order rotating); each case's steps a second from its
+    median step time after two warm-up steps."""
+    import statistics
+    import time
+
     for i in range(steps):
         for k in range(len(runs)):
             run = runs[(i + k) % len(runs)]
@@ -114,8 +123,7 @@ def kd_step_bench(steps: int = 12, **_) -> list[dict]:
             _kd_step(run, run["batches"][i], teacher)
             if i >= 2:  # two warm-up steps
                 run["times"].append(time.perf_counter() - t0)
-    rates = {run["case"]: 1 / statistics.median(run["times"]) for run in runs}
-    return [_kd_row(run, rates, cases[1][0], study, build, steps, len(task.train), name) for run in runs]
+    return {run["case"]: 1 / statistics.median(run["times"]) for run in runs}
 
 
 def _kd_row(run, rates, base, study, build, steps, pool, name) -> dict:

@@ -70,25 +70,26 @@ def _pair(models, batch_of, loss_of, k: int, device: str = "cpu"):
 
 @benchmark("replicates")
 def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
-    import torch
+    k = 3
+    cases = [_s0_case(k, steps, device), *_toy_cases(k, steps, device)]
+    return [row for name, setup, rates in cases for row in _rate_rows(name, setup, rates, device)]
 
-    from lmlab.interventions import SparseAttention, intervene
-    from lmlab.interventions.core import keyed_examples
+
+def _rate_rows(name: str, setup: str, rates: dict[str, float], device: str) -> list[dict]:
+    """One row per way of training (seconds a step of the replicates), its speed-up over one after the other."""
+    apart = rates["one after the other"]
+    return [dict(benchmark="replicates", case=f"{name}: {case}", value=round(seconds, 3),
+                 unit="s per step of 3 replicates", ratio=round(apart / seconds, 2), target=None,
+                 note="aim >= 1.5x" if case.startswith("together") else None,
+                 setup=f"{setup}; on {device}" + (" (bf16 autocast)" if device.startswith("cuda") else ""))
+            for case, seconds in rates.items()]
+
+
+def _s0_case(k: int, steps: int, device: str) -> tuple[str, str, dict]:
+    """S0's scratch model on its turtle chains: k replicates one after the other and stacked."""
     from lmlab.studies.latent.config import Config
     from lmlab.studies.latent.measure import collate_for, lm_loss
     from lmlab.studies.latent.recipe import prepare
-    from lmlab.studies.sparse_circuits.toy import model as toy
-
-    k = 3
-    rows = []
-
-    def add(name: str, setup: str, rates: dict[str, float]) -> None:
-        apart = rates["one after the other"]
-        for case, seconds in rates.items():
-            rows.append(dict(benchmark="replicates", case=f"{name}: {case}", value=round(seconds, 3),
-                             unit="s per step of 3 replicates", ratio=round(apart / seconds, 2), target=None,
-                             note="aim >= 1.5x" if case.startswith("together") else None,
-                             setup=f"{setup}; on {device}" + (" (bf16 autocast)" if device.startswith("cuda") else "")))
 
     config = Config(model="scratch", profile="demo", n_train=200, n_test=10, seeds=k, device="cpu")  # (moved below)
     prep = prepare(config)
@@ -97,10 +98,20 @@ def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
     bs = config.size("batch_size")
     batches = {1: [_to(collate(items[r * bs:(r + 1) * bs]), device) for r in range(k)],
                k: _to(collate(items[:k * bs]), device)}
-    add("S0 scratch model", f"{config.size('n_layers')} layers x {config.size('d_model')}, batch {bs} turtle chains "
-                            "(~107 tokens) per replicate",
-        _time_cases(_pair(prep.initial, lambda r, n: batches[1][r] if n == 1 else batches[k], lm_loss, k, device),
-                    steps, device))
+    setup = (f"{config.size('n_layers')} layers x {config.size('d_model')}, batch {bs} turtle chains (~107 tokens) "
+             "per replicate")
+    rates = _time_cases(_pair(prep.initial, lambda r, n: batches[1][r] if n == 1 else batches[k], lm_loss, k, device),
+                        steps, device)
+    return "S0 scratch model", setup, rates
+
+
+def _toy_cases(k: int, steps: int, device: str) -> list[tuple[str, str, dict]]:
+    """S4's toy, dense and under sparse post-training (the sampled edge gate): k replicates apart and stacked."""
+    import torch
+
+    from lmlab.interventions import SparseAttention, intervene
+    from lmlab.interventions.core import keyed_examples
+    from lmlab.studies.sparse_circuits.toy import model as toy
 
     data = toy.addition_data(seed=0)
     models = [toy.build_toy(seed=s, d_model=64).model.train() for s in range(k)]
@@ -110,8 +121,6 @@ def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
 
     def toy_batch(r, n):
         return toy_batches[1][r] if n == 1 else toy_batches[k]
-    add("S4 toy, dense", f"4 layers x 64, batch {tb} sequences of 46 tokens per replicate",
-        _time_cases(_pair(models, toy_batch, toy.answer_loss, k, device), steps, device))
 
     def sparse_loss(model, batch):
         from lmlab.train.ensemble import replicas
@@ -120,9 +129,10 @@ def replicates_bench(steps: int = 12, device: str = "cpu", **_) -> list[dict]:
         with intervene(model, gate), keyed_examples(torch.arange(len(batch["input_ids"]), device="cpu")):
             ce = toy.answer_loss(model, batch)
             return ce + 1e-3 * gate.expected_per
-    add("S4 toy, sparse post-training", f"the same toy with the sampled edge gate, batch {tb}",
-        _time_cases(_pair(models, toy_batch, sparse_loss, k, device), steps, device))
-    return rows
+    dense = _time_cases(_pair(models, toy_batch, toy.answer_loss, k, device), steps, device)
+    sparse = _time_cases(_pair(models, toy_batch, sparse_loss, k, device), steps, device)
+    return [("S4 toy, dense", f"4 layers x 64, batch {tb} sequences of 46 tokens per replicate", dense),
+            ("S4 toy, sparse post-training", f"the same toy with the sampled edge gate, batch {tb}", sparse)]
 
 
 def _to(batch, device: str):

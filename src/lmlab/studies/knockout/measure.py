@@ -197,33 +197,42 @@ def patching_features(lm, answered, answers, correct, config, layers: list[int])
         donors = donors_for(item, by_set.get(_kind(item), []))
         if not correct[n] or not item.subject or not donors:
             continue
-        donor = rng.choice(donors)
-        swapped = dataclasses.replace(item, question=item.question.replace(item.subject, donor.subject),
-                                      subject=donor.subject)
-        enc = encode_item(lm, swapped)
-        if enc is None:
-            continue
-        own, theirs = encode_item(lm, item), encode_item(lm, donor)
-        prompt = build_prompt(item)
-        at = prompt.text.rfind(item.subject, *prompt.question_span)
-        count = len(token_positions(lm.tokenizer, prompt.text, at, at + len(item.subject))) if at >= 0 else 1
-        if config.placebo:  # the subject swap replaced by a random patch of its size (none drawn: no question)
-            ids = random_patch(own, theirs, count, placebo_rng) if own is not None and theirs is not None else None
-            if ids is None:
-                continue
-            jobs.append((n, item, "eq", ids + answers[item.id]))
-        else:
-            jobs.append((n, item, "eq", enc["ids"] + answers[item.id]))
-        if own is None or theirs is None:
-            continue
-        ids = random_patch(own, theirs, count, control_rng)
-        if ids is not None:
-            jobs.append((n, item, "random", ids + answers[item.id]))
+        patched = _patched(lm, item, rng.choice(donors), config.placebo, placebo_rng, control_rng)
+        jobs += [(n, item, cond, ids + answers[item.id]) for cond, ids in patched]
     if not jobs:
         return [], None
     feats = last_token_features(lm, [seq for *_, seq in jobs], layers, config.batch_size,
                                 description="token patching")
     return [(n, item, cond) for n, item, cond, _ in jobs], feats
+
+
+def _patched(lm, item: QAItem, donor: QAItem, placebo: bool, placebo_rng: random.Random,
+             control_rng: random.Random) -> list[tuple[str, list[int]]]:
+    """One question's patched prompts, (condition, token ids) each: "eq" (the subject swapped for the donor's; in
+    the placebo a random patch of the subject's size, drawn from `placebo_rng`) and "random" (as many random question
+    tokens patched from the donor's, from `control_rng`). Nothing where the swapped question does not encode; an arm
+    is left out where its patch cannot be drawn."""
+    swapped = dataclasses.replace(item, question=item.question.replace(item.subject, donor.subject),
+                                  subject=donor.subject)
+    enc = encode_item(lm, swapped)
+    if enc is None:
+        return []
+    own, theirs = encode_item(lm, item), encode_item(lm, donor)
+    prompt = build_prompt(item)
+    at = prompt.text.rfind(item.subject, *prompt.question_span)
+    count = len(token_positions(lm.tokenizer, prompt.text, at, at + len(item.subject))) if at >= 0 else 1
+    out = []
+    if placebo:  # the subject swap replaced by a random patch of its size (none drawn: no question)
+        ids = random_patch(own, theirs, count, placebo_rng) if own is not None and theirs is not None else None
+        if ids is None:
+            return []
+        out.append(("eq", ids))
+    else:
+        out.append(("eq", enc["ids"]))
+    if own is None or theirs is None:
+        return out
+    ids = random_patch(own, theirs, count, control_rng)
+    return out + ([("random", ids)] if ids is not None else [])
 
 
 def _kind(item: QAItem) -> tuple:

@@ -149,6 +149,36 @@ def _seed(config: Config, budget: str | None, replicate: int | None) -> int | No
     return config.replicate_seeds()[replicate]
 
 
+def _task_units(config: Config, run_dir: RunDir, task, lm: LoadedModel | None, tokenizer, done: dict) -> list[dict]:
+    """One task's teacher and students, each unit trained and scored unless recorded (`done`, updated), its rows.
+    The teacher is one per task (the claim is student vs its teacher); every student cell runs once per replicate,
+    each from its own seed (dropout masks, batch order)."""
+    collate = collate_for(tokenizer, task, config.max_length)
+    teacher, teacher_info = _teacher(config, run_dir, task, lm, collate)
+    cache = None
+    units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
+                                              for b in _budgets(config) for r in range(config.n_seeds)]
+    rows: list[dict] = []
+    for key, bits, budget, replicate in units:
+        unit_key = f"{task.name}|{key}"
+        if unit_key not in done:
+            if budget == UNDISTILLED and replicate:  # no training: every replicate is replicate 0's student
+                first = done[f"{task.name}|{bits}bit-{UNDISTILLED}-rep0"]
+                done[unit_key] = [{**row, "replicate": replicate, **({"seed": _seed(config, budget, replicate)}
+                                                                     if row["kind"] == "score" else {})}
+                                  for row in first]
+            else:
+                if bits != 32 and cache is None and budget != UNDISTILLED:  # once per task, for all its students
+                    cache = teacher_cache(config, task, teacher, collate)
+                done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
+                                          replicate=replicate, seed=_seed(config, budget, replicate),
+                                          tokenizer=tokenizer, teacher_info=teacher_info)
+            if parallel.is_main():  # the others trained and scored with it; rank 0 records
+                run_dir.record("results", unit_key, done[unit_key])
+        rows += done[unit_key]
+    return rows
+
+
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     for b in config.size("bits"):
         check_bits(b)
@@ -167,31 +197,7 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     done = run_dir.done("results")
     parallel.sync()  # every process has read the same units as done before any records one
     for task in tasks:
-        collate = collate_for(base.tokenizer, task, config.max_length)
-        teacher, teacher_info = _teacher(config, run_dir, task, lm, collate)
-        cache = None
-        # the teacher is one per task (the claim is student vs its teacher); every student cell runs once per
-        # replicate, each from its own seed (dropout masks, batch order)
-        units = [("teacher", 32, None, None)] + [(f"{bits}bit-{b}-rep{r}", bits, b, r) for bits in config.size("bits")
-                                                  for b in _budgets(config) for r in range(config.n_seeds)]
-        for key, bits, budget, replicate in units:
-            unit_key = f"{task.name}|{key}"
-            if unit_key not in done:
-                if budget == UNDISTILLED and replicate:  # no training: every replicate is replicate 0's student
-                    first = done[f"{task.name}|{bits}bit-{UNDISTILLED}-rep0"]
-                    done[unit_key] = [{**row, "replicate": replicate, **({"seed": _seed(config, budget, replicate)}
-                                                                         if row["kind"] == "score" else {})}
-                                      for row in first]
-                else:
-                    if bits != 32 and cache is None and budget != UNDISTILLED:  # once per task, for all its students
-                        cache = teacher_cache(config, task, teacher, collate)
-                    done[unit_key] = run_unit(config, run_dir, task, teacher, collate, bits, budget, key, cache,
-                                              replicate=replicate, seed=_seed(config, budget, replicate),
-                                              tokenizer=base.tokenizer, teacher_info=teacher_info)
-                if parallel.is_main():  # the others trained and scored with it; rank 0 records
-                    run_dir.record("results", unit_key, done[unit_key])
-            rows += done[unit_key]
-        del teacher, cache
+        rows += _task_units(config, run_dir, task, lm, base.tokenizer, done)
     parallel.main_only()
     run_dir.describe(model=base.name, tasks=",".join(t.name for t in tasks), n_train=config.size("n_train"),
                      n_eval=config.size("n_eval"), epochs_a=config.size("epochs_a"), seeds=config.n_seeds,

@@ -209,6 +209,27 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         run_toy(config, run_dir)
         parallel.main_only()
         return pd.DataFrame([r for rs in run_dir.done("toy").values() for r in rs])
+    lm = _checked(config, lm)
+    discover(lm, "dense", config, run_dir)  # under a launch: tasks by process, then the check
+    verify(lm, config, run_dir)
+    eval_seqs = parallel.main_first(partial(_text, lm, config, run_dir))["eval"]  # sampled once, by rank 0
+    if parallel.is_main() and not run_dir.done("dense-text"):  # before post-training changes the weights
+        dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
+        run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
+    _sparse_models(lm, config, run_dir, eval_seqs)
+    del lm
+    if config.toy:
+        run_toy(config, run_dir)
+    parallel.sync()
+    parallel.main_only()
+    rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
+            for _, rs in sorted(run_dir.done(part).items(), key=lambda kv: _unit_order(kv[0], config)) for r in rs]
+    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, heads needed and multipliers
+
+
+def _checked(config: Config, lm: LoadedModel | None) -> LoadedModel:
+    """The dense model (a copy where it will be post-trained: a model passed in is never trained in place), checked
+    before any work: a causal model with heads in every layer, each task's answers single tokens."""
     if config.sparse_model:  # measured, not post-trained here: the model only runs (a device map may spread it)
         lm = lm if lm is not None else config.load()
     else:  # post-training changes the weights: a model passed in is copied, never trained in place
@@ -218,13 +239,12 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
     lm.layout.check_heads_everywhere("sparse-circuits")
     for name in config.tasks:  # fail fast on answer tokens the tokenizer splits
         make_task(name, lm.tokenizer, 2, config.seed)
-    discover(lm, "dense", config, run_dir)  # under a launch: tasks by process, then the check
-    verify(lm, config, run_dir)
-    eval_seqs = parallel.main_first(partial(_text, lm, config, run_dir))["eval"]  # sampled once, by rank 0
-    if parallel.is_main() and not run_dir.done("dense-text"):  # before post-training changes the weights
-        dense_ce, _ = causal_lm_ce_edges(lm.model, text_batches(lm, eval_seqs, 1))
-        run_dir.record("dense-text", "dense-text", [{"kind": "dense_text", "ce": c} for c in dense_ce])
-    # k post-training runs (replicates), each from the dense weights; --sparse-model measures one given model
+    return lm
+
+
+def _sparse_models(lm: LoadedModel, config: Config, run_dir: RunDir, eval_seqs: list) -> None:
+    """k post-training runs (replicates), each from the dense weights (--sparse-model: the one model given,
+    measured), each sparse model's sparsity and circuits measured."""
     seeds = [config.seed] if config.sparse_model else config.replicate_seeds()
     dense_state = None if config.sparse_model else {k: v.detach().clone() for k, v in lm.model.state_dict().items()}
     for r, seed in enumerate(seeds):
@@ -240,14 +260,6 @@ def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.Da
         _sparsity(sparse_lm, config, run_dir, eval_seqs, info, r)
         discover(sparse_lm, "sparse", config, run_dir, replicate=r)
         del sparse_lm
-    del lm, dense_state
-    if config.toy:
-        run_toy(config, run_dir)
-    parallel.sync()
-    parallel.main_only()
-    rows = [r for part in ("discovery-dense", "verify", "sparsity", "discovery-sparse", "toy")
-            for _, rs in sorted(run_dir.done(part).items(), key=lambda kv: _unit_order(kv[0], config)) for r in rs]
-    return pd.DataFrame(rows)  # the measurements; the analysis derives the curves, heads needed and multipliers
 
 
 def _unit_order(key: str, config: Config) -> tuple:
