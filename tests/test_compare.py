@@ -602,8 +602,9 @@ def _rejudged_under_another_rule_is_whole(result, monkeypatch):
     after = pd.read_parquet(tables / "comparison.parquet").set_index("cell")
     assert (after["midpoint"] < before["midpoint"]).all()  # R > C: the mark at chance sits lower
     assert after["midpoint"].to_numpy() == pytest.approx(after["chance"].to_numpy())
-    for cell, row in after.iterrows():
-        assert f"{cell} / ioi: {analysis.SAYS[row['decision']]}" in again.verdict.summary
+    lines = next(p["lines"] for p in again.verdict.parts if p["kind"] == "compare_lines")
+    said = {p["group"]: p["decision"] for p in lines if p["kind"] == "compare_keep"}
+    assert said == {f"{cell} / ioi": row["decision"] for cell, row in after.iterrows()}
     assert (result.path / "figure.png").read_bytes() != figure  # the bar's tick moved with the table
     assert (tables / "attribution.parquet").read_bytes() == measured
 
@@ -858,9 +859,9 @@ def test_the_fewest_bits_that_keep_a_circuit_are_read_down_from_the_widest():
             ("rtn-8bit / docstring", "open"), ("rtn-4bit / docstring", "yes"),
             ("same / ioi", "yes"), ("rtn-8bit / ioi-long", "yes")]],  # (one width says nothing of a curve)
         {f"rtn-{b}bit": ("rtn", b) for b in (8, 4, 3, 2)})
-    assert said == ["rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep)",
-                    "rtn / greater-than: the circuit kept down to 8 bits (4 bits: open)",
-                    "rtn / docstring: the circuit not kept at any width tried (8 bits: open)"]
+    assert said == [{"method": "rtn", "task": "ioi", "kept": 4, "next_bits": 3, "next": "no"},
+                    {"method": "rtn", "task": "greater-than", "kept": 8, "next_bits": 4, "next": "open"},
+                    {"method": "rtn", "task": "docstring", "kept": None, "next_bits": 8, "next": "open"}]
 
 
 def test_make_sparse_composes_the_sparse_circuits_model_half(tiny_smol_folder, tmp_path, monkeypatch):
@@ -912,16 +913,18 @@ def test_the_top_line_says_answered_with_its_counts_or_inconclusive_where_nothin
         return [SimpleNamespace(group=f"rtn-{widths[i]}bit / ioi", decision=d) for i, d in enumerate(decisions)]
 
     widths = {f"rtn-{b}bit": ("rtn", b) for b in (8, 4, 3, 2)}
-    status, head = analysis.top_line("inconclusive", keeps("yes", "yes", "no", "open"), [], widths)
+    status, head = analysis.top_part("inconclusive", keeps("yes", "yes", "no", "open"), [], widths)
     assert status == "answered"
-    assert head == ("answered: of 4 comparisons, 2 keep the original's circuit, 1 do not, 1 open; the fewest bits "
-                    "that keep: rtn / ioi: the circuit kept down to 4 bits (3 bits: does not keep). ")
-    status, head = analysis.top_line("inconclusive", keeps("open", "open"), [], widths)
-    assert status == "inconclusive" and head.startswith("nothing answered: of 2 comparisons, 0 keep")
+    assert head == {"kind": "compare_top", "answered": True, "comparisons": 4, "keep": 2, "not": 1, "open": 1,
+                    "fewest": [{"method": "rtn", "task": "ioi", "kept": 4, "next_bits": 3, "next": "no"}]}
+    status, head = analysis.top_part("inconclusive", keeps("open", "open"), [], widths)
+    assert status == "inconclusive" and not head["answered"] and (head["comparisons"], head["keep"]) == (2, 0)
     blocked = Gate("replicates", False, why="1 training run(s)", blocks="all")
-    assert analysis.top_line("inconclusive", keeps("yes", "no"), [blocked], widths)[0] == "inconclusive"
+    assert analysis.top_part("inconclusive", keeps("yes", "no"), [blocked], widths)[0] == "inconclusive"
     scoped = Gate("students learned", False, blocks="all", claims=("some other claim",))
-    assert analysis.top_line("inconclusive", keeps("yes", "no"), [scoped], widths)[0] == "answered"
+    assert analysis.top_part("inconclusive", keeps("yes", "no"), [scoped], widths)[0] == "answered"
+    assert analysis.top_part("inconclusive", [], [], widths) == ("inconclusive", {
+        "kind": "compare_top", "answered": False, "comparisons": 0, "keep": 0, "not": 0, "open": 0, "fewest": []})
 
 
 def test_the_induction_task_reports_the_induction_score_of_the_verified_heads(tiny_smol_folder, tmp_path):

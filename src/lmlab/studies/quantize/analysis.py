@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Declared, Gate, declared, evidence, judge, replicates_gate
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text
 from lmlab.resampling import Resampler
 from lmlab.train.convergence import still_falling
 from lmlab.evaluation import majority_score, metric_value
@@ -340,27 +340,28 @@ def verdict(result) -> Verdict:
     all_scores = result.table("score")
     kept, excluded = learned_tasks(all_scores)
     if not kept:
-        return Verdict(status="inconclusive", claim=CLAIM, summary="no teacher learned its task (every teacher "
-                       f"below {MIN_TEACHER:.0f}): nothing to compare the students with", evidence={"excluded": excluded})
+        return Verdict(status="inconclusive", claim=CLAIM, parts=[{"kind": "quantize_no_teacher", "min_teacher":
+                                                                     float(MIN_TEACHER)}], evidence={"excluded": excluded})
     claims, gates = claims_and_gates(result, kept)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     k = len(_replicates(result.table("pred")))
     judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
-    status, text = judgement.status, judgement_text(judgement)
     scores = all_scores[all_scores.task.isin(kept)]
-    teacher = scores[scores.bits == 32].score.mean()
-    parts = [f"teacher {teacher:.1f}"]
+    cells = []
     for bits, budget in _configs(scores):
         if bits < 32:
             cell = scores[(scores.bits == bits) & (scores.budget == budget)].groupby("replicate").score.mean()
-            parts.append(f"{bits}-bit {budget} {cell.mean():.1f} (replicates {', '.join(f'{v:.1f}' for v in cell)})")
-    summary = f"average over {', '.join(kept)}, {k} replicates: " + ", ".join(parts) + ". " + text
+            cells.append({"bits": int(bits), "budget": str(budget), "mean": float(cell.mean()),
+                          "values": [float(v) for v in cell]})
+    parts = [{"kind": "quantize_average", "tasks": list(kept), "replicates": int(k),
+              "teacher": float(scores[scores.bits == 32].score.mean()), "cells": cells}, judgement_part(judgement)]
     if excluded:
-        summary += f"; left out of the average: {', '.join(excluded)} (teacher below {MIN_TEACHER:.0f})"
-    scope = (f"Scope: this run: {result.models[0] if result.models else 'the teacher'} on {', '.join(kept)} "
-             f"(generated stand-ins for GLUE where named fact-*); the paper: {SCOPE_PAPER}")
-    summary += ". " + scope
-    ev = {**evidence(claims, gates, scope=scope, judgement=judgement), "averaged_tasks": kept, "excluded_tasks": excluded,
+        parts.append({"kind": "quantize_left_out", "tasks": list(excluded), "min_teacher": float(MIN_TEACHER)})
+    scope = {"kind": "quantize_scope", "model": result.models[0] if result.models else "the teacher",
+             "tasks": list(kept), "paper": SCOPE_PAPER}
+    parts.append(scope)
+    ev = {**evidence(claims, gates, scope=part_text(scope), judgement=judgement), "averaged_tasks": kept,
+          "excluded_tasks": excluded,
           "sizes": {f"{r.task} {int(r.bits)}-bit {r.budget} rep {r.replicate}": {"packed_bytes": r.packed_bytes,
                                                                                   "fp32_bytes": r.fp32_bytes,
                                                                                   "file_bytes": r.file_bytes}
@@ -368,8 +369,8 @@ def verdict(result) -> Verdict:
     perplexity = perplexities(result)
     if perplexity:  # the decoder option: perplexity on held-out self-sampled text
         ev["perplexity"] = perplexity
-        summary += "; perplexity " + ", ".join(f"{k_} {v:.2f}" for k_, v in perplexity.items())
-    return Verdict(status=status, claim=CLAIM, summary=summary, evidence=ev)
+        parts.append({"kind": "perplexity", "values": {str(k_): float(v) for k_, v in perplexity.items()}})
+    return Verdict(status=judgement.status, claim=CLAIM, parts=parts, evidence=ev)
 
 
 def figure(result, fig=None):

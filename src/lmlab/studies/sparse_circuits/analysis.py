@@ -105,7 +105,8 @@ def verdict(result) -> Verdict:
     if mult.empty and sparsity.empty and len(result.table("toy")):
         return toy_verdict(result, toy_claim, getattr(result, "seconds", 0.0))
     if mult.empty or sparsity.empty:
-        return Verdict(status="inconclusive", claim=CLAIM, summary="the table has no multiplier or sparsity rows")
+        return Verdict(status="inconclusive", claim=CLAIM,
+                       parts=[{"kind": "missing_rows", "rows": "multiplier or sparsity"}])
     model = model_verdict(result, CLAIM)
     if not len(result.table("toy")):
         return model
@@ -123,9 +124,9 @@ def with_toy(model: Verdict, toy: Verdict) -> Verdict:
     lists = {"claims": model.evidence.get("claims", []) + toy_claims,
              "gates": model.evidence.get("gates", []) + toy_gates}
     numbers = {k: v for k, v in toy.evidence.items() if k not in ("claims", "gates", "schema")}
-    summary = (f"the model: {model.status}: {model.summary}. The addition toy (ours, shown beside; it does not "
-               f"decide): {toy.status}: {toy.summary}")
-    return Verdict(status=model.status, claim=CLAIM, summary=summary,
+    parts = [{"kind": "with_toy", "model": {"status": model.status, "parts": model.parts},
+              "toy": {"status": toy.status, "parts": toy.parts}}]
+    return Verdict(status=model.status, claim=CLAIM, parts=parts,
                    evidence={**model.evidence, **lists, "deciding": model.evidence.get("deciding"),
                              "toy": {**numbers, "status": toy.status}})
 

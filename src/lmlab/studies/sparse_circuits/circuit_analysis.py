@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
 from lmlab.studies.verdict import Verdict
@@ -247,26 +247,22 @@ def model_verdict(result, claim: str) -> Verdict:
     claims, gates = claims_and_gates(result)
     seconds = float(getattr(result, "seconds", 0.0) or 0.0)
     judgement = judge(claims, gates, seconds=seconds)
-    status, text = judgement.status, judgement_text(judgement)
     sparsity = result.table("sparsity")
     sparse = sparsity[sparsity["variant"] == "sparse"] if len(sparsity) else sparsity
-    head = ""
+    parts = []
     if len(sparse):
         tokens = int(sparse["tokens"].iloc[0] or 0)
-        head = (f"{len(sparse)} post-training replicates: edges kept " + ", ".join(f"{100 * v:.2f}%" for v in sparse["value"])
-                + f" ({', '.join(f'{v:.2f}' for v in sparse['edges_per_query'])} per query on {tokens}-token held-out "
-                  f"text; the paper's 0.4% is {paper_edges_per_query(tokens):.2f} per query at this length). ")
+        parts.append({"kind": "sparse_edges", "kept": [float(v) for v in sparse["value"]],
+                      "per_query": [float(v) for v in sparse["edges_per_query"]], "tokens": tokens,
+                      "paper_per_query": float(paper_edges_per_query(tokens))})
     mult = result.table("multiplier")
     if len(mult):
-        head += "Multipliers (dense heads / sparse heads at 0.9): " + "; ".join(
-            f"{t} " + ", ".join(f"{v:.2f}x" for v in part.sort_values("replicate")["value"])
-            for t, part in mult.groupby("task")) + ". "
+        parts.append({"kind": "sparse_multipliers", "tasks": [
+            [str(t), [float(v) for v in part.sort_values("replicate")["value"]]] for t, part in mult.groupby("task")]})
     tokens = int(sparse["tokens"].iloc[0] or 0) if len(sparse) and "tokens" in sparse else 0
-    scope = (f"Scope: this run: {result.models[0] if result.models else 'the model'}"
-             + (f", held-out text of {tokens} tokens" if tokens else "")
-             + "; the paper: GPT-2 and OLMo-7B post-trained at their context lengths")
-    return Verdict(status=status, claim=claim, summary=head + text + ". " + scope,
-                   evidence=evidence(claims, gates, scope=scope, judgement=judgement))
+    scope = {"kind": "sparse_scope", "model": result.models[0] if result.models else "the model", "tokens": tokens}
+    return Verdict(status=judgement.status, claim=claim, parts=parts + [judgement_part(judgement), scope],
+                   evidence=evidence(claims, gates, scope=part_text(scope), judgement=judgement))
 
 
 def model_figure(result, fig=None):

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from lmlab.claims import Gate, declared, evidence, judge, replicates_gate
-from lmlab.render import judgement_text
+from lmlab.render.summary import judgement_part, part_text
 from lmlab.resampling import Resampler
 from lmlab.studies.figures import canvas, finish
 from lmlab.studies.verdict import Verdict
@@ -198,22 +198,16 @@ def toy_verdict(result, claim: str, seconds: float = 0.0, model_run: bool = Fals
     claims, gates, numbers = toy_claims(result)
     k = numbers["replicates"]
     judgement = judge(claims, gates, seconds=seconds, seconds_per_replicate=seconds / max(k, 1) if seconds else None)
-    status, text = judgement.status, judgement_text(judgement)
-    note = "" if model_run else " (the model's circuits not run)"
-    head = (f"addition toy, {k} replicates{note}: edges kept "
-            + ", ".join(f"{100 * v:.1f}%" for v in numbers["kept_per_replicate"])
-            + f" (one edge per query is {100 * numbers['floor']:.1f}%; the paper keeps about 0.4% at its context "
-              f"length, our bar is 5%); exact match sparse "
-            + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_sparse"]) + " vs dense "
-            + ", ".join(f"{100 * v:.1f}%" for v in numbers["exact_match_dense"]) + ". ")
-    text = head + text + ("" if model_run else (
-        f". The four tasks on the model need --circuits with 64 prompt pairs a task and sparse post-training to "
-        f"convergence (the full profile, {FULL_SPARSE_STEPS} steps of 16 sequences of SmolLM2-135M: hours on a "
-        "CPU, a GPU's work; `lmlab sparse-circuits --circuits` prices it at its own pace)"))
-    scope = ("Scope: this run: a 4-layer transformer trained from scratch on 2-digit addition (the paper's Figure 1 "
-             "illustration); the paper measures sparsity and circuits on GPT-2 and OLMo-7B")
-    return Verdict(status=status, claim="On the addition toy: " + claim, summary=text + ". " + scope,
-                   evidence={"part": "toy", **numbers, **evidence(claims, gates, scope=scope, judgement=judgement)})
+    head = {"kind": "toy_head", "replicates": int(k), "model_run": bool(model_run),
+            "kept": [float(v) for v in numbers["kept_per_replicate"]], "floor": float(numbers["floor"]),
+            "sparse": [float(v) for v in numbers["exact_match_sparse"]],
+            "dense": [float(v) for v in numbers["exact_match_dense"]]}
+    priced = [] if model_run else [{"kind": "toy_priced", "steps": int(FULL_SPARSE_STEPS)}]
+    scope = {"kind": "toy_scope"}
+    return Verdict(status=judgement.status, claim="On the addition toy: " + claim,
+                   parts=[head, judgement_part(judgement), *priced, scope],
+                   evidence={"part": "toy", **numbers,
+                             **evidence(claims, gates, scope=part_text(scope), judgement=judgement)})
 
 
 def _effect_panel(left, task: str, found: dict, claims: list, n_tasks: int) -> None:

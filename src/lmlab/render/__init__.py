@@ -1,8 +1,8 @@
 """A verdict in words and in HTML, from what verdict.json stores: the words of every kind of line a judgement
 writes (a claim's, a gate's, each note's: `claim_line`, `gate_line`, `note_line`, `judgement_text`), the one line
 that decided it (`headline`, the report's and the results page's line) and the table a notebook shows
-(`verdict_html`). lmlab.claims decides and keeps its decisions as data; the words are written here alone. On the
-bottom floor beside the claims, since a study's Verdict (studies/verdict.py) shows itself in a notebook with it."""
+(`verdict_html`); a study's summary from its parts is `lmlab.render.summary`'s. lmlab.claims decides and keeps its
+decisions as data; the words are written here alone. On the bottom floor beside the claims, since a study's Verdict (studies/verdict.py) shows itself in a notebook with it."""
 
 from __future__ import annotations
 
@@ -72,13 +72,17 @@ def note_line(note: dict) -> str:
     raise ValueError(f"a judgement's note of unknown kind {kind!r}")
 
 
-def judgement_text(j: Judgement) -> str:
-    """A judgement in words: every claim's line, the failed gates' lines, then its notes."""
-    parts = [claim_line(c.as_dict()) for c in j.claims]
-    failed = [g.as_dict() for g in j.gates if not g.passed]
+def records_text(claims: Sequence[dict], failed: Sequence[dict], notes: Sequence[dict]) -> str:
+    """A judgement from its records in words: every claim's line, the failed gates' lines, then its notes."""
+    parts = [claim_line(c) for c in claims]
     if failed:
         parts.append("gates: " + "; ".join(gate_line(g) for g in failed))
-    return ". ".join(parts + [note_line(n) for n in j.notes])
+    return ". ".join(parts + [note_line(n) for n in notes])
+
+
+def judgement_text(j: Judgement) -> str:
+    """A judgement in words (`records_text` of its claims, its failed gates and its notes)."""
+    return records_text([c.as_dict() for c in j.claims], [g.as_dict() for g in j.gates if not g.passed], j.notes)
 
 
 def judged(claims: Sequence, gates: Sequence = (), seconds: float = 0.0,
