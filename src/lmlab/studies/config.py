@@ -29,7 +29,8 @@ class StudyConfig(BaseModel):
     model: str = Field(description="embedded name, hub id, local directory or .gguf file")
     profile: Literal["demo", "quick", "full"] = Field(
         "quick", description="demo (a first run: minutes on a CPU, where the embedded model can show the effect), "
-                             "quick (what a CPU decides in about an hour) or full (the paper's sizes, a GPU)")
+                             "quick (what a CPU can decide: one to several hours a study on 2 cores) or full (the "
+                             "paper's sizes, a GPU)")
     seed: int = Field(0, description="the same seed gives the same table")
     seeds: int | None = Field(None, ge=1, description="independent replicates of every training run or random draw "
                                                        "(their seeds derived from --seed); each claim is judged over "

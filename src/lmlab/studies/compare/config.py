@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
@@ -31,6 +31,10 @@ class Config(StudyConfig):
         "all of them, 'swap:half' every other one, so the model computes exactly what it did with its circuit "
         "moved, and 'swap' must come out 'does not keep', 'swap:half' never 'keeps'")
 
+    profile: Literal["demo", "quick", "full"] = Field(
+        "quick", description="demo (IOI and Greater-Than at 32 prompt pairs: about 20 minutes on 2 CPU cores with the "
+                             "variants of make compare-demo), quick (the four tasks and induction at 64 prompt pairs: "
+                             "hours on a CPU, each unit timed in the run's log) or full (the paper's sizes, a GPU)")
     variant: list[str] | None = Field(
         None, description="a model to compare with the original (repeatable): a folder or hub id of the same "
                           "architecture and tokenizer (a fine-tune; a compressed-tensors checkpoint, as "

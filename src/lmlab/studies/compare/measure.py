@@ -112,14 +112,17 @@ def measure(lm, model_key: str, cell: str, replicate: int, task_name: str, confi
     return rows
 
 
-def copied(run_dir: RunDir, source_key: str, key: str, cell: str, replicate: int, model_name: str) -> list[dict]:
-    """The unit `source_key` recorded again as model `key` (its cell, replicate and name): the positive control
-    `same` is the original itself, so its measurement on a prompt draw is the original's on that draw (a second
-    pass over the same model and prompts gives the same numbers) and is not made twice."""
+def copied(run_dir: RunDir, source_key: str, unit: tuple[str, str, int], cell: str, replicate: int,
+           model_name: str) -> list[dict]:
+    """The unit `source_key` recorded again as model `unit` = (its model key, task, draw), with its cell, replicate
+    and name: the positive control `same` is the original itself, so its measurement on a prompt draw is the
+    original's on that draw (a second pass over the same model and prompts gives the same numbers) and is not made
+    twice."""
     done = run_dir.done("models")
+    model_key = unit[0]
+    key = unit_key(*unit)
     if key in done:
         return done[key]
-    model_key = key.split("|")[0]
     rows = [{**r, "model_key": model_key, **({"cell": cell, "replicate": replicate} if "cell" in r else {}),
              **({"model_name": model_name} if "model_name" in r else {})} for r in done[source_key]]
     run_dir.record("models", key, rows)

@@ -399,9 +399,10 @@ def hybrid_layers(layout) -> str:
 def run(config: Config, run_dir: RunDir, lm: LoadedModel | None = None) -> pd.DataFrame:
     tasks = list(config.size("tasks"))
     lm = _checked(config, lm, tasks)
-    if hybrid_layers(lm.layout):
-        run_dir.log(f"{config.model}: {hybrid_layers(lm.layout)}")
-        run_dir.describe(hybrid=hybrid_layers(lm.layout))
+    hybrid = hybrid_layers(lm.layout)
+    if hybrid:
+        run_dir.log(f"{config.model}: {hybrid}")
+        run_dir.describe(hybrid=hybrid)
     variants, made = _variants(config, run_dir, lm)
     made_rows = [] if config.placebo else _round(config, run_dir, lm)
     needed, original = _originals(lm, variants, tasks, config, run_dir)
@@ -449,7 +450,7 @@ def _measure_variant(variant: Variant, lm: LoadedModel, config: Config, run_dir:
     if variant.kind == "same":  # the original itself: its units and pathway are the original's (measure.copied)
         for t in tasks:
             for key, replicate, draw in variant.units(config, t):
-                copied(run_dir, unit_key(original_key(draw), t, draw), unit_key(key, t, draw), variant.cell, replicate,
+                copied(run_dir, unit_key(original_key(draw), t, draw), (key, t, draw), variant.cell, replicate,
                        f"{lm.name} ({variant.cell})")
         if pathways and variant.key not in run_dir.done("pathways"):
             run_dir.record("pathways", variant.key, [{**r, "model_key": variant.key, "cell": variant.cell,
