@@ -672,12 +672,12 @@ def verdict(result) -> Verdict:
     scope = f"this run: {result.models[0] if result.models else 'the model'} against its variants"
     found = evidence(claims, gates, scope=scope, judgement=judgement)
     if keeps:  # what decides here is the answer for each variant, not one claim: the line the report heads with
+        said = part_text(answers_part(keeps))
         found["deciding"] = {"status": status, "kind": "claim", "name": "each variant's circuits", "source": "lmlab",
                              "where": "no paper claims this; the rule: D = V - (R + C) / 2 "
                                       + declared(CLAIMS, "keeps the circuit").bar + " on the same half-splits",
                              "bar": declared(CLAIMS, "keeps the circuit").bar, "bar_note": "", "decision": "",
-                             "line": part_text(answers_part(keeps)),
-                             "text": part_text(answers_part(keeps))}
+                             "line": said, "text": said}
     return Verdict(status=status, claim="Each variant keeps the original's circuit on each task (lmlab's question)",
                    parts=parts, evidence=found)
 
